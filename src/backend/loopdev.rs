@@ -1,0 +1,417 @@
+//! The loop backend: each volume is a sparse file, attached to a loop device on stage.
+//!
+//! On disk, in the class directory (mode 0700): `<token>.img`, the data, and
+//! `<token>.json`, the record. The record is written last, by rename, so it is the
+//! commit point: a volume exists exactly when its record does. A crash before it leaves
+//! only an `.img` that the retried create overwrites (a new file, so no old bytes
+//! survive); delete removes the record first for the same reason.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use super::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
+use crate::fs::FsType;
+use crate::host::{CommandSpec, Host};
+use crate::model::{ClassName, Token, VolumeId, VolumeMode};
+use crate::request::ClaimRef;
+
+/// Loop volumes are sized in whole MiB.
+pub const ALIGNMENT: u64 = 1 << 20;
+const LOSETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The record file's contents. Field names are a stable on-disk format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct RecordFile {
+    name: String,
+    size_bytes: u64,
+    mode: VolumeMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fs_type: Option<FsType>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pvc_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pvc_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pv_name: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct LoopBackend {
+    class: ClassName,
+    dir: PathBuf,
+    capacity_limit: u64,
+    host: Host,
+    /// Serialises the space check and the allocation of creates and expands in this
+    /// class (milliseconds of work), so two of them cannot both take the last bytes.
+    allocation: Mutex<()>,
+}
+
+impl LoopBackend {
+    pub fn new(class: ClassName, dir: PathBuf, capacity_limit: u64, host: Host) -> Self {
+        Self {
+            class,
+            dir,
+            capacity_limit,
+            host,
+            allocation: Mutex::new(()),
+        }
+    }
+
+    pub fn class(&self) -> &ClassName {
+        &self.class
+    }
+
+    pub fn directory(&self) -> &Path {
+        &self.dir
+    }
+
+    fn image_path(&self, token: &Token) -> PathBuf {
+        self.dir.join(format!("{token}.img"))
+    }
+
+    fn record_path(&self, token: &Token) -> PathBuf {
+        self.dir.join(format!("{token}.json"))
+    }
+
+    /// Creates the class directory with owner-only access.
+    pub async fn prepare(&self) -> Result<(), BackendError> {
+        use std::os::unix::fs::PermissionsExt;
+        tokio::fs::create_dir_all(&self.dir)
+            .await
+            .map_err(BackendError::io("mkdir", &self.dir))?;
+        tokio::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+            .await
+            .map_err(BackendError::io("chmod", &self.dir))
+    }
+
+    fn to_record(&self, token: Token, file: RecordFile) -> VolumeRecord {
+        VolumeRecord {
+            id: VolumeId::new(self.class.clone(), token),
+            name: file.name,
+            size_bytes: file.size_bytes,
+            mode: file.mode,
+            fs_type: file.fs_type,
+            claim: ClaimRef {
+                pvc_name: file.pvc_name,
+                pvc_namespace: file.pvc_namespace,
+                pv_name: file.pv_name,
+            },
+        }
+    }
+
+    async fn read_record(&self, token: &Token) -> Result<Option<RecordFile>, BackendError> {
+        let path = self.record_path(token);
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(BackendError::io("read", path)(e)),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| BackendError::CorruptRecord {
+                token: token.to_string(),
+                path,
+                reason: e.to_string(),
+            })
+    }
+
+    /// Writes a file atomically: temporary file, fsync, rename, fsync of the directory.
+    async fn write_atomically(&self, path: &Path, contents: Vec<u8>) -> Result<(), BackendError> {
+        let path = path.to_path_buf();
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let tmp = path.with_extension("json.tmp");
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(BackendError::io("create", &tmp))?;
+            file.write_all(&contents)
+                .map_err(BackendError::io("write", &tmp))?;
+            file.sync_all().map_err(BackendError::io("fsync", &tmp))?;
+            std::fs::rename(&tmp, &path).map_err(BackendError::io("rename", &path))?;
+            sync_dir(&dir)
+        })
+        .await
+        .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))?
+    }
+
+    pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
+        Ok(self
+            .read_record(token)
+            .await?
+            .map(|f| self.to_record(token.clone(), f)))
+    }
+
+    pub async fn list(&self) -> Result<Vec<VolumeRecord>, BackendError> {
+        let mut entries = tokio::fs::read_dir(&self.dir)
+            .await
+            .map_err(BackendError::io("readdir", &self.dir))?;
+        let mut records = Vec::new();
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(BackendError::io("readdir", &self.dir))?
+        {
+            let name = entry.file_name();
+            let Some(token) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(Token::parse)
+            else {
+                continue;
+            };
+            if let Some(record) = self.get(&token).await? {
+                records.push(record);
+            }
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(records)
+    }
+
+    /// Bytes promised to volumes, and bytes of those promises not yet backed by disk.
+    async fn allocated(&self) -> Result<(u64, u64), BackendError> {
+        use std::os::unix::fs::MetadataExt;
+        let mut promised = 0u64;
+        let mut unbacked = 0u64;
+        for record in self.list().await? {
+            promised += record.size_bytes;
+            let used = match tokio::fs::metadata(self.image_path(&record.id.token)).await {
+                Ok(meta) => meta.blocks() * 512,
+                Err(_) => 0,
+            };
+            unbacked += record.size_bytes.saturating_sub(used);
+        }
+        Ok((promised, unbacked))
+    }
+
+    pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
+        let (promised, unbacked) = self.allocated().await?;
+        let disk = self.host.syscalls.statvfs(&self.dir).await?;
+        // Every existing volume may still fill up: the disk must hold that first.
+        let disk_free = disk.available_bytes.saturating_sub(unbacked);
+        let available = self.capacity_limit.saturating_sub(promised).min(disk_free);
+        let available = available / ALIGNMENT * ALIGNMENT;
+        Ok(ClassCapacity {
+            available,
+            total: self.capacity_limit.min(disk.total_bytes),
+            max_volume: available,
+        })
+    }
+
+    fn no_space(&self, requested: u64, available: u64) -> BackendError {
+        BackendError::NoSpace {
+            class: self.class.clone(),
+            requested,
+            available,
+        }
+    }
+
+    pub async fn create(&self, spec: &CreateSpec) -> Result<VolumeRecord, BackendError> {
+        if let Some(existing) = self.get(&spec.token).await? {
+            return Ok(existing);
+        }
+        let _allocation = self.allocation.lock().await;
+        let available = self.capacity().await?.available;
+        if spec.size_bytes > available {
+            return Err(self.no_space(spec.size_bytes, available));
+        }
+        let image = self.image_path(&spec.token);
+        let size = spec.size_bytes;
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::OpenOptionsExt;
+            // Always a new inode: whatever an interrupted earlier attempt left is gone.
+            let tmp = image.with_extension("img.tmp");
+            let _ = std::fs::remove_file(&tmp);
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(BackendError::io("create", &tmp))?;
+            file.set_len(size).map_err(BackendError::io("truncate", &tmp))?;
+            file.sync_all().map_err(BackendError::io("fsync", &tmp))?;
+            std::fs::rename(&tmp, &image).map_err(BackendError::io("rename", &image))?;
+            sync_dir(&dir)
+        })
+        .await
+        .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))??;
+        let file = RecordFile {
+            name: spec.name.clone(),
+            size_bytes: spec.size_bytes,
+            mode: spec.mode,
+            fs_type: spec.fs_type,
+            pvc_name: spec.claim.pvc_name.clone(),
+            pvc_namespace: spec.claim.pvc_namespace.clone(),
+            pv_name: spec.claim.pv_name.clone(),
+        };
+        let json = serde_json::to_vec_pretty(&file).expect("record serialises");
+        self.write_atomically(&self.record_path(&spec.token), json)
+            .await?;
+        Ok(self.to_record(spec.token.clone(), file))
+    }
+
+    pub async fn delete(&self, token: &Token) -> Result<(), BackendError> {
+        if let Some(device) = self.device(token).await? {
+            return Err(BackendError::InUse {
+                token: token.clone(),
+                by: format!("attached to {}", device.display()),
+            });
+        }
+        for path in [self.record_path(token), self.image_path(token)] {
+            match tokio::fs::remove_file(&path).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BackendError::io("unlink", path)(e)),
+            }
+        }
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || sync_dir(&dir))
+            .await
+            .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))?
+    }
+
+    pub async fn expand(&self, token: &Token, size_bytes: u64) -> Result<u64, BackendError> {
+        let _allocation = self.allocation.lock().await;
+        let mut file = self
+            .read_record(token)
+            .await?
+            .ok_or_else(|| BackendError::NotFound {
+                class: self.class.clone(),
+                token: token.clone(),
+            })?;
+        if size_bytes <= file.size_bytes {
+            return Ok(file.size_bytes);
+        }
+        let growth = size_bytes - file.size_bytes;
+        let available = self.capacity().await?.available;
+        if growth > available {
+            return Err(self.no_space(growth, available));
+        }
+        let image = self.image_path(token);
+        let img = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .await
+            .map_err(BackendError::io("open", &image))?;
+        img.set_len(size_bytes)
+            .await
+            .map_err(BackendError::io("truncate", &image))?;
+        img.sync_all().await.map_err(BackendError::io("fsync", &image))?;
+        // The record follows the file: after a crash between the two, the retry finds the
+        // file already grown and only rewrites the record.
+        file.size_bytes = size_bytes;
+        let json = serde_json::to_vec_pretty(&file).expect("record serialises");
+        self.write_atomically(&self.record_path(token), json).await?;
+        Ok(size_bytes)
+    }
+
+    /// Loop devices whose backing file is this volume's image.
+    async fn devices_of(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
+        let image = self.image_path(token);
+        let devices = self.host.syscalls.loop_devices().await?;
+        Ok(devices
+            .into_iter()
+            .filter(|d| d.backing_file == image)
+            .map(|d| d.device)
+            .collect())
+    }
+
+    pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
+        Ok(self.devices_of(token).await?.into_iter().next())
+    }
+
+    pub async fn attach(&self, token: &Token) -> Result<PathBuf, BackendError> {
+        if let Some(device) = self.device(token).await? {
+            return Ok(device);
+        }
+        if self.read_record(token).await?.is_none() {
+            return Err(BackendError::NotFound {
+                class: self.class.clone(),
+                token: token.clone(),
+            });
+        }
+        let out = self
+            .host
+            .commands
+            .run(
+                CommandSpec::new("losetup")
+                    .args(["--find", "--show"])
+                    .arg(self.image_path(token))
+                    .timeout(LOSETUP_TIMEOUT),
+            )
+            .await?;
+        Ok(PathBuf::from(out.stdout_str().trim()))
+    }
+
+    pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {
+        for device in self.devices_of(token).await? {
+            let result = self
+                .host
+                .commands
+                .run(
+                    CommandSpec::new("losetup")
+                        .arg("--detach")
+                        .arg(&device)
+                        .timeout(LOSETUP_TIMEOUT),
+                )
+                .await;
+            match result {
+                Ok(_) => {}
+                // Detached meanwhile (autoclear, or another node agent): the goal is met.
+                Err(e) if e.stderr().contains("No such device") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn refresh_device(&self, token: &Token) -> Result<(), BackendError> {
+        for device in self.devices_of(token).await? {
+            self.host
+                .commands
+                .run(
+                    CommandSpec::new("losetup")
+                        .arg("--set-capacity")
+                        .arg(&device)
+                        .timeout(LOSETUP_TIMEOUT),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    pub async fn check_health(&self) -> Result<(), BackendError> {
+        let meta = tokio::fs::metadata(&self.dir)
+            .await
+            .map_err(|e| BackendError::Unavailable {
+                class: self.class.clone(),
+                reason: format!("{}: {e}", self.dir.display()),
+            })?;
+        if !meta.is_dir() {
+            return Err(BackendError::Unavailable {
+                class: self.class.clone(),
+                reason: format!("{} is not a directory", self.dir.display()),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), BackendError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(BackendError::io("fsync", dir))
+}
+
+#[cfg(test)]
+#[path = "loopdev_tests.rs"]
+mod tests;

@@ -1,0 +1,460 @@
+//! Command line and configuration file, validated once into a [`Config`].
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use crate::fs::FsType;
+use crate::model::ClassName;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "localvol",
+    version,
+    about = "CSI driver for node-local LVM, PMEM and loop-file volumes"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the CSI services on this node.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// CSI endpoint: unix:///absolute/path. The socket is created with mode 0600.
+    #[arg(
+        long,
+        env = "LOCALVOL_ENDPOINT",
+        default_value = "unix:///var/lib/localvol/csi.sock"
+    )]
+    pub endpoint: String,
+    /// This node's name as Kubernetes knows it; volumes are reported in its topology.
+    /// Defaults to $NODE_NAME, then the hostname.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_id: Option<String>,
+    /// Where localvol keeps loop-backend files.
+    #[arg(long, env = "LOCALVOL_DATA_DIR", default_value = "/var/lib/localvol")]
+    pub data_dir: PathBuf,
+    /// Address of the HTTP listener for /metrics, /healthz and /readyz.
+    #[arg(long, env = "LOCALVOL_METRICS_ADDR", default_value = "127.0.0.1:9808")]
+    pub metrics_addr: SocketAddr,
+    /// Device classes (YAML). Without it: one loop class `default` under --data-dir.
+    #[arg(long, env = "LOCALVOL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Most the default loop class may promise to volumes (free disk also bounds it).
+    /// Accepts bytes or a Kubernetes quantity such as 100Gi.
+    #[arg(long, env = "LOCALVOL_LOOP_CAPACITY", default_value = "100Gi", value_parser = parse_quantity)]
+    pub loop_capacity: u64,
+    /// Log format: text for people, json for log pipelines.
+    #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Parses `1073741824`, `1Gi`, `512Mi`, `10G` (Kubernetes quantity suffixes).
+pub fn parse_quantity(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    let value: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size"))?;
+    let multiplier: u64 = match suffix {
+        "" => 1,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        other => return Err(format!("unknown size suffix {other:?} in {s:?}")),
+    };
+    value
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}", path = path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}", path = path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The configuration file. Keys follow TopoLVM's lvmd where they overlap.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FileConfig {
+    pub device_classes: Vec<DeviceClassConfig>,
+}
+
+// Unknown keys are rejected by the kind's variant: `flatten` hands it every key the
+// common fields did not take.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DeviceClassConfig {
+    pub name: String,
+    #[serde(flatten)]
+    pub kind: KindConfig,
+    #[serde(default)]
+    pub default: bool,
+    #[serde(default)]
+    pub fs_type: Option<FsType>,
+    #[serde(default)]
+    pub mount_options: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum KindConfig {
+    #[serde(rename_all = "kebab-case")]
+    Loop {
+        #[serde(default)]
+        directory: Option<PathBuf>,
+        #[serde(default)]
+        capacity_gb: Option<u64>,
+    },
+    #[serde(rename_all = "kebab-case")]
+    Lvm {
+        volume_group: String,
+        #[serde(default)]
+        spare_gb: Option<u64>,
+        #[serde(default)]
+        stripe: Option<u32>,
+        #[serde(default)]
+        stripe_size: Option<String>,
+        #[serde(default)]
+        lvcreate_options: Vec<String>,
+    },
+    #[serde(rename_all = "kebab-case")]
+    LvmThin {
+        volume_group: String,
+        thin_pool: ThinPoolConfig,
+        #[serde(default)]
+        lvcreate_options: Vec<String>,
+    },
+    #[serde(rename_all = "kebab-case")]
+    Pmem {
+        mode: PmemMode,
+        #[serde(default)]
+        region: Option<String>,
+        #[serde(default)]
+        volume_group: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ThinPoolConfig {
+    pub name: String,
+    #[serde(default = "default_overprovision")]
+    pub overprovision_ratio: f64,
+}
+
+fn default_overprovision() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PmemMode {
+    Direct,
+    Lvm,
+}
+
+/// One validated device class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceClass {
+    pub name: ClassName,
+    pub kind: KindConfig,
+    pub default: bool,
+    pub fs_type: Option<FsType>,
+    pub mount_options: Vec<String>,
+}
+
+/// Everything `serve` needs, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub socket_path: PathBuf,
+    pub node_id: String,
+    pub data_dir: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub device_classes: Vec<DeviceClass>,
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let socket_path = crate::csi::socket::endpoint_path(&args.endpoint)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let node_id = match &args.node_id {
+            Some(id) if !id.is_empty() => id.clone(),
+            _ => nix::unistd::gethostname()
+                .map_err(|e| ConfigError::Invalid(format!("no --node-id and no hostname: {e}")))?
+                .to_string_lossy()
+                .into_owned(),
+        };
+        if node_id.is_empty() || node_id.len() > 253 {
+            return Err(ConfigError::Invalid(format!(
+                "node id {node_id:?} must be 1-253 characters"
+            )));
+        }
+        if !args.data_dir.is_absolute() {
+            return Err(ConfigError::Invalid(
+                "--data-dir must be an absolute path".to_string(),
+            ));
+        }
+        let file = match &args.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig {
+                device_classes: vec![DeviceClassConfig {
+                    name: "default".to_string(),
+                    kind: KindConfig::Loop {
+                        directory: None,
+                        capacity_gb: None,
+                    },
+                    default: true,
+                    fs_type: None,
+                    mount_options: Vec::new(),
+                }],
+            },
+        };
+        Ok(Self {
+            socket_path,
+            node_id,
+            data_dir: args.data_dir.clone(),
+            metrics_addr: args.metrics_addr,
+            device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
+            log_format: args.log_format,
+        })
+    }
+
+    pub fn default_class(&self) -> &DeviceClass {
+        self.device_classes
+            .iter()
+            .find(|c| c.default)
+            .expect("validation guarantees a default class")
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Checks names, defaults and each kind's settings; fills in loop defaults.
+pub fn validate_classes(
+    file: FileConfig,
+    data_dir: &Path,
+    loop_capacity: u64,
+) -> Result<Vec<DeviceClass>, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(m);
+    if file.device_classes.is_empty() {
+        return Err(invalid("device-classes is empty".to_string()));
+    }
+    let mut names = BTreeSet::new();
+    let mut classes = Vec::new();
+    let only_one = file.device_classes.len() == 1;
+    for c in file.device_classes {
+        let name = ClassName::parse(&c.name).map_err(invalid)?;
+        if !names.insert(name.clone()) {
+            return Err(invalid(format!("device class {name} is defined twice")));
+        }
+        crate::mount::MountOptions::parse(&c.mount_options)
+            .map_err(|e| invalid(format!("device class {name}: mount-options: {e}")))?;
+        let kind = match c.kind {
+            KindConfig::Loop {
+                directory,
+                capacity_gb,
+            } => {
+                let directory = directory.unwrap_or_else(|| data_dir.join("loop").join(name.as_str()));
+                if !directory.is_absolute() {
+                    return Err(invalid(format!(
+                        "device class {name}: directory must be absolute"
+                    )));
+                }
+                KindConfig::Loop {
+                    directory: Some(directory),
+                    capacity_gb: Some(capacity_gb.unwrap_or(loop_capacity >> 30)),
+                }
+            }
+            KindConfig::Lvm { ref volume_group, .. } | KindConfig::LvmThin { ref volume_group, .. }
+                if volume_group.is_empty() =>
+            {
+                return Err(invalid(format!("device class {name}: volume-group is required")));
+            }
+            KindConfig::LvmThin { ref thin_pool, .. }
+                if thin_pool.name.is_empty()
+                    || thin_pool.overprovision_ratio.is_nan()
+                    || thin_pool.overprovision_ratio < 1.0 =>
+            {
+                return Err(invalid(format!(
+                    "device class {name}: thin-pool needs a name and an overprovision-ratio of at least 1.0"
+                )));
+            }
+            KindConfig::Pmem {
+                mode: PmemMode::Direct,
+                ref region,
+                ..
+            } if region.is_none() => {
+                return Err(invalid(format!(
+                    "device class {name}: pmem mode direct needs a region"
+                )));
+            }
+            KindConfig::Pmem {
+                mode: PmemMode::Lvm,
+                ref volume_group,
+                ..
+            } if volume_group.is_none() => {
+                return Err(invalid(format!(
+                    "device class {name}: pmem mode lvm needs a volume-group"
+                )));
+            }
+            other => other,
+        };
+        classes.push(DeviceClass {
+            name,
+            kind,
+            default: c.default || only_one,
+            fs_type: c.fs_type,
+            mount_options: c.mount_options,
+        });
+    }
+    match classes.iter().filter(|c| c.default).count() {
+        1 => Ok(classes),
+        0 => Err(invalid("no device class is marked default: true".to_string())),
+        _ => Err(invalid(
+            "more than one device class is marked default: true".to_string(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<Vec<DeviceClass>, ConfigError> {
+        let file: FileConfig = serde_yaml::from_str(yaml).map_err(|source| ConfigError::Parse {
+            path: "test.yaml".into(),
+            source,
+        })?;
+        validate_classes(file, Path::new("/var/lib/localvol"), 100 << 30)
+    }
+
+    #[test]
+    fn quantities_parse() {
+        assert_eq!(parse_quantity("100Gi"), Ok(100 << 30));
+        assert_eq!(parse_quantity("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_quantity("4096"), Ok(4096));
+        assert!(parse_quantity("1Qi").is_err());
+        assert!(parse_quantity("Gi").is_err());
+        assert!(parse_quantity("99999999999Pi").is_err());
+    }
+
+    #[test]
+    fn every_kind_parses() {
+        let classes = parse(
+            r#"
+device-classes:
+  - name: scratch
+    kind: loop
+    capacity-gb: 20
+  - name: ssd
+    kind: lvm
+    volume-group: vg-ssd
+    default: true
+    spare-gb: 10
+    stripe: 2
+    stripe-size: 64k
+  - name: thin
+    kind: lvm-thin
+    volume-group: vg-ssd
+    thin-pool: {name: pool0, overprovision-ratio: 5.0}
+    fs-type: xfs
+  - name: pmem
+    kind: pmem
+    mode: direct
+    region: region0
+"#,
+        )
+        .unwrap();
+        assert_eq!(classes.len(), 4);
+        assert_eq!(
+            classes[0].kind,
+            KindConfig::Loop {
+                directory: Some("/var/lib/localvol/loop/scratch".into()),
+                capacity_gb: Some(20)
+            }
+        );
+        assert!(classes[1].default);
+        assert_eq!(classes[2].fs_type, Some(FsType::Xfs));
+    }
+
+    #[test]
+    fn mistakes_are_reported_clearly() {
+        let cases = [
+            ("device-classes: []", "empty"),
+            (
+                "device-classes: [{name: a, kind: loop}, {name: a, kind: loop, default: true}]",
+                "twice",
+            ),
+            (
+                "device-classes: [{name: a, kind: loop}, {name: b, kind: loop}]",
+                "no device class is marked",
+            ),
+            ("device-classes: [{name: A, kind: loop}]", "must be 1-32"),
+            (
+                "device-classes: [{name: t, kind: lvm-thin, volume-group: vg, thin-pool: {name: p, overprovision-ratio: 0.5}}]",
+                "at least 1.0",
+            ),
+            (
+                "device-classes: [{name: p, kind: pmem, mode: direct}]",
+                "needs a region",
+            ),
+            ("device-classes: [{name: a, kind: zfs}]", "unknown variant"),
+            (
+                "device-classes: [{name: a, kind: loop, mount-options: [bind]}]",
+                "not allowed",
+            ),
+            (
+                "device-classes: [{name: a, kind: loop, colour: red}]",
+                "unknown field",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let err = parse(yaml).unwrap_err().to_string();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
+    }
+}

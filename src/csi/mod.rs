@@ -1,0 +1,92 @@
+//! The CSI gRPC services on a unix socket. Handlers here only translate: request
+//! conversion, the volume lock, one volume operation, the response. Errors are logged
+//! once, here, and counted by method and code.
+
+mod controller;
+mod identity;
+mod node;
+pub mod socket;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Response, Status};
+use tracing::{Instrument, info_span, warn};
+
+use crate::error::Error;
+use crate::health::Health;
+use crate::locks::{VolumeGuard, VolumeLocks};
+use crate::metrics::Metrics;
+use crate::model::Token;
+use crate::proto::csi::v1::controller_server::ControllerServer;
+use crate::proto::csi::v1::identity_server::IdentityServer;
+use crate::proto::csi::v1::node_server::NodeServer;
+use crate::volume::Volumes;
+
+pub const DRIVER_NAME: &str = "localvol.csi.dev";
+
+/// Shared state of the CSI services.
+#[derive(Debug)]
+pub struct Driver {
+    pub volumes: Arc<Volumes>,
+    pub locks: VolumeLocks,
+    pub metrics: Metrics,
+    pub health: Arc<Health>,
+    /// Upper bound kubelet is told for volumes on this node (0: no limit).
+    pub max_volumes_per_node: i64,
+}
+
+impl Driver {
+    fn lock(&self, token: &Token, method: &'static str) -> Result<VolumeGuard, Error> {
+        Ok(self.locks.try_lock(token, method)?)
+    }
+
+    /// Runs one RPC: a span with the method and volume, metrics by code, and the error
+    /// logged once and turned into a status.
+    async fn observe<T>(
+        &self,
+        method: &'static str,
+        volume: &str,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let span = info_span!("rpc", rpc.method = method, volume.id = volume);
+        let result = call.instrument(span.clone()).await;
+        match result {
+            Ok(reply) => {
+                self.metrics.observe_rpc(method, tonic::Code::Ok, started);
+                Ok(Response::new(reply))
+            }
+            Err(error) => {
+                let status = Status::from(error);
+                span.in_scope(|| warn!(code = ?status.code(), error = status.message(), "call failed"));
+                self.metrics.observe_rpc(method, status.code(), started);
+                Err(status)
+            }
+        }
+    }
+}
+
+/// The tonic services for the driver, ready to add to a server.
+pub fn services(
+    driver: Arc<Driver>,
+) -> (
+    IdentityServer<identity::IdentityService>,
+    ControllerServer<controller::ControllerService>,
+    NodeServer<node::NodeService>,
+) {
+    (
+        IdentityServer::new(identity::IdentityService(Arc::clone(&driver))),
+        ControllerServer::new(controller::ControllerService(Arc::clone(&driver))),
+        NodeServer::new(node::NodeService(driver)),
+    )
+}
+
+/// The answer CSI requires for a call whose capability localvol does not advertise.
+fn not_supported(method: &str, why: &str) -> Status {
+    Status::new(
+        tonic::Code::Unimplemented,
+        format!("{method} is not supported by localvol: {why}"),
+    )
+}

@@ -1,0 +1,244 @@
+//! The one place errors become gRPC statuses. Every variant of every module's error is
+//! matched here, so each code is chosen on purpose and a new variant does not compile
+//! until someone decides its code.
+
+use std::error::Error as StdError;
+
+use tonic::{Code, Status};
+
+use crate::backend::BackendError;
+use crate::fs::FsError;
+use crate::host::{CommandError, SyscallError};
+use crate::locks::LockError;
+use crate::model::IdError;
+use crate::mount::MountError;
+use crate::request::ValidationError;
+use crate::volume::VolumeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
+    #[error(transparent)]
+    Busy(#[from] LockError),
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+}
+
+impl Error {
+    pub fn code(&self) -> Code {
+        match self {
+            Error::Validation(e) => validation_code(e),
+            Error::Busy(LockError::Busy { .. }) => Code::Aborted,
+            Error::Volume(e) => volume_code(e),
+        }
+    }
+
+    /// A short, stable label for metrics: the variant, never the message.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Validation(_) => "validation",
+            Error::Busy(_) => "busy",
+            Error::Volume(e) => match e {
+                VolumeError::NotFound(_) => "not_found",
+                VolumeError::UnknownClass(_) => "unknown_class",
+                VolumeError::AlreadyExists { .. } => "already_exists",
+                VolumeError::PathInUse { .. } => "path_in_use",
+                VolumeError::NotStaged { .. } => "not_staged",
+                VolumeError::SingleWriter { .. } => "single_writer",
+                VolumeError::StillPublished { .. } => "still_published",
+                VolumeError::Symlink { .. } => "symlink",
+                VolumeError::AccessMismatch { .. } => "access_mismatch",
+                VolumeError::WrongFilesystem { .. } => "wrong_filesystem",
+                VolumeError::Topology { .. } => "topology",
+                VolumeError::Invalid(_) => "validation",
+                VolumeError::Backend(_) => "backend",
+                VolumeError::Mount(_) => "mount",
+                VolumeError::Fs(_) => "filesystem",
+                VolumeError::Syscall(_) => "syscall",
+                VolumeError::Io { .. } => "io",
+            },
+        }
+    }
+}
+
+fn validation_code(e: &ValidationError) -> Code {
+    match e {
+        ValidationError::Missing { .. } | ValidationError::Invalid { .. } => Code::InvalidArgument,
+        ValidationError::OutOfRange(_) => Code::OutOfRange,
+        ValidationError::StaleToken(_) => Code::Aborted,
+        ValidationError::Id(IdError::NotOurs(_)) => Code::NotFound,
+        ValidationError::Id(IdError::Empty | IdError::Malformed { .. }) => Code::InvalidArgument,
+    }
+}
+
+fn volume_code(e: &VolumeError) -> Code {
+    match e {
+        VolumeError::NotFound(_) => Code::NotFound,
+        VolumeError::UnknownClass(_) | VolumeError::Symlink { .. } | VolumeError::AccessMismatch { .. } => {
+            Code::InvalidArgument
+        }
+        // CSI: a path already used by an incompatible volume or mount.
+        VolumeError::AlreadyExists { .. } | VolumeError::PathInUse { .. } => Code::AlreadyExists,
+        VolumeError::NotStaged { .. }
+        | VolumeError::SingleWriter { .. }
+        | VolumeError::StillPublished { .. }
+        | VolumeError::WrongFilesystem { .. } => Code::FailedPrecondition,
+        VolumeError::Topology { .. } => Code::ResourceExhausted,
+        VolumeError::Invalid(v) => validation_code(v),
+        VolumeError::Backend(b) => backend_code(b),
+        VolumeError::Mount(m) => mount_code(m),
+        VolumeError::Fs(f) => fs_code(f),
+        VolumeError::Syscall(s) => syscall_code(s),
+        VolumeError::Io { .. } => Code::Internal,
+    }
+}
+
+fn backend_code(e: &BackendError) -> Code {
+    match e {
+        BackendError::NoSpace { .. } => Code::ResourceExhausted,
+        BackendError::NotFound { .. } => Code::NotFound,
+        BackendError::InUse { .. } => Code::FailedPrecondition,
+        BackendError::Unavailable { .. } => Code::Unavailable,
+        BackendError::CorruptRecord { .. } | BackendError::Io { .. } => Code::Internal,
+        BackendError::Command(c) => command_code(c),
+        BackendError::Syscall(s) => syscall_code(s),
+    }
+}
+
+fn command_code(e: &CommandError) -> Code {
+    match e {
+        // The tool may finish if asked again; the CO retries.
+        CommandError::TimedOut { .. } => Code::DeadlineExceeded,
+        CommandError::Spawn { .. } | CommandError::Failed { .. } => Code::Internal,
+    }
+}
+
+fn syscall_code(e: &SyscallError) -> Code {
+    match e.errno() {
+        Some(libc::EBUSY) => Code::Unavailable,
+        _ => Code::Internal,
+    }
+}
+
+fn mount_code(e: &MountError) -> Code {
+    match e {
+        MountError::InvalidOption { .. } => Code::InvalidArgument,
+        MountError::Parse { .. } => Code::Internal,
+        MountError::Syscall(s) => syscall_code(s),
+    }
+}
+
+fn fs_code(e: &FsError) -> Code {
+    match e {
+        FsError::UnsupportedGrow { .. } => Code::FailedPrecondition,
+        FsError::Probe { source, .. } | FsError::Format { source, .. } | FsError::Grow { source, .. } => {
+            command_code(source)
+        }
+    }
+}
+
+/// The error and every cause below it, `: `-joined.
+pub fn full_message(e: &dyn StdError) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        Status::new(e.code(), full_message(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ClassName, Token, VolumeId};
+
+    fn id() -> VolumeId {
+        VolumeId::new(ClassName::parse("default").unwrap(), Token::for_name("pvc-1"))
+    }
+
+    #[test]
+    fn codes_are_chosen_per_variant() {
+        let cases: Vec<(Error, Code)> = vec![
+            (
+                ValidationError::Missing { field: "volume_id" }.into(),
+                Code::InvalidArgument,
+            ),
+            (ValidationError::OutOfRange("x".into()).into(), Code::OutOfRange),
+            (
+                ValidationError::Id(IdError::NotOurs("x".into())).into(),
+                Code::NotFound,
+            ),
+            (
+                LockError::Busy {
+                    volume: "v".into(),
+                    operation: "stage",
+                }
+                .into(),
+                Code::Aborted,
+            ),
+            (VolumeError::NotFound(id()).into(), Code::NotFound),
+            (
+                VolumeError::Backend(BackendError::NoSpace {
+                    class: ClassName::parse("default").unwrap(),
+                    requested: 2,
+                    available: 1,
+                })
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                VolumeError::NotStaged {
+                    id: id(),
+                    path: "/s".into(),
+                }
+                .into(),
+                Code::FailedPrecondition,
+            ),
+            (
+                VolumeError::PathInUse {
+                    path: "/t".into(),
+                    reason: "x".into(),
+                }
+                .into(),
+                Code::AlreadyExists,
+            ),
+            (
+                VolumeError::Backend(BackendError::Command(CommandError::TimedOut {
+                    program: "lvs",
+                    args: String::new(),
+                    timeout: std::time::Duration::from_secs(1),
+                }))
+                .into(),
+                Code::DeadlineExceeded,
+            ),
+        ];
+        for (error, code) in cases {
+            assert_eq!(Status::from(error).code(), code);
+        }
+    }
+
+    #[test]
+    fn messages_carry_the_cause_chain() {
+        let e: Error = VolumeError::Syscall(SyscallError {
+            call: "mount",
+            path: "/t".into(),
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        })
+        .into();
+        let status = Status::from(e);
+        assert!(status.message().contains("mount /t"), "{}", status.message());
+        assert!(status.message().contains("not permitted"), "{}", status.message());
+    }
+}

@@ -1,0 +1,211 @@
+//! Filesystems on volume devices: what is on a device, making one, growing one.
+//!
+//! A device is formatted only when blkid finds no signature at all on it: a filesystem
+//! of another type, a partition table or a RAID/crypto header all stop the format, so a
+//! retry after a crash, or a wrong request, never destroys data.
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::host::{CommandError, CommandSpec, Host};
+
+/// The filesystems localvol makes and grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsType {
+    Ext4,
+    Xfs,
+}
+
+impl FsType {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "ext4" => Some(FsType::Ext4),
+            "xfs" => Some(FsType::Xfs),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsType::Ext4 => "ext4",
+            FsType::Xfs => "xfs",
+        }
+    }
+}
+
+impl fmt::Display for FsType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What blkid found on a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Signature {
+    Empty,
+    Filesystem(String),
+    /// A partition table, RAID member, LUKS header...: never formatted over.
+    Other(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("cannot probe {device}: {source}", device = device.display())]
+    Probe {
+        device: std::path::PathBuf,
+        #[source]
+        source: CommandError,
+    },
+    #[error("cannot create {fs_type} on {device}: {source}", device = device.display())]
+    Format {
+        fs_type: FsType,
+        device: std::path::PathBuf,
+        #[source]
+        source: CommandError,
+    },
+    #[error("cannot grow {fs_type} on {device}: {source}", device = device.display())]
+    Grow {
+        fs_type: String,
+        device: std::path::PathBuf,
+        #[source]
+        source: CommandError,
+    },
+    #[error("cannot grow a {fs_type} filesystem: only ext4 and xfs are supported")]
+    UnsupportedGrow { fs_type: String },
+}
+
+/// Parses `blkid -p -o export` output (KEY=value lines).
+pub fn parse_blkid_export(output: &str) -> Signature {
+    let value = |key: &str| {
+        output
+            .lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+            .map(str::to_string)
+    };
+    match (value("TYPE"), value("USAGE"), value("PTTYPE")) {
+        (_, _, Some(pt)) => Signature::Other(format!("partition table {pt}")),
+        (Some(t), Some(usage), _) if usage != "filesystem" => Signature::Other(format!("{usage} {t}")),
+        (Some(t), _, _) => Signature::Filesystem(t),
+        (None, _, _) => Signature::Empty,
+    }
+}
+
+pub async fn probe(host: &Host, device: &Path) -> Result<Signature, FsError> {
+    let cmd = CommandSpec::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(device)
+        .timeout(Duration::from_secs(30));
+    match host.commands.run(cmd).await {
+        Ok(out) => Ok(parse_blkid_export(&out.stdout_str())),
+        // blkid exits 2 when the device carries no signature it knows.
+        Err(e) if e.exit_code() == Some(2) => Ok(Signature::Empty),
+        Err(source) => Err(FsError::Probe {
+            device: device.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Extra knobs for mkfs that depend on the device class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FormatOptions {
+    /// DAX needs xfs without reflink (the two are exclusive in the kernel).
+    pub dax: bool,
+}
+
+pub fn mkfs_command(fs_type: FsType, device: &Path, options: FormatOptions) -> CommandSpec {
+    let cmd = match fs_type {
+        // Lazy init keeps mkfs fast on large volumes; the kernel finishes in the background.
+        FsType::Ext4 => {
+            CommandSpec::new("mkfs.ext4").args(["-F", "-q", "-E", "lazy_itable_init=1,lazy_journal_init=1"])
+        }
+        FsType::Xfs if options.dax => CommandSpec::new("mkfs.xfs").args(["-f", "-q", "-m", "reflink=0"]),
+        FsType::Xfs => CommandSpec::new("mkfs.xfs").args(["-f", "-q"]),
+    };
+    cmd.arg(device).timeout(Duration::from_secs(600))
+}
+
+pub async fn format(
+    host: &Host,
+    fs_type: FsType,
+    device: &Path,
+    options: FormatOptions,
+) -> Result<(), FsError> {
+    host.commands
+        .run(mkfs_command(fs_type, device, options))
+        .await
+        .map(drop)
+        .map_err(|source| FsError::Format {
+            fs_type,
+            device: device.to_path_buf(),
+            source,
+        })
+}
+
+/// Grows the filesystem mounted at `mount_point` from `device` to fill the device.
+pub async fn grow(host: &Host, fs_type: &str, device: &Path, mount_point: &Path) -> Result<(), FsError> {
+    let cmd = match fs_type {
+        "ext4" | "ext3" => CommandSpec::new("resize2fs").arg(device),
+        "xfs" => CommandSpec::new("xfs_growfs").arg(mount_point),
+        other => {
+            return Err(FsError::UnsupportedGrow {
+                fs_type: other.to_string(),
+            });
+        }
+    };
+    host.commands
+        .run(cmd.timeout(Duration::from_secs(600)))
+        .await
+        .map(drop)
+        .map_err(|source| FsError::Grow {
+            fs_type: fs_type.to_string(),
+            device: device.to_path_buf(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blkid_output_is_classified() {
+        assert_eq!(parse_blkid_export(""), Signature::Empty);
+        assert_eq!(
+            parse_blkid_export("DEVNAME=/dev/loop0\nUUID=1\nTYPE=ext4\nUSAGE=filesystem\n"),
+            Signature::Filesystem("ext4".into())
+        );
+        assert_eq!(
+            parse_blkid_export("DEVNAME=/dev/loop0\nPTUUID=x\nPTTYPE=gpt\n"),
+            Signature::Other("partition table gpt".into())
+        );
+        assert_eq!(
+            parse_blkid_export("TYPE=crypto_LUKS\nUSAGE=crypto\n"),
+            Signature::Other("crypto crypto_LUKS".into())
+        );
+        assert_eq!(
+            parse_blkid_export("TYPE=LVM2_member\nUSAGE=raid\n"),
+            Signature::Other("raid LVM2_member".into())
+        );
+    }
+
+    #[test]
+    fn mkfs_arguments_are_fixed_vectors() {
+        let cmd = mkfs_command(FsType::Xfs, Path::new("/dev/pmem0"), FormatOptions { dax: true });
+        assert_eq!(cmd.program, "mkfs.xfs");
+        assert_eq!(cmd.args_display(), "-f -q -m reflink=0 /dev/pmem0");
+        let cmd = mkfs_command(FsType::Ext4, Path::new("/dev/loop1"), FormatOptions::default());
+        assert_eq!(cmd.args.last().unwrap(), "/dev/loop1");
+    }
+
+    #[test]
+    fn fs_type_names_round_trip() {
+        for t in [FsType::Ext4, FsType::Xfs] {
+            assert_eq!(FsType::parse(t.as_str()), Some(t));
+        }
+        assert_eq!(FsType::parse("btrfs"), None);
+        assert_eq!(FsType::parse("EXT4"), None);
+    }
+}

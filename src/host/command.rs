@@ -1,0 +1,245 @@
+//! The one way localvol runs an external program.
+//!
+//! Every storage tool (`losetup`, `mkfs.*`, `lvcreate`, `ndctl`, ...) goes through
+//! [`Commands::run`]: arguments as a vector (never a shell), `LC_ALL=C` so that error
+//! text can be matched, a timeout after which the child is killed, and stderr kept for
+//! the error. A hung tool therefore costs one request its deadline, never the daemon.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tracing::debug;
+
+/// How long a storage command may take unless its caller says otherwise. mkfs on a
+/// large thin volume or an lvm call waiting for its lock can take tens of seconds.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One invocation: a program and its arguments, kept apart so nothing is re-parsed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    pub program: &'static str,
+    pub args: Vec<OsString>,
+    pub timeout: Duration,
+}
+
+impl CommandSpec {
+    pub fn new(program: &'static str) -> Self {
+        Self {
+            program,
+            args: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The arguments as one lossy string, for logs and error messages only.
+    pub fn args_display(&self) -> String {
+        self.args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+impl fmt::Debug for CommandSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.program, self.args_display())
+    }
+}
+
+/// What a successful command printed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommandOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: String,
+}
+
+impl CommandOutput {
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} {args} failed (exit code {}): {}", exit_code.map_or("none, killed by a signal".to_string(), |c| c.to_string()), stderr.trim())]
+    Failed {
+        program: &'static str,
+        args: String,
+        exit_code: Option<i32>,
+        stdout: String,
+        stderr: String,
+    },
+    #[error("{program} {args} did not finish within {timeout:?} and was killed")]
+    TimedOut {
+        program: &'static str,
+        args: String,
+        timeout: Duration,
+    },
+}
+
+impl CommandError {
+    /// The stderr text of a failed command ("" for other errors), for classifiers.
+    pub fn stderr(&self) -> &str {
+        match self {
+            CommandError::Failed { stderr, .. } => stderr,
+            CommandError::Spawn { .. } | CommandError::TimedOut { .. } => "",
+        }
+    }
+
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            CommandError::Failed { exit_code, .. } => *exit_code,
+            CommandError::Spawn { .. } | CommandError::TimedOut { .. } => None,
+        }
+    }
+
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, CommandError::TimedOut { .. })
+    }
+}
+
+/// The seam for external programs. The real implementation runs them; tests use
+/// [`crate::host::fake::FakeCommands`], which records each call and replays a script.
+#[async_trait]
+pub trait Commands: Send + Sync + 'static {
+    async fn run(&self, cmd: CommandSpec) -> Result<CommandOutput, CommandError>;
+}
+
+/// Runs commands for real with `tokio::process`.
+#[derive(Debug, Default, Clone)]
+pub struct SystemCommands;
+
+#[async_trait]
+impl Commands for SystemCommands {
+    async fn run(&self, cmd: CommandSpec) -> Result<CommandOutput, CommandError> {
+        debug!(command = ?cmd, "running");
+        let child = tokio::process::Command::new(cmd.program)
+            .args(&cmd.args)
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Dropping the future (timeout, cancelled RPC) kills the child.
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|source| CommandError::Spawn {
+                program: cmd.program,
+                source,
+            })?;
+        let output = match tokio::time::timeout(cmd.timeout, child.wait_with_output()).await {
+            Ok(result) => result.map_err(|source| CommandError::Spawn {
+                program: cmd.program,
+                source,
+            })?,
+            Err(_) => {
+                return Err(CommandError::TimedOut {
+                    program: cmd.program,
+                    args: cmd.args_display(),
+                    timeout: cmd.timeout,
+                });
+            }
+        };
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        if output.status.success() {
+            Ok(CommandOutput {
+                stdout: output.stdout,
+                stderr,
+            })
+        } else {
+            Err(CommandError::Failed {
+                program: cmd.program,
+                args: cmd.args_display(),
+                exit_code: output.status.code(),
+                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                stderr,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn success_keeps_stdout_and_runs_in_c_locale() {
+        let out = SystemCommands
+            .run(CommandSpec::new("sh").args(["-c", "echo $LC_ALL"]))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout_str().trim(), "C");
+    }
+
+    #[tokio::test]
+    async fn failure_keeps_exit_code_and_stderr() {
+        let err = SystemCommands
+            .run(CommandSpec::new("sh").args(["-c", "echo boom >&2; exit 3"]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.exit_code(), Some(3));
+        assert_eq!(err.stderr().trim(), "boom");
+        assert!(err.to_string().contains("exit code 3"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_hung_command_times_out() {
+        let started = std::time::Instant::now();
+        let err = SystemCommands
+            .run(
+                CommandSpec::new("sleep")
+                    .arg("30")
+                    .timeout(Duration::from_millis(100)),
+            )
+            .await
+            .unwrap_err();
+        assert!(err.is_timeout());
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn arguments_are_not_interpreted_by_a_shell() {
+        let out = SystemCommands
+            .run(CommandSpec::new("echo").arg("$(id); rm -rf /"))
+            .await
+            .unwrap();
+        assert_eq!(out.stdout_str().trim(), "$(id); rm -rf /");
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_a_spawn_error() {
+        let err = SystemCommands
+            .run(CommandSpec::new("/nonexistent/localvol-tool"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CommandError::Spawn { .. }), "{err:?}");
+    }
+}

@@ -1,0 +1,268 @@
+//! Test doubles for the two host seams. Both record every call so tests can assert on
+//! exactly what localvol asked of the machine.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::{
+    CommandError, CommandOutput, CommandSpec, Commands, FsUsage, LoopDevice, MountCall, SyscallError,
+    Syscalls,
+};
+
+type Handler = Box<dyn Fn(&CommandSpec) -> Result<CommandOutput, CommandError> + Send + Sync>;
+
+/// Runs nothing: each command is answered by the first rule whose program matches.
+/// An unscripted command fails, so a test states every command it expects.
+#[derive(Default)]
+pub struct FakeCommands {
+    rules: Mutex<Vec<(&'static str, Handler)>>,
+    calls: Mutex<Vec<CommandSpec>>,
+}
+
+impl FakeCommands {
+    pub fn on(
+        &self,
+        program: &'static str,
+        handler: impl Fn(&CommandSpec) -> Result<CommandOutput, CommandError> + Send + Sync + 'static,
+    ) {
+        self.rules.lock().unwrap().push((program, Box::new(handler)));
+    }
+
+    /// `program` succeeds and prints `stdout`.
+    pub fn ok(&self, program: &'static str, stdout: &str) {
+        let stdout = stdout.as_bytes().to_vec();
+        self.on(program, move |_| {
+            Ok(CommandOutput {
+                stdout: stdout.clone(),
+                stderr: String::new(),
+            })
+        });
+    }
+
+    /// `program` fails with `code` and `stderr`.
+    pub fn fail(&self, program: &'static str, code: i32, stderr: &str) {
+        let stderr = stderr.to_string();
+        self.on(program, move |cmd| {
+            Err(CommandError::Failed {
+                program: cmd.program,
+                args: cmd.args_display(),
+                exit_code: Some(code),
+                stdout: String::new(),
+                stderr: stderr.clone(),
+            })
+        });
+    }
+
+    /// Every call so far, as `program arg arg...` lines.
+    pub fn calls(&self) -> Vec<String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                format!("{} {}", c.program, c.args_display())
+                    .trim_end()
+                    .to_string()
+            })
+            .collect()
+    }
+
+    pub fn calls_of(&self, program: &str) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.split(' ').next() == Some(program))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Commands for FakeCommands {
+    async fn run(&self, cmd: CommandSpec) -> Result<CommandOutput, CommandError> {
+        self.calls.lock().unwrap().push(cmd.clone());
+        let rules = self.rules.lock().unwrap();
+        match rules.iter().find(|(program, _)| *program == cmd.program) {
+            Some((_, handler)) => handler(&cmd),
+            None => Err(CommandError::Spawn {
+                program: cmd.program,
+                source: std::io::Error::other(format!("unscripted command in test: {cmd:?}")),
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FakeMount {
+    call: MountCall,
+    dev: (u32, u32),
+}
+
+#[derive(Debug, Default)]
+struct SyscallState {
+    mounts: Vec<FakeMount>,
+    devices: HashMap<PathBuf, (u32, u32)>,
+    sizes: HashMap<PathBuf, u64>,
+    loops: Vec<LoopDevice>,
+    usage: FsUsage,
+    calls: Vec<String>,
+    fail_next: HashMap<&'static str, i32>,
+}
+
+/// An in-memory machine: a mount table, device numbers, loop devices.
+#[derive(Debug, Default, Clone)]
+pub struct FakeSyscalls {
+    state: Arc<Mutex<SyscallState>>,
+}
+
+impl FakeSyscalls {
+    /// Declares a block device node and its major:minor.
+    pub fn add_device(&self, path: impl Into<PathBuf>, major: u32, minor: u32, size: u64) {
+        let mut s = self.state.lock().unwrap();
+        let path = path.into();
+        s.devices.insert(path.clone(), (major, minor));
+        s.sizes.insert(path, size);
+    }
+
+    pub fn attach_loop(&self, device: impl Into<PathBuf>, backing_file: impl Into<PathBuf>) {
+        self.state.lock().unwrap().loops.push(LoopDevice {
+            device: device.into(),
+            backing_file: backing_file.into(),
+        });
+    }
+
+    pub fn detach_loop(&self, device: &Path) {
+        self.state.lock().unwrap().loops.retain(|l| l.device != device);
+    }
+
+    pub fn set_usage(&self, usage: FsUsage) {
+        self.state.lock().unwrap().usage = usage;
+    }
+
+    /// The next call named `call` fails with `errno`.
+    pub fn fail_next(&self, call: &'static str, errno: i32) {
+        self.state.lock().unwrap().fail_next.insert(call, errno);
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    pub fn mount_points(&self) -> Vec<PathBuf> {
+        self.state
+            .lock()
+            .unwrap()
+            .mounts
+            .iter()
+            .map(|m| m.call.target.clone())
+            .collect()
+    }
+
+    fn record(&self, call: &'static str, path: &Path) -> Result<(), SyscallError> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("{call} {}", path.display()));
+        match s.fail_next.remove(call) {
+            Some(errno) => Err(SyscallError {
+                call,
+                path: path.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Syscalls for FakeSyscalls {
+    async fn mount(&self, call: MountCall) -> Result<(), SyscallError> {
+        self.record("mount", &call.target)?;
+        let mut s = self.state.lock().unwrap();
+        if call.flags.contains(nix::mount::MsFlags::MS_REMOUNT) {
+            if let Some(m) = s.mounts.iter_mut().rev().find(|m| m.call.target == call.target) {
+                m.call.flags = call.flags;
+            }
+            return Ok(());
+        }
+        // A bind mount of a mounted path shows the device of what is mounted there.
+        let dev = s
+            .mounts
+            .iter()
+            .rev()
+            .find(|m| m.call.target == call.source)
+            .map(|m| m.dev)
+            .or_else(|| s.devices.get(&call.source).copied())
+            .unwrap_or((0, 99));
+        s.mounts.push(FakeMount { call, dev });
+        Ok(())
+    }
+
+    async fn umount(&self, target: &Path) -> Result<(), SyscallError> {
+        self.record("umount", target)?;
+        let mut s = self.state.lock().unwrap();
+        match s.mounts.iter().rposition(|m| m.call.target == target) {
+            Some(i) => {
+                s.mounts.remove(i);
+                Ok(())
+            }
+            None => Err(SyscallError {
+                call: "umount",
+                path: target.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            }),
+        }
+    }
+
+    async fn mountinfo(&self) -> Result<String, SyscallError> {
+        let s = self.state.lock().unwrap();
+        let mut text = String::new();
+        for (i, m) in s.mounts.iter().enumerate() {
+            let bind = m.call.fs_type.is_none();
+            let ro = if m.call.flags.contains(nix::mount::MsFlags::MS_RDONLY) {
+                "ro"
+            } else {
+                "rw"
+            };
+            let fs = m.call.fs_type.clone().unwrap_or_else(|| "ext4".to_string());
+            let source = if bind {
+                "/dev/fake".to_string()
+            } else {
+                m.call.source.display().to_string()
+            };
+            text.push_str(&format!(
+                "{} 1 {}:{} / {} {ro},relatime - {fs} {source} rw\n",
+                100 + i,
+                m.dev.0,
+                m.dev.1,
+                m.call.target.display()
+            ));
+        }
+        Ok(text)
+    }
+
+    async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError> {
+        self.record("statvfs", path)?;
+        Ok(self.state.lock().unwrap().usage)
+    }
+
+    async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError> {
+        self.record("BLKGETSIZE64", device)?;
+        Ok(self.state.lock().unwrap().sizes.get(device).copied().unwrap_or(0))
+    }
+
+    async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError> {
+        let s = self.state.lock().unwrap();
+        Ok(s.devices
+            .get(path)
+            .map(|(major, minor)| nix::sys::stat::makedev((*major).into(), (*minor).into())))
+    }
+
+    async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError> {
+        self.record("FITRIM", path)?;
+        Ok(0)
+    }
+
+    async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
+        Ok(self.state.lock().unwrap().loops.clone())
+    }
+}

@@ -1,0 +1,232 @@
+//! The narrow set of system calls localvol makes, behind one trait.
+//!
+//! Each real call is a short delegation to `nix` run under `spawn_blocking`, so a slow
+//! mount or an FITRIM over a large filesystem never stalls the async workers. Tests use
+//! [`crate::host::fake::FakeSyscalls`], which keeps an in-memory mount table.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use nix::mount::{MntFlags, MsFlags};
+
+/// A mount(2) call: what, where, which filesystem, flags and fs-specific data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountCall {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub fs_type: Option<String>,
+    pub flags: MsFlags,
+    pub data: Option<String>,
+}
+
+/// Usage of a mounted filesystem, from statvfs(2).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsUsage {
+    pub total_bytes: u64,
+    pub available_bytes: u64,
+    pub used_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+    pub used_inodes: u64,
+}
+
+/// A loop device and the file behind it, as sysfs reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopDevice {
+    pub device: PathBuf,
+    pub backing_file: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{call} {path}: {source}", path = path.display())]
+pub struct SyscallError {
+    pub call: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl SyscallError {
+    fn new(call: &'static str, path: &Path, source: impl Into<std::io::Error>) -> Self {
+        Self {
+            call,
+            path: path.to_path_buf(),
+            source: source.into(),
+        }
+    }
+
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+
+    /// EINVAL from umount2 means "not a mount point": the target is already unmounted.
+    pub fn is_not_mounted(&self) -> bool {
+        self.call == "umount" && self.errno() == Some(libc::EINVAL)
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.source.kind() == std::io::ErrorKind::NotFound
+    }
+}
+
+#[async_trait]
+pub trait Syscalls: Send + Sync + 'static {
+    async fn mount(&self, call: MountCall) -> Result<(), SyscallError>;
+    async fn umount(&self, target: &Path) -> Result<(), SyscallError>;
+    /// The text of /proc/self/mountinfo.
+    async fn mountinfo(&self) -> Result<String, SyscallError>;
+    async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError>;
+    /// Size in bytes of a block device (BLKGETSIZE64).
+    async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError>;
+    /// The device number of a block or character device node, or of the device a path
+    /// is a bind mount of; `None` for anything else.
+    async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError>;
+    /// Discards unused blocks of the filesystem mounted at `path` (FITRIM); returns the
+    /// number of bytes the filesystem reports as trimmed.
+    async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError>;
+    /// Every attached loop device and its backing file.
+    async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError>;
+}
+
+/// The real system calls.
+#[derive(Debug, Default, Clone)]
+pub struct SystemSyscalls;
+
+/// Runs a blocking closure on the blocking pool: the one place syscalls leave the
+/// async workers.
+async fn blocking<T: Send + 'static>(
+    call: &'static str,
+    path: &Path,
+    f: impl FnOnce(&Path) -> Result<T, SyscallError> + Send + 'static,
+) -> Result<T, SyscallError> {
+    let owned = path.to_path_buf();
+    tokio::task::spawn_blocking(move || f(&owned))
+        .await
+        .map_err(|join| SyscallError::new(call, path, std::io::Error::other(join)))?
+}
+
+nix::ioctl_read!(blk_get_size64, 0x12, 114, u64);
+
+/// FITRIM's argument (linux/fs.h `struct fstrim_range`).
+#[repr(C)]
+struct FstrimRange {
+    start: u64,
+    len: u64,
+    minlen: u64,
+}
+nix::ioctl_readwrite!(fitrim_ioctl, b'X', 121, FstrimRange);
+
+#[async_trait]
+impl Syscalls for SystemSyscalls {
+    async fn mount(&self, call: MountCall) -> Result<(), SyscallError> {
+        let target = call.target.clone();
+        blocking("mount", &target, move |_| {
+            nix::mount::mount(
+                Some(call.source.as_path()),
+                call.target.as_path(),
+                call.fs_type.as_deref(),
+                call.flags,
+                call.data.as_deref(),
+            )
+            .map_err(|e| SyscallError::new("mount", &call.target, e))
+        })
+        .await
+    }
+
+    async fn umount(&self, target: &Path) -> Result<(), SyscallError> {
+        blocking("umount", target, |t| {
+            nix::mount::umount2(t, MntFlags::empty()).map_err(|e| SyscallError::new("umount", t, e))
+        })
+        .await
+    }
+
+    async fn mountinfo(&self) -> Result<String, SyscallError> {
+        let path = Path::new("/proc/self/mountinfo");
+        tokio::fs::read_to_string(path)
+            .await
+            .map_err(|e| SyscallError::new("read", path, e))
+    }
+
+    async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError> {
+        blocking("statvfs", path, |p| {
+            let st = nix::sys::statvfs::statvfs(p).map_err(|e| SyscallError::new("statvfs", p, e))?;
+            let frsize = st.fragment_size() as u64;
+            let total_bytes = st.blocks() as u64 * frsize;
+            let free_bytes = st.blocks_free() as u64 * frsize;
+            Ok(FsUsage {
+                total_bytes,
+                available_bytes: st.blocks_available() as u64 * frsize,
+                used_bytes: total_bytes.saturating_sub(free_bytes),
+                total_inodes: st.files() as u64,
+                free_inodes: st.files_free() as u64,
+                used_inodes: (st.files() as u64).saturating_sub(st.files_free() as u64),
+            })
+        })
+        .await
+    }
+
+    async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError> {
+        blocking("BLKGETSIZE64", device, |d| {
+            use std::os::fd::AsRawFd;
+            let file = std::fs::File::open(d).map_err(|e| SyscallError::new("open", d, e))?;
+            let mut size = 0u64;
+            // SAFETY: the fd is open for the duration of the call and `size` is a valid
+            // u64 the kernel writes into, as BLKGETSIZE64 defines.
+            unsafe { blk_get_size64(file.as_raw_fd(), &mut size) }
+                .map_err(|e| SyscallError::new("BLKGETSIZE64", d, e))?;
+            Ok(size)
+        })
+        .await
+    }
+
+    async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError> {
+        blocking("stat", path, |p| {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let meta = std::fs::metadata(p).map_err(|e| SyscallError::new("stat", p, e))?;
+            let ft = meta.file_type();
+            Ok((ft.is_block_device() || ft.is_char_device()).then(|| meta.rdev()))
+        })
+        .await
+    }
+
+    async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError> {
+        blocking("FITRIM", path, |p| {
+            use std::os::fd::AsRawFd;
+            let dir = std::fs::File::open(p).map_err(|e| SyscallError::new("open", p, e))?;
+            let mut range = FstrimRange {
+                start: 0,
+                len: u64::MAX,
+                minlen: 0,
+            };
+            // SAFETY: the fd is open for the call and `range` is a valid fstrim_range
+            // that the kernel reads and updates in place.
+            unsafe { fitrim_ioctl(dir.as_raw_fd(), &mut range) }
+                .map_err(|e| SyscallError::new("FITRIM", p, e))?;
+            Ok(range.len)
+        })
+        .await
+    }
+
+    async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
+        blocking("readdir", Path::new("/sys/block"), |sys| {
+            let mut found = Vec::new();
+            let entries = std::fs::read_dir(sys).map_err(|e| SyscallError::new("readdir", sys, e))?;
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(name) = name.to_str().filter(|n| n.starts_with("loop")) else {
+                    continue;
+                };
+                // Only attached devices have a backing_file attribute.
+                let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) else {
+                    continue;
+                };
+                found.push(LoopDevice {
+                    device: PathBuf::from("/dev").join(name),
+                    backing_file: PathBuf::from(backing.trim_end_matches('\n')),
+                });
+            }
+            Ok(found)
+        })
+        .await
+    }
+}

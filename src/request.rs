@@ -1,0 +1,544 @@
+//! The gRPC edge: raw CSI requests become typed requests here, once. Everything below
+//! this module works with values that are valid by construction.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+
+use crate::fs::FsType;
+use crate::model::{AccessMode, AccessType, Capability, ClassName, IdError, Token, VolumeId};
+use crate::proto::csi::v1 as csi;
+
+/// StorageClass parameter that selects a device class.
+pub const PARAM_DEVICE_CLASS: &str = "localvol.csi.dev/device-class";
+/// Parameters external-provisioner adds with `--extra-create-metadata`.
+pub const PARAM_PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+pub const PARAM_PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+
+/// Largest volume localvol accepts a request for (1 PiB): anything bigger is a typo.
+pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
+/// Size of a volume created without a capacity range.
+pub const DEFAULT_VOLUME_BYTES: u64 = 1 << 30;
+const MAX_PATH_LEN: usize = 4096;
+const MAX_NAME_LEN: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("{field} is required")]
+    Missing { field: &'static str },
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error("capacity range cannot be met: {0}")]
+    OutOfRange(String),
+    #[error(transparent)]
+    Id(#[from] IdError),
+    /// CSI asks for ABORTED when a listing cannot resume from the token given.
+    #[error("starting_token {0:?} does not name a volume to resume after")]
+    StaleToken(String),
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ValidationError {
+    ValidationError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A path from kubelet: absolute and normalised (no `.`/`..`/empty components), so it
+/// names exactly one place. Symlinks along it are checked where it is used.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPath(PathBuf);
+
+impl HostPath {
+    pub fn parse(field: &'static str, raw: &str) -> Result<Self, ValidationError> {
+        if raw.is_empty() {
+            return Err(ValidationError::Missing { field });
+        }
+        if raw.len() > MAX_PATH_LEN || raw.contains('\0') {
+            return Err(invalid(field, "longer than 4096 bytes or contains NUL"));
+        }
+        if !raw.starts_with('/') {
+            return Err(invalid(field, format!("{raw:?} is not an absolute path")));
+        }
+        let trimmed = raw.trim_end_matches('/');
+        if trimmed.is_empty() || trimmed.contains("//") {
+            return Err(invalid(field, format!("{raw:?} is not a normalised path")));
+        }
+        let path = Path::new(trimmed);
+        if path
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+        {
+            return Err(invalid(field, format!("{raw:?} contains '.' or '..'")));
+        }
+        Ok(Self(path.to_path_buf()))
+    }
+
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for HostPath {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// Converts a CSI capability. `Err` carries why it is unsupported.
+pub fn capability(cap: &csi::VolumeCapability) -> Result<Capability, ValidationError> {
+    use csi::volume_capability::AccessType as Raw;
+    use csi::volume_capability::access_mode::Mode;
+    let access = match &cap.access_type {
+        Some(Raw::Block(_)) => AccessType::Block,
+        Some(Raw::Mount(m)) => {
+            let fs_type = match m.fs_type.as_str() {
+                "" => None,
+                name => Some(FsType::parse(name).ok_or_else(|| {
+                    invalid(
+                        "volume_capability.mount.fs_type",
+                        format!("{name:?} is not supported (ext4, xfs)"),
+                    )
+                })?),
+            };
+            if !m.volume_mount_group.is_empty() {
+                return Err(invalid(
+                    "volume_capability.mount.volume_mount_group",
+                    "not supported (no VOLUME_MOUNT_GROUP capability)",
+                ));
+            }
+            crate::mount::MountOptions::parse(&m.mount_flags)
+                .map_err(|e| invalid("volume_capability.mount.mount_flags", e.to_string()))?;
+            AccessType::Mount {
+                fs_type,
+                mount_flags: m.mount_flags.clone(),
+            }
+        }
+        None => {
+            return Err(ValidationError::Missing {
+                field: "volume_capability.access_type",
+            });
+        }
+    };
+    let mode = match cap.access_mode.as_ref().map(|m| m.mode()) {
+        None | Some(Mode::Unknown) => {
+            return Err(ValidationError::Missing {
+                field: "volume_capability.access_mode",
+            });
+        }
+        Some(Mode::SingleNodeWriter) => AccessMode::SingleNodeWriter,
+        Some(Mode::SingleNodeReaderOnly) => AccessMode::SingleNodeReaderOnly,
+        Some(Mode::SingleNodeSingleWriter) => AccessMode::SingleNodeSingleWriter,
+        Some(Mode::SingleNodeMultiWriter) => AccessMode::SingleNodeMultiWriter,
+        Some(other) => {
+            return Err(invalid(
+                "volume_capability.access_mode",
+                format!(
+                    "{} is not supported: localvol volumes live on one node",
+                    other.as_str_name()
+                ),
+            ));
+        }
+    };
+    Ok(Capability { access, mode })
+}
+
+fn required_capability(cap: Option<&csi::VolumeCapability>) -> Result<Capability, ValidationError> {
+    capability(cap.ok_or(ValidationError::Missing {
+        field: "volume_capability",
+    })?)
+}
+
+fn volume_id(raw: &str) -> Result<VolumeId, ValidationError> {
+    VolumeId::parse(raw).map_err(|e| match e {
+        IdError::Empty => ValidationError::Missing { field: "volume_id" },
+        other => ValidationError::Id(other),
+    })
+}
+
+/// A capacity range as bytes: at least `required`, at most `limit` (if any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityRange {
+    pub required: u64,
+    pub limit: Option<u64>,
+}
+
+impl CapacityRange {
+    pub fn parse(range: Option<&csi::CapacityRange>) -> Result<Self, ValidationError> {
+        let Some(range) = range else {
+            return Ok(Self {
+                required: 0,
+                limit: None,
+            });
+        };
+        let field = "capacity_range";
+        if range.required_bytes < 0 || range.limit_bytes < 0 {
+            return Err(invalid(field, "bytes cannot be negative"));
+        }
+        let required = range.required_bytes as u64;
+        let limit = (range.limit_bytes > 0).then_some(range.limit_bytes as u64);
+        if let Some(limit) = limit
+            && limit < required
+        {
+            return Err(invalid(
+                field,
+                format!("limit {limit} is below required {required}"),
+            ));
+        }
+        if required > MAX_VOLUME_BYTES {
+            return Err(ValidationError::OutOfRange(format!(
+                "{required} bytes is more than localvol's maximum of {MAX_VOLUME_BYTES}"
+            )));
+        }
+        Ok(Self { required, limit })
+    }
+
+    /// The size to allocate: `required` (or the default) rounded up to `alignment`,
+    /// refused when rounding overshoots the limit.
+    pub fn size_for(&self, alignment: u64) -> Result<u64, ValidationError> {
+        let wanted = if self.required == 0 {
+            self.limit
+                .map_or(DEFAULT_VOLUME_BYTES, |l| l.min(DEFAULT_VOLUME_BYTES))
+        } else {
+            self.required
+        };
+        let size = wanted.div_ceil(alignment).max(1) * alignment;
+        match self.limit {
+            Some(limit) if size > limit => Err(ValidationError::OutOfRange(format!(
+                "the smallest size this device class can allocate for {wanted} bytes is {size}, above the limit of {limit}"
+            ))),
+            _ => Ok(size),
+        }
+    }
+
+    pub fn contains(&self, size: u64) -> bool {
+        size >= self.required && self.limit.is_none_or(|l| size <= l)
+    }
+}
+
+/// Who the volume is for, from external-provisioner's `--extra-create-metadata`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimRef {
+    pub pvc_name: Option<String>,
+    pub pvc_namespace: Option<String>,
+    pub pv_name: Option<String>,
+}
+
+impl ClaimRef {
+    /// The same keys go back into the volume context so node calls know the claim.
+    pub fn to_context(&self) -> HashMap<String, String> {
+        [
+            (PARAM_PVC_NAME, &self.pvc_name),
+            (PARAM_PVC_NAMESPACE, &self.pvc_namespace),
+            (PARAM_PV_NAME, &self.pv_name),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
+        .collect()
+    }
+
+    fn from_map(map: &HashMap<String, String>) -> Self {
+        let get = |k: &str| map.get(k).filter(|v| !v.is_empty()).cloned();
+        Self {
+            pvc_name: get(PARAM_PVC_NAME),
+            pvc_namespace: get(PARAM_PVC_NAMESPACE),
+            pv_name: get(PARAM_PV_NAME),
+        }
+    }
+}
+
+/// Topology segments as the CO sends them.
+pub type Segments = BTreeMap<String, String>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateRequest {
+    pub name: String,
+    pub token: Token,
+    pub capacity: CapacityRange,
+    pub capabilities: Vec<Capability>,
+    pub class: Option<ClassName>,
+    pub claim: ClaimRef,
+    /// Every topology the CO would accept (requisite, else preferred); empty: any.
+    pub topologies: Vec<Segments>,
+}
+
+impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::CreateVolumeRequest) -> Result<Self, Self::Error> {
+        if req.name.is_empty() {
+            return Err(ValidationError::Missing { field: "name" });
+        }
+        if req.name.len() > MAX_NAME_LEN {
+            return Err(invalid("name", "longer than 256 bytes"));
+        }
+        if req.volume_capabilities.is_empty() {
+            return Err(ValidationError::Missing {
+                field: "volume_capabilities",
+            });
+        }
+        let capabilities = req
+            .volume_capabilities
+            .iter()
+            .map(capability)
+            .collect::<Result<Vec<_>, _>>()?;
+        if req.volume_content_source.is_some() {
+            return Err(invalid(
+                "volume_content_source",
+                "snapshots and clones are not supported by localvol",
+            ));
+        }
+        let mut class = None;
+        for (key, value) in &req.parameters {
+            match key.as_str() {
+                PARAM_DEVICE_CLASS => {
+                    class = Some(ClassName::parse(value).map_err(|r| invalid("parameters", r))?);
+                }
+                k if k.starts_with("csi.storage.k8s.io/") => {}
+                other => {
+                    return Err(invalid(
+                        "parameters",
+                        format!("unknown parameter {other:?} (localvol knows {PARAM_DEVICE_CLASS})"),
+                    ));
+                }
+            }
+        }
+        let topologies = req
+            .accessibility_requirements
+            .as_ref()
+            .map(|t| {
+                let list = if t.requisite.is_empty() {
+                    &t.preferred
+                } else {
+                    &t.requisite
+                };
+                list.iter()
+                    .map(|t| t.segments.clone().into_iter().collect())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Self {
+            name: req.name.clone(),
+            token: Token::for_name(&req.name),
+            capacity: CapacityRange::parse(req.capacity_range.as_ref())?,
+            capabilities,
+            class,
+            claim: ClaimRef::from_map(&req.parameters),
+            topologies,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerExpandRequest {
+    pub id: VolumeId,
+    pub capacity: CapacityRange,
+    pub capability: Option<Capability>,
+}
+
+impl TryFrom<&csi::ControllerExpandVolumeRequest> for ControllerExpandRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::ControllerExpandVolumeRequest) -> Result<Self, Self::Error> {
+        let id = volume_id(&req.volume_id)?;
+        let capacity = CapacityRange::parse(req.capacity_range.as_ref())?;
+        if req.capacity_range.is_none() {
+            return Err(ValidationError::Missing {
+                field: "capacity_range",
+            });
+        }
+        Ok(Self {
+            id,
+            capacity,
+            capability: req.volume_capability.as_ref().map(capability).transpose()?,
+        })
+    }
+}
+
+/// What kubelet tells about the pod a volume is published for (`podInfoOnMount`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeContext {
+    pub claim: ClaimRef,
+    pub pod: Option<PodInfo>,
+}
+
+impl VolumeContext {
+    pub fn parse(map: &HashMap<String, String>) -> Result<Self, ValidationError> {
+        if map
+            .get("csi.storage.k8s.io/ephemeral")
+            .is_some_and(|v| v == "true")
+        {
+            return Err(invalid(
+                "volume_context",
+                "CSI inline ephemeral volumes are not supported; use a generic ephemeral volume",
+            ));
+        }
+        let get = |k: &str| map.get(k).filter(|v| !v.is_empty()).cloned();
+        let pod = match (
+            get("csi.storage.k8s.io/pod.name"),
+            get("csi.storage.k8s.io/pod.namespace"),
+            get("csi.storage.k8s.io/pod.uid"),
+        ) {
+            (Some(name), Some(namespace), Some(uid)) => Some(PodInfo { name, namespace, uid }),
+            _ => None,
+        };
+        Ok(Self {
+            claim: ClaimRef::from_map(map),
+            pod,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageRequest {
+    pub id: VolumeId,
+    pub staging_path: HostPath,
+    pub capability: Capability,
+    pub context: VolumeContext,
+}
+
+impl TryFrom<&csi::NodeStageVolumeRequest> for StageRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::NodeStageVolumeRequest) -> Result<Self, Self::Error> {
+        // Arguments first, existence second: a missing argument is INVALID_ARGUMENT even
+        // for an id that is not ours.
+        let staging_path = HostPath::parse("staging_target_path", &req.staging_target_path)?;
+        let capability = required_capability(req.volume_capability.as_ref())?;
+        let context = VolumeContext::parse(&req.volume_context)?;
+        Ok(Self {
+            id: volume_id(&req.volume_id)?,
+            staging_path,
+            capability,
+            context,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnstageRequest {
+    pub id: VolumeId,
+    pub staging_path: HostPath,
+}
+
+impl TryFrom<&csi::NodeUnstageVolumeRequest> for UnstageRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::NodeUnstageVolumeRequest) -> Result<Self, Self::Error> {
+        let staging_path = HostPath::parse("staging_target_path", &req.staging_target_path)?;
+        Ok(Self {
+            id: volume_id(&req.volume_id)?,
+            staging_path,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishRequest {
+    pub id: VolumeId,
+    pub staging_path: HostPath,
+    pub target_path: HostPath,
+    pub capability: Capability,
+    pub read_only: bool,
+    pub context: VolumeContext,
+}
+
+impl TryFrom<&csi::NodePublishVolumeRequest> for PublishRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::NodePublishVolumeRequest) -> Result<Self, Self::Error> {
+        let target_path = HostPath::parse("target_path", &req.target_path)?;
+        let staging_path = HostPath::parse("staging_target_path", &req.staging_target_path)?;
+        let capability = required_capability(req.volume_capability.as_ref())?;
+        let context = VolumeContext::parse(&req.volume_context)?;
+        Ok(Self {
+            id: volume_id(&req.volume_id)?,
+            target_path,
+            staging_path,
+            read_only: req.readonly || capability.mode.is_read_only(),
+            capability,
+            context,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnpublishRequest {
+    pub id: VolumeId,
+    pub target_path: HostPath,
+}
+
+impl TryFrom<&csi::NodeUnpublishVolumeRequest> for UnpublishRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::NodeUnpublishVolumeRequest) -> Result<Self, Self::Error> {
+        let target_path = HostPath::parse("target_path", &req.target_path)?;
+        Ok(Self {
+            id: volume_id(&req.volume_id)?,
+            target_path,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsRequest {
+    pub id: VolumeId,
+    /// Kept as given: a path where the volume is not (even a relative one) is NOT_FOUND.
+    pub volume_path: PathBuf,
+}
+
+impl TryFrom<&csi::NodeGetVolumeStatsRequest> for StatsRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::NodeGetVolumeStatsRequest) -> Result<Self, Self::Error> {
+        // A missing argument is reported before whether the volume exists.
+        if req.volume_id.is_empty() {
+            return Err(ValidationError::Missing { field: "volume_id" });
+        }
+        if req.volume_path.is_empty() {
+            return Err(ValidationError::Missing { field: "volume_path" });
+        }
+        Ok(Self {
+            id: volume_id(&req.volume_id)?,
+            volume_path: PathBuf::from(&req.volume_path),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeExpandRequest {
+    pub id: VolumeId,
+    pub volume_path: HostPath,
+    pub staging_path: Option<HostPath>,
+    pub capacity: CapacityRange,
+    pub capability: Option<Capability>,
+}
+
+impl TryFrom<&csi::NodeExpandVolumeRequest> for NodeExpandRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::NodeExpandVolumeRequest) -> Result<Self, Self::Error> {
+        let id = volume_id(&req.volume_id)?;
+        Ok(Self {
+            id,
+            volume_path: HostPath::parse("volume_path", &req.volume_path)?,
+            staging_path: match req.staging_target_path.as_str() {
+                "" => None,
+                raw => Some(HostPath::parse("staging_target_path", raw)?),
+            },
+            capacity: CapacityRange::parse(req.capacity_range.as_ref())?,
+            capability: req.volume_capability.as_ref().map(capability).transpose()?,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

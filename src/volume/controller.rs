@@ -1,0 +1,178 @@
+//! Controller operations, run on the node that owns the storage: create, delete,
+//! expand, capacity, validation.
+
+use super::{VolumeError, Volumes, guard_matches};
+use crate::backend::{ClassCapacity, CreateSpec, VolumeRecord};
+use crate::fs::FsType;
+use crate::locks::VolumeGuard;
+use crate::model::{AccessType, Capability, ClassName, VolumeId, VolumeMode};
+use crate::request::{ControllerExpandRequest, CreateRequest, Segments, ValidationError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedVolume {
+    pub record: VolumeRecord,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpandedVolume {
+    pub size_bytes: u64,
+    pub node_expansion_required: bool,
+}
+
+/// What every capability of a create request agrees on: block or filesystem, and the
+/// filesystem type if one is named.
+fn volume_mode(capabilities: &[Capability]) -> Result<(VolumeMode, Option<FsType>), ValidationError> {
+    let mut mode = None;
+    let mut fs = None;
+    for cap in capabilities {
+        let this = match &cap.access {
+            AccessType::Block => VolumeMode::Block,
+            AccessType::Mount { fs_type, .. } => {
+                if let Some(t) = fs_type {
+                    if fs.is_some_and(|f| f != *t) {
+                        return Err(ValidationError::Invalid {
+                            field: "volume_capabilities",
+                            reason: "capabilities name different filesystem types".to_string(),
+                        });
+                    }
+                    fs = Some(*t);
+                }
+                VolumeMode::Filesystem
+            }
+        };
+        if mode.is_some_and(|m| m != this) {
+            return Err(ValidationError::Invalid {
+                field: "volume_capabilities",
+                reason: "a volume is either raw block or filesystem, not both".to_string(),
+            });
+        }
+        mode = Some(this);
+    }
+    Ok((mode.unwrap_or(VolumeMode::Filesystem), fs))
+}
+
+impl Volumes {
+    /// True when one of the CO's acceptable topologies is this node (or it has none).
+    fn serves_topology(&self, topologies: &[Segments]) -> bool {
+        topologies.is_empty()
+            || topologies.iter().any(|segments| {
+                segments
+                    .iter()
+                    .all(|(k, v)| k == super::TOPOLOGY_KEY && *v == self.node_id)
+            })
+    }
+
+    pub async fn create(
+        &self,
+        guard: &VolumeGuard,
+        req: &CreateRequest,
+    ) -> Result<CreatedVolume, VolumeError> {
+        debug_assert_eq!(guard.token(), &req.token);
+        let class = req.class.clone().unwrap_or_else(|| self.default_class.clone());
+        let backend = self.class_backend(&class)?;
+        if !self.serves_topology(&req.topologies) {
+            return Err(VolumeError::Topology {
+                node: self.node_id.clone(),
+            });
+        }
+        let (mode, fs_type) = volume_mode(&req.capabilities)?;
+        if let Some(existing) = self.find_token(&req.token).await? {
+            let incompatible = |reason: String| VolumeError::AlreadyExists {
+                name: req.name.clone(),
+                reason,
+            };
+            if existing.name != req.name {
+                return Err(incompatible(format!(
+                    "its id {} belongs to {:?}",
+                    existing.id, existing.name
+                )));
+            }
+            if existing.id.class != class {
+                return Err(incompatible(format!(
+                    "it is in device class {}",
+                    existing.id.class
+                )));
+            }
+            if !req.capacity.contains(existing.size_bytes) {
+                return Err(incompatible(format!(
+                    "its size {} is outside the requested range",
+                    existing.size_bytes
+                )));
+            }
+            if existing.mode != mode {
+                return Err(incompatible(format!(
+                    "it was created as {mode:?}",
+                    mode = existing.mode
+                )));
+            }
+            if fs_type.is_some() && existing.fs_type.is_some() && fs_type != existing.fs_type {
+                return Err(incompatible(
+                    "it was created for another filesystem type".to_string(),
+                ));
+            }
+            return Ok(CreatedVolume { record: existing });
+        }
+        let size_bytes = req.capacity.size_for(backend.alignment())?;
+        let spec = CreateSpec {
+            token: req.token.clone(),
+            name: req.name.clone(),
+            size_bytes,
+            mode,
+            fs_type,
+            claim: req.claim.clone(),
+        };
+        let record = backend.create(&spec).await?;
+        Ok(CreatedVolume { record })
+    }
+
+    /// Deletes the volume; an id that names nothing here is already deleted.
+    pub async fn delete(&self, guard: &VolumeGuard, id: &VolumeId) -> Result<(), VolumeError> {
+        guard_matches(guard, id);
+        match self.backend_of(id) {
+            Ok(backend) => Ok(backend.delete(&id.token).await?),
+            Err(VolumeError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn expand(
+        &self,
+        guard: &VolumeGuard,
+        req: &ControllerExpandRequest,
+    ) -> Result<ExpandedVolume, VolumeError> {
+        guard_matches(guard, &req.id);
+        let (backend, record) = self.record(&req.id).await?;
+        let wanted = req.capacity.size_for(backend.alignment())?;
+        let size_bytes = backend.expand(&req.id.token, wanted).await?;
+        // A filesystem must be grown on the node; so must a loop device's view of its file.
+        let node_expansion_required = record.mode == VolumeMode::Filesystem || backend.kind() == "loop";
+        Ok(ExpandedVolume {
+            size_bytes,
+            node_expansion_required,
+        })
+    }
+
+    /// Capacity of the class the parameters select, or zero for a topology that is not
+    /// this node's.
+    pub async fn capacity(
+        &self,
+        class: Option<&ClassName>,
+        topology: Option<&Segments>,
+    ) -> Result<ClassCapacity, VolumeError> {
+        if let Some(segments) = topology
+            && !self.serves_topology(std::slice::from_ref(segments))
+        {
+            return Ok(ClassCapacity::default());
+        }
+        let class = class.unwrap_or(&self.default_class);
+        Ok(self.class_backend(class)?.capacity().await?)
+    }
+
+    /// Whether the volume can be used with every one of `capabilities`.
+    pub async fn validate(&self, id: &VolumeId, capabilities: &[Capability]) -> Result<bool, VolumeError> {
+        let record = self.get(id).await?;
+        Ok(volume_mode(capabilities).is_ok_and(|(mode, fs)| {
+            mode == record.mode && (fs.is_none() || record.fs_type.is_none() || fs == record.fs_type)
+        }))
+    }
+}

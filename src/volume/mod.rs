@@ -1,0 +1,227 @@
+//! Volume operations: the order of steps and their idempotency for every CSI call.
+//!
+//! Each operation takes a [`VolumeGuard`] as proof that the caller holds the volume's
+//! lock, so neither gRPC handlers nor background work (reclaim, resize) can skip it.
+//! Every step first looks at what is already true (records, the mount table, device
+//! signatures) and does only what is missing: a repeated or retried call converges.
+
+mod controller;
+mod node;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use controller::{CreatedVolume, ExpandedVolume};
+pub use node::{VolumeCondition, VolumeStats};
+
+use crate::backend::{Backend, BackendError, VolumeRecord};
+use crate::fs::{FsError, FsType};
+use crate::host::{Host, SyscallError};
+use crate::locks::VolumeGuard;
+use crate::model::{ClassName, Token, VolumeId};
+use crate::mount::MountError;
+use crate::request::ValidationError;
+
+/// Topology key localvol reports: volumes are reachable from one node only.
+pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volume {0} does not exist on this node")]
+    NotFound(VolumeId),
+    #[error("device class {0} is not configured on this node")]
+    UnknownClass(ClassName),
+    #[error("a volume named {name:?} already exists and is incompatible: {reason}")]
+    AlreadyExists { name: String, reason: String },
+    #[error("{path} is already in use: {reason}", path = path.display())]
+    PathInUse { path: PathBuf, reason: String },
+    #[error("volume {id} is not staged at {path}; NodeStageVolume must succeed first", path = path.display())]
+    NotStaged { id: VolumeId, path: PathBuf },
+    #[error("volume {id} is published at {path}, and its access mode allows only one", path = path.display())]
+    SingleWriter { id: VolumeId, path: PathBuf },
+    #[error("volume {id} is still mounted at {path}; unpublish it first", path = path.display())]
+    StillPublished { id: VolumeId, path: PathBuf },
+    #[error("{path} resolves through a symbolic link to {resolved}; refusing", path = path.display(), resolved = resolved.display())]
+    Symlink { path: PathBuf, resolved: PathBuf },
+    #[error("volume {id} was created for {created} access and cannot be used for {requested}")]
+    AccessMismatch {
+        id: VolumeId,
+        created: &'static str,
+        requested: &'static str,
+    },
+    #[error("device {device} holds {found}, not the requested {requested}; refusing to format over it", device = device.display())]
+    WrongFilesystem {
+        device: PathBuf,
+        found: String,
+        requested: FsType,
+    },
+    #[error(
+        "no volume can be provisioned for the requested topology: this node serves only {TOPOLOGY_KEY}={node}"
+    )]
+    Topology { node: String },
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    #[error("{op} {path}: {source}", path = path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> VolumeError {
+    let path = path.to_path_buf();
+    move |source| VolumeError::Io { op, path, source }
+}
+
+/// The device classes of this node and the operations on their volumes.
+#[derive(Debug)]
+pub struct Volumes {
+    backends: BTreeMap<ClassName, Backend>,
+    default_class: ClassName,
+    default_fs: BTreeMap<ClassName, FsType>,
+    host: Host,
+    node_id: String,
+}
+
+impl Volumes {
+    /// `backends` must contain `default_class`.
+    pub fn new(
+        backends: Vec<Backend>,
+        default_class: ClassName,
+        default_fs: BTreeMap<ClassName, FsType>,
+        host: Host,
+        node_id: String,
+    ) -> Self {
+        let backends: BTreeMap<_, _> = backends.into_iter().map(|b| (b.class().clone(), b)).collect();
+        assert!(
+            backends.contains_key(&default_class),
+            "default device class is configured"
+        );
+        Self {
+            backends,
+            default_class,
+            default_fs,
+            host,
+            node_id,
+        }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    pub fn backends(&self) -> impl Iterator<Item = &Backend> {
+        self.backends.values()
+    }
+
+    pub fn topology(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(TOPOLOGY_KEY.to_string(), self.node_id.clone())])
+    }
+
+    fn class_backend(&self, class: &ClassName) -> Result<&Backend, VolumeError> {
+        self.backends
+            .get(class)
+            .ok_or_else(|| VolumeError::UnknownClass(class.clone()))
+    }
+
+    /// The backend holding `id`: an id of an unconfigured class names no volume here.
+    fn backend_of(&self, id: &VolumeId) -> Result<&Backend, VolumeError> {
+        self.backends
+            .get(&id.class)
+            .ok_or_else(|| VolumeError::NotFound(id.clone()))
+    }
+
+    async fn record(&self, id: &VolumeId) -> Result<(&Backend, VolumeRecord), VolumeError> {
+        let backend = self.backend_of(id)?;
+        let record = backend
+            .get(&id.token)
+            .await?
+            .ok_or_else(|| VolumeError::NotFound(id.clone()))?;
+        Ok((backend, record))
+    }
+
+    fn default_fs(&self, class: &ClassName) -> FsType {
+        self.default_fs.get(class).copied().unwrap_or(FsType::Ext4)
+    }
+
+    /// Every volume of every class, ordered by id.
+    pub async fn list(&self) -> Result<Vec<VolumeRecord>, VolumeError> {
+        let mut all = Vec::new();
+        for backend in self.backends.values() {
+            all.extend(backend.list().await?);
+        }
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(all)
+    }
+
+    pub async fn get(&self, id: &VolumeId) -> Result<VolumeRecord, VolumeError> {
+        Ok(self.record(id).await?.1)
+    }
+
+    /// Fails while any class cannot serve volumes.
+    pub async fn check_health(&self) -> Result<(), VolumeError> {
+        for backend in self.backends.values() {
+            backend.check_health().await?;
+        }
+        Ok(())
+    }
+
+    /// Looks a CreateVolume name up in every class (the token is unique per node).
+    async fn find_token(&self, token: &Token) -> Result<Option<VolumeRecord>, VolumeError> {
+        for backend in self.backends.values() {
+            if let Some(record) = backend.get(token).await? {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Refuses a path that does not resolve to itself: a symlink anywhere along it could
+/// redirect a mount or an unlink to a place kubelet never named.
+async fn check_no_symlinks(path: &Path) -> Result<(), VolumeError> {
+    let mut existing = path;
+    loop {
+        match tokio::fs::canonicalize(existing).await {
+            Ok(resolved) if resolved == existing => return Ok(()),
+            Ok(resolved) => {
+                return Err(VolumeError::Symlink {
+                    path: path.to_path_buf(),
+                    resolved,
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match existing.parent() {
+                Some(parent) => existing = parent,
+                None => return Ok(()),
+            },
+            Err(e) => return Err(io_error("resolve", existing)(e)),
+        }
+    }
+}
+
+/// The locked unit of work: ties a guard to the volume it proves.
+fn guard_matches(guard: &VolumeGuard, id: &VolumeId) {
+    debug_assert_eq!(
+        guard.token(),
+        &id.token,
+        "operation runs under its own volume's lock"
+    );
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,0 +1,445 @@
+//! Volume operations against fake host seams: the exact commands and mounts each call
+//! makes, and that repeats make none.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::backend::LoopBackend;
+use crate::host::fake::{FakeCommands, FakeSyscalls};
+use crate::host::{CommandOutput, FsUsage, Syscalls};
+use crate::locks::VolumeLocks;
+use crate::model::{AccessMode, AccessType, Capability};
+use crate::request::{
+    CapacityRange, ClaimRef, CreateRequest, HostPath, PublishRequest, StageRequest, UnpublishRequest,
+    UnstageRequest, VolumeContext,
+};
+
+const LOOP_DEV: &str = "/dev/loop-fake7";
+
+struct Fixture {
+    volumes: Volumes,
+    locks: VolumeLocks,
+    commands: Arc<FakeCommands>,
+    syscalls: FakeSyscalls,
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// A loop class `default` in a temp dir. losetup attaches to LOOP_DEV in the fake
+    /// syscalls; blkid reports whatever mkfs last wrote (nothing at first).
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let commands = Arc::new(FakeCommands::default());
+        let syscalls = FakeSyscalls::default();
+        syscalls.add_device(LOOP_DEV, 7, 7, 64 << 20);
+        syscalls.set_usage(FsUsage {
+            total_bytes: 100 << 30,
+            available_bytes: 50 << 30,
+            ..FsUsage::default()
+        });
+        let formatted: Arc<Mutex<Option<String>>> = Arc::default();
+        {
+            let syscalls = syscalls.clone();
+            commands.on("losetup", move |cmd| {
+                let args: Vec<_> = cmd
+                    .args
+                    .iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                if args[0] == "--find" {
+                    syscalls.attach_loop(LOOP_DEV, &args[2]);
+                    return Ok(CommandOutput {
+                        stdout: format!("{LOOP_DEV}\n").into_bytes(),
+                        stderr: String::new(),
+                    });
+                }
+                if args[0] == "--detach" {
+                    syscalls.detach_loop(Path::new(&args[1]));
+                }
+                Ok(CommandOutput::default())
+            });
+        }
+        {
+            let formatted = Arc::clone(&formatted);
+            commands.on("blkid", move |cmd| match formatted.lock().unwrap().clone() {
+                Some(fs) => Ok(CommandOutput {
+                    stdout: format!("TYPE={fs}\nUSAGE=filesystem\n").into_bytes(),
+                    stderr: String::new(),
+                }),
+                None => Err(crate::host::CommandError::Failed {
+                    program: cmd.program,
+                    args: cmd.args_display(),
+                    exit_code: Some(2),
+                    stdout: String::new(),
+                    stderr: String::new(),
+                }),
+            });
+        }
+        for (program, fs) in [("mkfs.ext4", "ext4"), ("mkfs.xfs", "xfs")] {
+            let formatted = Arc::clone(&formatted);
+            commands.on(program, move |_| {
+                *formatted.lock().unwrap() = Some(fs.to_string());
+                Ok(CommandOutput::default())
+            });
+        }
+        let host = Host {
+            commands: commands.clone(),
+            syscalls: Arc::new(syscalls.clone()),
+        };
+        let class = ClassName::parse("default").unwrap();
+        let backend = LoopBackend::new(class.clone(), dir.path().join("loop"), 10 << 30, host.clone());
+        std::fs::create_dir_all(dir.path().join("loop")).unwrap();
+        let volumes = Volumes::new(
+            vec![Backend::Loop(backend)],
+            class,
+            Default::default(),
+            host,
+            "node-a".to_string(),
+        );
+        Self {
+            volumes,
+            locks: VolumeLocks::default(),
+            commands,
+            syscalls,
+            dir,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn host_path(&self, name: &str) -> HostPath {
+        HostPath::parse("path", self.path(name).to_str().unwrap()).unwrap()
+    }
+
+    async fn create(&self, name: &str, access: AccessType) -> VolumeId {
+        let req = CreateRequest {
+            name: name.to_string(),
+            token: crate::model::Token::for_name(name),
+            capacity: CapacityRange {
+                required: 64 << 20,
+                limit: None,
+            },
+            capabilities: vec![Capability {
+                access,
+                mode: AccessMode::SingleNodeWriter,
+            }],
+            class: None,
+            claim: ClaimRef::default(),
+            topologies: Vec::new(),
+        };
+        let guard = self.locks.try_lock(&req.token, "create").unwrap();
+        self.volumes.create(&guard, &req).await.unwrap().record.id
+    }
+
+    fn stage_req(&self, id: &VolumeId, access: AccessType) -> StageRequest {
+        std::fs::create_dir_all(self.path("stage")).unwrap();
+        StageRequest {
+            id: id.clone(),
+            staging_path: self.host_path("stage"),
+            capability: Capability {
+                access,
+                mode: AccessMode::SingleNodeSingleWriter,
+            },
+            context: VolumeContext::default(),
+        }
+    }
+
+    fn publish_req(
+        &self,
+        id: &VolumeId,
+        target: &str,
+        access: AccessType,
+        read_only: bool,
+    ) -> PublishRequest {
+        PublishRequest {
+            id: id.clone(),
+            staging_path: self.host_path("stage"),
+            target_path: self.host_path(target),
+            capability: Capability {
+                access,
+                mode: AccessMode::SingleNodeSingleWriter,
+            },
+            read_only,
+            context: VolumeContext::default(),
+        }
+    }
+
+    async fn stage(&self, req: &StageRequest) -> Result<(), VolumeError> {
+        let guard = self.locks.try_lock(&req.id.token, "stage").unwrap();
+        self.volumes.stage(&guard, req).await
+    }
+
+    async fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
+        let guard = self.locks.try_lock(&req.id.token, "publish").unwrap();
+        self.volumes.publish(&guard, req).await
+    }
+}
+
+fn ext4() -> AccessType {
+    AccessType::Mount {
+        fs_type: Some(crate::fs::FsType::Ext4),
+        mount_flags: vec!["noatime".to_string()],
+    }
+}
+
+#[tokio::test]
+async fn stage_formats_once_and_repeats_are_no_ops() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    let req = f.stage_req(&id, ext4());
+    f.stage(&req).await.unwrap();
+    f.stage(&req).await.unwrap();
+    assert_eq!(
+        f.commands.calls_of("mkfs.ext4").len(),
+        1,
+        "{:?}",
+        f.commands.calls()
+    );
+    assert_eq!(f.commands.calls_of("losetup").len(), 1, "attached once");
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("stage")]);
+}
+
+#[tokio::test]
+async fn stage_never_formats_over_another_filesystem() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.commands.ok("mkfs.xfs", "");
+    // Something wrote xfs on the device meanwhile.
+    let xfs = AccessType::Mount {
+        fs_type: Some(crate::fs::FsType::Xfs),
+        mount_flags: vec![],
+    };
+    let mut req = f.stage_req(&id, xfs);
+    f.stage(&req).await.unwrap();
+    f.syscalls.umount(&f.path("stage")).await.unwrap();
+    req.capability.access = ext4();
+    let err = f.stage(&req).await.unwrap_err();
+    assert!(matches!(err, VolumeError::WrongFilesystem { .. }), "{err}");
+    assert!(f.commands.calls_of("mkfs.ext4").is_empty());
+    assert!(
+        f.syscalls.mount_points().is_empty(),
+        "nothing mounted after a refusal"
+    );
+}
+
+#[tokio::test]
+async fn publish_needs_stage_then_binds_once() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    let publish = f.publish_req(&id, "target", ext4(), false);
+    let err = f.publish(&publish).await.unwrap_err();
+    assert!(matches!(err, VolumeError::NotStaged { .. }), "{err}");
+    assert!(!f.path("target").exists(), "a refused publish creates nothing");
+
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    f.publish(&publish).await.unwrap();
+    f.publish(&publish).await.unwrap();
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("stage"), f.path("target")]);
+
+    // The same target read-only is a different publication.
+    let err = f
+        .publish(&f.publish_req(&id, "target", ext4(), true))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VolumeError::PathInUse { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn single_writer_refuses_a_second_target() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    f.publish(&f.publish_req(&id, "one", ext4(), false))
+        .await
+        .unwrap();
+    let err = f
+        .publish(&f.publish_req(&id, "two", ext4(), false))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VolumeError::SingleWriter { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn read_only_publish_remounts_read_only() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    f.publish(&f.publish_req(&id, "target", ext4(), true))
+        .await
+        .unwrap();
+    let info = f.syscalls.mountinfo().await.unwrap();
+    let line = info.lines().find(|l| l.contains("/target")).unwrap();
+    assert!(line.contains(" ro,"), "{line}");
+    assert_eq!(
+        f.syscalls
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("mount"))
+            .count(),
+        3,
+        "stage, bind, remount read-only"
+    );
+}
+
+#[tokio::test]
+async fn unstage_waits_for_unpublish_then_detaches() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    f.publish(&f.publish_req(&id, "target", ext4(), false))
+        .await
+        .unwrap();
+    let unstage = UnstageRequest {
+        id: id.clone(),
+        staging_path: f.host_path("stage"),
+    };
+    let guard = f.locks.try_lock(&id.token, "unstage").unwrap();
+    let err = f.volumes.unstage(&guard, &unstage).await.unwrap_err();
+    assert!(matches!(err, VolumeError::StillPublished { .. }), "{err}");
+
+    let unpublish = UnpublishRequest {
+        id: id.clone(),
+        target_path: f.host_path("target"),
+    };
+    f.volumes.unpublish(&guard, &unpublish).await.unwrap();
+    f.volumes.unpublish(&guard, &unpublish).await.unwrap();
+    assert!(!f.path("target").exists(), "unpublish removes the target");
+    f.volumes.unstage(&guard, &unstage).await.unwrap();
+    f.volumes.unstage(&guard, &unstage).await.unwrap();
+    assert!(f.syscalls.mount_points().is_empty());
+    assert_eq!(
+        f.commands.calls_of("losetup").len(),
+        2,
+        "{:?}",
+        f.commands.calls()
+    );
+    assert!(f.commands.calls_of("losetup")[1].starts_with("losetup --detach"));
+}
+
+#[tokio::test]
+async fn block_volumes_bind_the_device_node() {
+    let f = Fixture::new();
+    let id = f.create("pvc-b", AccessType::Block).await;
+    f.stage(&f.stage_req(&id, AccessType::Block)).await.unwrap();
+    assert!(
+        f.syscalls.mount_points().is_empty(),
+        "block staging mounts nothing"
+    );
+    assert!(
+        f.commands.calls_of("mkfs.ext4").is_empty(),
+        "block volumes are never formatted"
+    );
+    f.publish(&f.publish_req(&id, "dev", AccessType::Block, false))
+        .await
+        .unwrap();
+    assert!(
+        f.path("dev").is_file(),
+        "the target is a file to bind the node onto"
+    );
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("dev")]);
+    // A block volume cannot be staged as a filesystem.
+    let err = f.stage(&f.stage_req(&id, ext4())).await.unwrap_err();
+    assert!(matches!(err, VolumeError::AccessMismatch { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn create_is_idempotent_by_name_and_refuses_incompatible_repeats() {
+    let f = Fixture::new();
+    let a = f.create("pvc-1", ext4()).await;
+    let again = f.create("pvc-1", ext4()).await;
+    assert_eq!(a, again);
+    let mut req = CreateRequest {
+        name: "pvc-1".into(),
+        token: crate::model::Token::for_name("pvc-1"),
+        capacity: CapacityRange {
+            required: 128 << 20,
+            limit: Some(128 << 20),
+        },
+        capabilities: vec![Capability {
+            access: ext4(),
+            mode: AccessMode::SingleNodeWriter,
+        }],
+        class: None,
+        claim: ClaimRef::default(),
+        topologies: Vec::new(),
+    };
+    let guard = f.locks.try_lock(&req.token, "create").unwrap();
+    let err = f.volumes.create(&guard, &req).await.unwrap_err();
+    assert!(matches!(err, VolumeError::AlreadyExists { .. }), "{err}");
+    // Too big for the class: nothing is left behind.
+    req.name = "pvc-huge".into();
+    req.token = crate::model::Token::for_name("pvc-huge");
+    req.capacity = CapacityRange {
+        required: 20 << 30,
+        limit: None,
+    };
+    drop(guard);
+    let guard = f.locks.try_lock(&req.token, "create").unwrap();
+    let err = f.volumes.create(&guard, &req).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VolumeError::Backend(crate::backend::BackendError::NoSpace { .. })
+        ),
+        "{err}"
+    );
+    let files: Vec<_> = std::fs::read_dir(f.path("loop")).unwrap().collect();
+    assert_eq!(files.len(), 2, "only pvc-1's image and record");
+}
+
+#[tokio::test]
+async fn delete_refuses_an_attached_volume() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    let guard = f.locks.try_lock(&id.token, "delete").unwrap();
+    let err = f.volumes.delete(&guard, &id).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VolumeError::Backend(crate::backend::BackendError::InUse { .. })
+        ),
+        "{err}"
+    );
+    assert!(f.volumes.get(&id).await.is_ok(), "still there");
+}
+
+#[tokio::test]
+async fn topology_of_another_node_is_refused() {
+    let f = Fixture::new();
+    let req = CreateRequest {
+        name: "pvc-t".into(),
+        token: crate::model::Token::for_name("pvc-t"),
+        capacity: CapacityRange {
+            required: 1 << 20,
+            limit: None,
+        },
+        capabilities: vec![Capability {
+            access: ext4(),
+            mode: AccessMode::SingleNodeWriter,
+        }],
+        class: None,
+        claim: ClaimRef::default(),
+        topologies: vec![[(TOPOLOGY_KEY.to_string(), "node-b".to_string())].into()],
+    };
+    let guard = f.locks.try_lock(&req.token, "create").unwrap();
+    let err = f.volumes.create(&guard, &req).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Topology { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn symlinked_targets_are_refused() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    std::fs::create_dir(f.path("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(f.path("elsewhere"), f.path("link")).unwrap();
+    let mut publish = f.publish_req(&id, "link", ext4(), false);
+    publish.target_path = HostPath::parse("t", f.path("link").join("target").to_str().unwrap()).unwrap();
+    let err = f.publish(&publish).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Symlink { .. }), "{err}");
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("stage")]);
+}
