@@ -2,7 +2,7 @@
 //! this module works with values that are valid by construction.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use crate::fs::FsType;
 use crate::model::{AccessMode, AccessType, Capability, ClassName, IdError, Token, VolumeId};
@@ -64,14 +64,14 @@ impl HostPath {
         if trimmed.is_empty() || trimmed.contains("//") {
             return Err(invalid(field, format!("{raw:?} is not a normalised path")));
         }
-        let path = Path::new(trimmed);
-        if path
-            .components()
-            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+        // Raw segments, not Path::components(), which silently drops interior `.`.
+        if trimmed
+            .split('/')
+            .any(|segment| segment == "." || segment == "..")
         {
             return Err(invalid(field, format!("{raw:?} contains '.' or '..'")));
         }
-        Ok(Self(path.to_path_buf()))
+        Ok(Self(PathBuf::from(trimmed)))
     }
 
     pub fn as_path(&self) -> &Path {

@@ -1,1 +1,134 @@
+//! The loop backend's on-disk records, against a real temporary directory (no loop
+//! devices needed: attach/detach are covered by the privileged tests).
 
+use std::sync::Arc;
+
+use super::*;
+use crate::host::FsUsage;
+use crate::host::fake::{FakeCommands, FakeSyscalls};
+
+fn backend(limit: u64, disk_free: u64) -> (LoopBackend, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let syscalls = FakeSyscalls::default();
+    syscalls.set_usage(FsUsage {
+        total_bytes: disk_free * 2,
+        available_bytes: disk_free,
+        ..FsUsage::default()
+    });
+    let host = Host {
+        commands: Arc::new(FakeCommands::default()),
+        syscalls: Arc::new(syscalls),
+    };
+    let b = LoopBackend::new(
+        ClassName::parse("default").unwrap(),
+        dir.path().join("c"),
+        limit,
+        host,
+    );
+    (b, dir)
+}
+
+fn spec(name: &str, size: u64) -> CreateSpec {
+    CreateSpec {
+        token: Token::for_name(name),
+        name: name.to_string(),
+        size_bytes: size,
+        mode: VolumeMode::Filesystem,
+        fs_type: Some(FsType::Xfs),
+        claim: ClaimRef {
+            pvc_name: Some("data".into()),
+            pvc_namespace: Some("team".into()),
+            pv_name: None,
+        },
+    }
+}
+
+#[tokio::test]
+async fn create_list_get_delete() {
+    let (b, _dir) = backend(1 << 30, 1 << 40);
+    b.prepare().await.unwrap();
+    let mode = std::fs::metadata(b.directory()).unwrap().permissions();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o700);
+    let record = b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
+    assert_eq!(record.size_bytes, 8 << 20);
+    assert_eq!(record.claim.pvc_namespace.as_deref(), Some("team"));
+    let image = b.directory().join("pvc-a.img");
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 8 << 20);
+    b.create(&spec("pvc-b", 1 << 20)).await.unwrap();
+    let listed: Vec<_> = b.list().await.unwrap().into_iter().map(|r| r.name).collect();
+    assert_eq!(listed, vec!["pvc-a", "pvc-b"]);
+    assert_eq!(b.get(&Token::for_name("pvc-a")).await.unwrap(), Some(record));
+    b.delete(&Token::for_name("pvc-a")).await.unwrap();
+    b.delete(&Token::for_name("pvc-a")).await.unwrap();
+    assert!(!image.exists());
+    assert_eq!(b.list().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_crash_before_the_record_leaves_no_volume_and_no_old_bytes() {
+    let (b, _dir) = backend(1 << 30, 1 << 40);
+    b.prepare().await.unwrap();
+    // An earlier attempt wrote data into the image, then died before the record.
+    let image = b.directory().join("pvc-a.img");
+    std::fs::write(&image, b"previous tenant's secret").unwrap();
+    std::fs::write(b.directory().join("pvc-a.img.tmp"), b"half").unwrap();
+    assert!(b.get(&Token::for_name("pvc-a")).await.unwrap().is_none());
+    assert!(b.list().await.unwrap().is_empty());
+    b.create(&spec("pvc-a", 1 << 20)).await.unwrap();
+    let bytes = std::fs::read(&image).unwrap();
+    assert_eq!(bytes.len(), 1 << 20);
+    assert!(
+        bytes.iter().all(|b| *b == 0),
+        "the retried create starts from a new, empty file"
+    );
+    assert!(!b.directory().join("pvc-a.img.tmp").exists());
+}
+
+#[tokio::test]
+async fn capacity_counts_promises_and_free_disk() {
+    let (b, _dir) = backend(100 << 20, 1 << 40);
+    b.prepare().await.unwrap();
+    assert_eq!(b.capacity().await.unwrap().available, 100 << 20);
+    b.create(&spec("pvc-a", 60 << 20)).await.unwrap();
+    assert_eq!(b.capacity().await.unwrap().available, 40 << 20);
+    let err = b.create(&spec("pvc-b", 50 << 20)).await.unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+    assert!(
+        !b.directory().join("pvc-b.img").exists(),
+        "a refused create leaves nothing"
+    );
+
+    // Free disk bounds too: it must first hold what existing sparse volumes may still write.
+    let (small, _dir2) = backend(1 << 40, 100 << 20);
+    small.prepare().await.unwrap();
+    small.create(&spec("pvc-a", 60 << 20)).await.unwrap();
+    assert_eq!(small.capacity().await.unwrap().available, 40 << 20);
+}
+
+#[tokio::test]
+async fn expand_grows_and_never_shrinks() {
+    let (b, _dir) = backend(100 << 20, 1 << 40);
+    b.prepare().await.unwrap();
+    let token = Token::for_name("pvc-a");
+    b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
+    assert_eq!(b.expand(&token, 16 << 20).await.unwrap(), 16 << 20);
+    assert_eq!(b.expand(&token, 4 << 20).await.unwrap(), 16 << 20);
+    assert_eq!(
+        std::fs::metadata(b.directory().join("pvc-a.img")).unwrap().len(),
+        16 << 20
+    );
+    assert_eq!(b.get(&token).await.unwrap().unwrap().size_bytes, 16 << 20);
+    let err = b.expand(&token, 200 << 20).await.unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+    let missing = b.expand(&Token::for_name("nope"), 1 << 20).await.unwrap_err();
+    assert!(matches!(missing, BackendError::NotFound { .. }), "{missing}");
+}
+
+#[tokio::test]
+async fn corrupt_records_are_reported_not_ignored() {
+    let (b, _dir) = backend(100 << 20, 1 << 40);
+    b.prepare().await.unwrap();
+    std::fs::write(b.directory().join("pvc-a.json"), b"{not json").unwrap();
+    let err = b.get(&Token::for_name("pvc-a")).await.unwrap_err();
+    assert!(matches!(err, BackendError::CorruptRecord { .. }), "{err}");
+}

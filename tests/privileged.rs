@@ -1,0 +1,503 @@
+//! Root-only: full volume lifecycles on real loop devices, filesystems and mounts,
+//! driven over the daemon's CSI socket exactly as kubelet and external-provisioner do.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+
+use common::{Daemon, loops_under, mounts_under, require_root};
+use localvol::proto::csi::v1 as csi;
+use tonic::Code;
+
+const MIB: i64 = 1 << 20;
+
+fn mount_cap(fs: &str) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: fs.to_string(),
+                mount_flags: vec!["noatime".to_string()],
+                volume_mount_group: String::new(),
+            },
+        )),
+    }
+}
+
+fn block_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(csi::volume_capability::AccessType::Block(
+            csi::volume_capability::BlockVolume {},
+        )),
+    }
+}
+
+async fn create(d: &Daemon, name: &str, size: i64, cap: &csi::VolumeCapability) -> csi::Volume {
+    d.controller()
+        .await
+        .create_volume(csi::CreateVolumeRequest {
+            name: name.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: size,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+async fn stage(d: &Daemon, id: &str, cap: &csi::VolumeCapability) -> Result<(), tonic::Status> {
+    std::fs::create_dir_all(d.path("stage")).unwrap();
+    d.node()
+        .await
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: id.to_string(),
+            staging_target_path: d.path("stage").display().to_string(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+}
+
+async fn publish(
+    d: &Daemon,
+    id: &str,
+    cap: &csi::VolumeCapability,
+    target: &str,
+) -> Result<(), tonic::Status> {
+    d.node()
+        .await
+        .node_publish_volume(csi::NodePublishVolumeRequest {
+            volume_id: id.to_string(),
+            staging_target_path: d.path("stage").display().to_string(),
+            target_path: d.path(target).display().to_string(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+}
+
+async fn teardown(d: &Daemon, id: &str, target: &str) {
+    let mut node = d.node().await;
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: id.to_string(),
+        target_path: d.path(target).display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: d.path("stage").display().to_string(),
+    })
+    .await
+    .unwrap();
+    d.controller()
+        .await
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+async fn stats(d: &Daemon, id: &str, path: &str) -> csi::NodeGetVolumeStatsResponse {
+    d.node()
+        .await
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: id.to_string(),
+            volume_path: d.path(path).display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
+fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
+}
+
+async fn try_expand(
+    d: &Daemon,
+    id: &str,
+    size: i64,
+    path: &str,
+    cap: &csi::VolumeCapability,
+) -> Result<i64, tonic::Status> {
+    let controller = d
+        .controller()
+        .await
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: id.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: size,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(controller.capacity_bytes, size);
+    assert!(controller.node_expansion_required);
+    d.node()
+        .await
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: id.to_string(),
+            volume_path: d.path(path).display().to_string(),
+            staging_target_path: d.path("stage").display().to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: size,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().capacity_bytes)
+}
+
+fn bytes_total(s: &csi::NodeGetVolumeStatsResponse) -> i64 {
+    s.usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .unwrap()
+        .total
+}
+
+async fn filesystem_lifecycle(fs: &str) {
+    let d = Daemon::start("node-a").await;
+    let cap = mount_cap(fs);
+    let vol = create(&d, &format!("pvc-{fs}"), 320 * MIB, &cap).await;
+    assert_eq!(vol.capacity_bytes, 320 * MIB);
+    stage(&d, &vol.volume_id, &cap).await.unwrap();
+    stage(&d, &vol.volume_id, &cap).await.unwrap();
+    publish(&d, &vol.volume_id, &cap, "target").await.unwrap();
+    publish(&d, &vol.volume_id, &cap, "target").await.unwrap();
+    std::fs::write(d.path("target/data"), b"written through the publish").unwrap();
+
+    let before = stats(&d, &vol.volume_id, "target").await;
+    assert!(!before.volume_condition.as_ref().unwrap().abnormal);
+    assert!(bytes_total(&before) > 250 * MIB, "{before:?}");
+    assert!(
+        before
+            .usage
+            .iter()
+            .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+    );
+
+    if fs == "ext4" && !has_cap_sys_resource() {
+        // The kernel refuses ext4 online resize without CAP_SYS_RESOURCE, which some
+        // sandboxes drop even for root. The VM suite runs this step with full
+        // capabilities; here the refusal must surface as an error, never as success.
+        let err = try_expand(&d, &vol.volume_id, 640 * MIB, "target", &cap)
+            .await
+            .unwrap_err();
+        assert!(err.message().contains("Permission denied"), "{}", err.message());
+        eprintln!("NOTE: ext4 online growth not exercised here: no CAP_SYS_RESOURCE (the VM suite runs it)");
+    } else {
+        let grown = try_expand(&d, &vol.volume_id, 640 * MIB, "target", &cap)
+            .await
+            .unwrap();
+        assert_eq!(grown, 640 * MIB);
+        let after = stats(&d, &vol.volume_id, "target").await;
+        assert!(
+            bytes_total(&after) > bytes_total(&before) + 250 * MIB,
+            "{fs} grew online: {after:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(d.path("target/data")).unwrap(),
+        b"written through the publish"
+    );
+
+    teardown(&d, &vol.volume_id, "target").await;
+    assert!(!d.path("target").exists(), "unpublish removes the target");
+    assert!(
+        mounts_under(d.dir.path()).is_empty(),
+        "{:?}",
+        mounts_under(d.dir.path())
+    );
+    assert!(
+        loops_under(d.dir.path()).is_empty(),
+        "{:?}",
+        loops_under(d.dir.path())
+    );
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn ext4_lifecycle_with_online_growth() {
+    if require_root("ext4_lifecycle_with_online_growth") {
+        filesystem_lifecycle("ext4").await;
+    }
+}
+
+#[tokio::test]
+async fn xfs_lifecycle_with_online_growth() {
+    if require_root("xfs_lifecycle_with_online_growth") {
+        filesystem_lifecycle("xfs").await;
+    }
+}
+
+#[tokio::test]
+async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
+    if !require_root("block_lifecycle") {
+        return;
+    }
+    let d = Daemon::start("node-a").await;
+    let cap = block_cap();
+    let vol = create(&d, "pvc-block", 16 * MIB, &cap).await;
+    stage(&d, &vol.volume_id, &cap).await.unwrap();
+    publish(&d, &vol.volume_id, &cap, "dev").await.unwrap();
+    publish(&d, &vol.volume_id, &cap, "dev").await.unwrap();
+    {
+        use std::os::unix::fs::FileTypeExt;
+        assert!(
+            std::fs::metadata(d.path("dev"))
+                .unwrap()
+                .file_type()
+                .is_block_device()
+        );
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(d.path("dev"))
+            .unwrap();
+        dev.write_all(&[0xA5; 4096]).unwrap();
+        dev.sync_all().unwrap();
+        dev.seek(SeekFrom::Start(0)).unwrap();
+        let mut back = vec![0; 4096];
+        dev.read_exact(&mut back).unwrap();
+        assert!(back.iter().all(|b| *b == 0xA5));
+    }
+    assert_eq!(bytes_total(&stats(&d, &vol.volume_id, "dev").await), 16 * MIB);
+    let grown = try_expand(&d, &vol.volume_id, 32 * MIB, "dev", &cap)
+        .await
+        .unwrap();
+    assert_eq!(grown, 32 * MIB, "the device sees the grown file");
+    teardown(&d, &vol.volume_id, "dev").await;
+
+    // The same name again is a new volume: it must read as zeros.
+    let vol = create(&d, "pvc-block", 16 * MIB, &cap).await;
+    stage(&d, &vol.volume_id, &cap).await.unwrap();
+    publish(&d, &vol.volume_id, &cap, "dev").await.unwrap();
+    let mut first = vec![0xFF; 4096];
+    std::fs::File::open(d.path("dev"))
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    assert!(
+        first.iter().all(|b| *b == 0),
+        "a new volume never shows a previous tenant's bytes"
+    );
+    teardown(&d, &vol.volume_id, "dev").await;
+    assert!(loops_under(d.dir.path()).is_empty());
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn state_survives_a_restart() {
+    if !require_root("state_survives_a_restart") {
+        return;
+    }
+    let d = Daemon::start("node-a").await;
+    let cap = mount_cap("ext4");
+    let vol = create(&d, "pvc-restart", 64 * MIB, &cap).await;
+    stage(&d, &vol.volume_id, &cap).await.unwrap();
+    std::fs::write(d.path("stage/kept"), b"before restart").unwrap();
+    let dir = d.stop().await;
+
+    // A new daemon knows the volume from disk and the mount table alone.
+    let d = Daemon::start_in(dir, "node-a", 1 << 30).await;
+    let listed = d
+        .controller()
+        .await
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1);
+    stage(&d, &vol.volume_id, &cap).await.unwrap();
+    publish(&d, &vol.volume_id, &cap, "target").await.unwrap();
+    assert_eq!(std::fs::read(d.path("target/kept")).unwrap(), b"before restart");
+    teardown(&d, &vol.volume_id, "target").await;
+    assert!(loops_under(d.dir.path()).is_empty());
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_precise_codes_and_change_nothing() {
+    if !require_root("bad_requests") {
+        return;
+    }
+    let d = Daemon::start("node-a").await;
+    let cap = mount_cap("ext4");
+    let vol = create(&d, "pvc-bad", 16 * MIB, &cap).await;
+    let files_before: Vec<_> = walk(d.dir.path());
+    let stage_req =
+        |id: &str, path: String, cap: Option<csi::VolumeCapability>| csi::NodeStageVolumeRequest {
+            volume_id: id.to_string(),
+            staging_target_path: path,
+            volume_capability: cap,
+            ..Default::default()
+        };
+    let good_path = d.path("stage").display().to_string();
+    let escaping = format!("{}/../../etc", d.dir.path().display());
+    let cases: Vec<(&str, csi::NodeStageVolumeRequest, Code)> = vec![
+        (
+            "empty id",
+            stage_req("", good_path.clone(), Some(cap.clone())),
+            Code::InvalidArgument,
+        ),
+        (
+            "unknown volume",
+            stage_req("default.nope", good_path.clone(), Some(cap.clone())),
+            Code::NotFound,
+        ),
+        (
+            "relative path",
+            stage_req(&vol.volume_id, "stage".into(), Some(cap.clone())),
+            Code::InvalidArgument,
+        ),
+        (
+            "escaping path",
+            stage_req(&vol.volume_id, escaping, Some(cap.clone())),
+            Code::InvalidArgument,
+        ),
+        (
+            "no capability",
+            stage_req(&vol.volume_id, good_path.clone(), None),
+            Code::InvalidArgument,
+        ),
+        (
+            "unknown fs",
+            stage_req(&vol.volume_id, good_path.clone(), Some(mount_cap("zfs"))),
+            Code::InvalidArgument,
+        ),
+        (
+            "block on fs volume",
+            stage_req(&vol.volume_id, good_path.clone(), Some(block_cap())),
+            Code::InvalidArgument,
+        ),
+    ];
+    let mut node = d.node().await;
+    for (what, req, expected) in cases {
+        let status = node.node_stage_volume(req).await.unwrap_err();
+        assert_eq!(status.code(), expected, "{what}: {}", status.message());
+    }
+    // A symlink in the staging path is refused before anything is attached.
+    std::fs::create_dir(d.path("real")).unwrap();
+    std::os::unix::fs::symlink(d.path("real"), d.path("link")).unwrap();
+    let status = node
+        .node_stage_volume(stage_req(
+            &vol.volume_id,
+            d.path("link").display().to_string(),
+            Some(cap.clone()),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    std::fs::remove_file(d.path("link")).unwrap();
+    std::fs::remove_dir(d.path("real")).unwrap();
+
+    let mut controller = d.controller().await;
+    let absurd = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: "pvc-absurd".into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: i64::MAX,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(absurd.code(), Code::OutOfRange);
+    let too_big = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: "pvc-too-big".into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 2 << 30,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_big.code(), Code::ResourceExhausted, "{}", too_big.message());
+
+    assert_eq!(
+        walk(d.dir.path()),
+        files_before,
+        "refused requests leave the host as it was"
+    );
+    assert!(mounts_under(d.dir.path()).is_empty());
+    assert!(loops_under(d.dir.path()).is_empty());
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn identity_and_probe() {
+    let d = Daemon::start("node-a").await;
+    let mut identity = d.identity().await;
+    let info = identity
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "localvol.csi.dev");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+    let probe = identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+    let node_info = d
+        .node()
+        .await
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(node_info.node_id, "node-a");
+    let topology: HashMap<_, _> = node_info.accessible_topology.unwrap().segments;
+    assert_eq!(
+        topology.get("topology.localvol.csi.dev/node").map(String::as_str),
+        Some("node-a")
+    );
+    d.stop().await;
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        out.push(path.display().to_string());
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(walk(&path));
+        }
+    }
+    out.sort();
+    out
+}
