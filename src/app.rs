@@ -59,14 +59,18 @@ pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volume
     ))
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now, so that a signal arriving any time
+/// after this call drains the daemon instead of killing it; the future resolves on the
+/// first of them. Call it inside the runtime, before binding anything.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: draining in-flight calls"),
-        _ = int.recv() => info!("SIGINT: draining in-flight calls"),
+    async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: draining in-flight calls"),
+            _ = int.recv() => info!("SIGINT: draining in-flight calls"),
+        }
     }
 }
 
