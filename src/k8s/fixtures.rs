@@ -13,9 +13,13 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Client;
 use kube::client::Body;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tower_test::mock::{self, Handle};
+
+use super::{Checker, Synced};
 
 pub const NODE: &str = "node-a";
 pub const NS: &str = "apps";
@@ -275,4 +279,32 @@ async fn serve(mut handle: ApiHandle, script: Vec<Exchange>) {
             request.uri()
         );
     }
+}
+
+/// A pod cache holding `pods`, synced (or not).
+pub fn pod_cache(pods: Vec<Pod>, synced: bool) -> (Store<Pod>, Synced) {
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for pod in pods {
+        writer.apply_watcher_event(&watcher::Event::InitApply(pod));
+    }
+    let flag = Synced::default();
+    if synced {
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        flag.set();
+    }
+    (reader, flag)
+}
+
+/// A check on node [`NODE`] over `client`, its pod cache holding `pods`.
+pub fn checker(client: Client, pods: Vec<Pod>, synced: bool) -> Checker {
+    let (store, flag) = pod_cache(pods, synced);
+    Checker::with_timings(
+        client,
+        store,
+        flag,
+        NODE.to_string(),
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    )
 }

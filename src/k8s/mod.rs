@@ -186,6 +186,6 @@ pub fn spawn_pod_reflector(
 }
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;

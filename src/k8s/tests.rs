@@ -5,11 +5,10 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
+use kube::runtime::reflector;
 use tonic::Code;
 
-use super::fixtures::*;
+use super::fixtures::{self, *};
 use super::*;
 use crate::request::{ClaimRef, PodInfo, VolumeContext};
 
@@ -17,31 +16,8 @@ const VOLUME: &str = "default.0123456789abcdef";
 const A: &str = "uid-a";
 const B: &str = "uid-b";
 
-/// A pod cache holding `pods`, synced (or not).
-fn cache(pods: Vec<Pod>, synced: bool) -> (Store<Pod>, Synced) {
-    let (reader, mut writer) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for pod in pods {
-        writer.apply_watcher_event(&watcher::Event::InitApply(pod));
-    }
-    let flag = Synced::default();
-    if synced {
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        flag.set();
-    }
-    (reader, flag)
-}
-
 fn checker(client: kube::Client, pods: Vec<Pod>) -> Checker {
-    let (store, synced) = cache(pods, true);
-    Checker::with_timings(
-        client,
-        store,
-        synced,
-        NODE.to_string(),
-        Duration::from_secs(60),
-        Duration::from_secs(2),
-    )
+    fixtures::checker(client, pods, true)
 }
 
 fn context(pvc: &str, pod: Option<(&str, &str)>) -> VolumeContext {
@@ -282,7 +258,7 @@ async fn api_silent_is_unavailable_after_the_deadline() {
     let (service, mut handle) =
         tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
     let client = kube::Client::new(service, "default");
-    let (store, synced) = cache(vec![], true);
+    let (store, synced) = pod_cache(vec![], true);
     let checker = Checker::with_timings(
         client,
         store,
@@ -319,15 +295,7 @@ async fn api_refusing_access_is_internal() {
 #[tokio::test]
 async fn cache_not_yet_synced_is_unavailable_without_asking() {
     let (client, server) = mock_api(vec![]);
-    let (store, synced) = cache(vec![ephemeral_pod(A, NODE)], false);
-    let checker = Checker::with_timings(
-        client,
-        store,
-        synced,
-        NODE.to_string(),
-        Duration::from_secs(60),
-        Duration::from_secs(2),
-    );
+    let checker = fixtures::checker(client, vec![ephemeral_pod(A, NODE)], false);
     let ctx = context("web-0-data", Some(("web-0", A)));
     let (code_, message) = code(checker.stage(VOLUME, &ctx).await);
     assert_eq!(code_, Code::Unavailable, "{message}");
