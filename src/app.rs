@@ -83,11 +83,13 @@ pub async fn serve(
     let volumes = Arc::new(build_volumes(&config, host).await?);
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
+    let owner_check = crate::k8s::start(&config, Arc::clone(&health)).await?;
     let driver = Arc::new(Driver {
         volumes: Arc::clone(&volumes),
         locks: VolumeLocks::default(),
         metrics: metrics.clone(),
         health: Arc::clone(&health),
+        owner_check,
         max_volumes_per_node: 0,
     });
 

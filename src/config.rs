@@ -56,6 +56,18 @@ pub struct ServeArgs {
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+    /// Kubernetes API access (in-cluster, else $KUBECONFIG). on: required, and
+    /// NodeStage/NodePublish check generic ephemeral volume ownership; auto: on when a
+    /// configuration is found, else standalone; off: standalone, no checks.
+    #[arg(long, env = "LOCALVOL_KUBE", default_value = "auto")]
+    pub kube: KubeMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeMode {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -206,6 +218,7 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub device_classes: Vec<DeviceClass>,
     pub log_format: LogFormat,
+    pub kube: KubeMode,
 }
 
 impl Config {
@@ -251,6 +264,7 @@ impl Config {
             metrics_addr: args.metrics_addr,
             device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
             log_format: args.log_format,
+            kube: args.kube,
         })
     }
 

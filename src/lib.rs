@@ -16,6 +16,7 @@ pub mod error;
 pub mod fs;
 pub mod health;
 pub mod host;
+pub mod k8s;
 pub mod locks;
 pub mod metrics;
 pub mod model;
