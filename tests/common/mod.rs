@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use localvol::config::{Config, LogFormat, ServeArgs};
+use localvol::config::{Config, KubeMode, LogFormat, ServeArgs};
 use localvol::proto::csi::v1::controller_client::ControllerClient;
 use localvol::proto::csi::v1::identity_client::IdentityClient;
 use localvol::proto::csi::v1::node_client::NodeClient;
@@ -54,6 +54,7 @@ impl Daemon {
             config: None,
             loop_capacity,
             log_format: LogFormat::Text,
+            kube: KubeMode::Off,
         };
         let config = Config::from_args(&args).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
