@@ -10,12 +10,13 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
 use crate::backend::{Backend, LoopBackend};
-use crate::config::{Config, KindConfig};
+use crate::config::{Config, KindConfig, RegistrationConfig};
 use crate::csi::{self, Driver};
 use crate::health::Health;
 use crate::host::Host;
 use crate::locks::VolumeLocks;
 use crate::metrics::{self, Metrics};
+use crate::registration::{self, RegistrationService};
 use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
@@ -91,10 +92,38 @@ pub async fn serve(
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let http = metrics::serve_http(config.metrics_addr, metrics, health, stopped(stop_rx.clone()))
-        .await
-        .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+    let http = metrics::serve_http(
+        config.metrics_addr,
+        metrics.clone(),
+        Arc::clone(&health),
+        stopped(stop_rx.clone()),
+    )
+    .await
+    .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
     let listener = csi::socket::bind_private(&config.socket_path)?;
+    // After the CSI socket exists: kubelet dials it as soon as registration succeeds.
+    let registration = match &config.registration {
+        RegistrationConfig::Builtin {
+            socket_path,
+            csi_endpoint,
+        } => {
+            let service = RegistrationService::new(csi_endpoint.clone(), Arc::clone(&health));
+            match registration::serve(socket_path.clone(), service, stopped(stop_rx.clone())) {
+                Ok(serving) => Some(serving),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&config.socket_path);
+                    return Err(e).context("serving kubelet plugin registration");
+                }
+            }
+        }
+        RegistrationConfig::External => None,
+    };
+    let registration = async move {
+        match registration {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    };
     let (identity, controller, node) = csi::services(driver);
     let grpc = tonic::transport::Server::builder()
         .add_service(identity)
@@ -112,10 +141,11 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (grpc, http) = tokio::join!(grpc, http);
+    let (grpc, http, registration) = tokio::join!(grpc, http, registration);
     let _ = std::fs::remove_file(&config.socket_path);
     grpc.context("CSI server")?;
     http.context("metrics server")?;
+    registration.context("kubelet plugin registration server")?;
     info!("stopped");
     Ok(())
 }

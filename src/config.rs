@@ -56,6 +56,42 @@ pub struct ServeArgs {
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+    /// Who registers the driver with kubelet. builtin: localvol serves kubelet's plugin
+    /// registration socket itself, no sidecar needed. external: a node-driver-registrar
+    /// sidecar registers it, and localvol serves no registration socket.
+    #[arg(long, env = "LOCALVOL_KUBELET_REGISTRATION", default_value = "builtin")]
+    pub kubelet_registration: KubeletRegistration,
+    /// kubelet's plugin registration directory, where builtin registration puts its
+    /// socket (localvol.csi.dev-reg.sock).
+    #[arg(
+        long,
+        env = "LOCALVOL_REGISTRATION_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub registration_dir: PathBuf,
+    /// The CSI socket's path as kubelet sees it, told to kubelet at registration. Needed
+    /// only when localvol sees the socket at another path than kubelet does (a container
+    /// that mounts the host directory elsewhere). Default: --endpoint's path.
+    #[arg(long, env = "LOCALVOL_KUBELET_CSI_ENDPOINT")]
+    pub kubelet_csi_endpoint: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeletRegistration {
+    Builtin,
+    External,
+}
+
+/// How the driver becomes known to kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistrationConfig {
+    /// localvol serves the registration socket at `socket_path` and names `csi_endpoint`.
+    Builtin {
+        socket_path: PathBuf,
+        csi_endpoint: PathBuf,
+    },
+    /// A node-driver-registrar sidecar registers the driver.
+    External,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -206,6 +242,7 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub device_classes: Vec<DeviceClass>,
     pub log_format: LogFormat,
+    pub registration: RegistrationConfig,
 }
 
 impl Config {
@@ -244,7 +281,9 @@ impl Config {
                 }],
             },
         };
+        let registration = registration_config(args, &socket_path)?;
         Ok(Self {
+            registration,
             socket_path,
             node_id,
             data_dir: args.data_dir.clone(),
@@ -260,6 +299,26 @@ impl Config {
             .find(|c| c.default)
             .expect("validation guarantees a default class")
     }
+}
+
+fn registration_config(args: &ServeArgs, socket_path: &Path) -> Result<RegistrationConfig, ConfigError> {
+    if args.kubelet_registration == KubeletRegistration::External {
+        return Ok(RegistrationConfig::External);
+    }
+    if !args.registration_dir.is_absolute() {
+        return Err(ConfigError::Invalid(
+            "--registration-dir must be an absolute path".to_string(),
+        ));
+    }
+    let csi_endpoint = match &args.kubelet_csi_endpoint {
+        Some(endpoint) if !endpoint.is_empty() => crate::csi::socket::endpoint_path(endpoint)
+            .map_err(|e| ConfigError::Invalid(format!("--kubelet-csi-endpoint: {e}")))?,
+        _ => socket_path.to_path_buf(),
+    };
+    Ok(RegistrationConfig::Builtin {
+        socket_path: crate::registration::socket_path(&args.registration_dir),
+        csi_endpoint,
+    })
 }
 
 fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -370,6 +429,51 @@ mod tests {
             source,
         })?;
         validate_classes(file, Path::new("/var/lib/localvol"), 100 << 30)
+    }
+
+    fn serve_args(extra: &[&str]) -> ServeArgs {
+        let mut argv = vec!["localvol", "serve", "--node-id", "node-1"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Serve(args) => args,
+        }
+    }
+
+    #[test]
+    fn registration_is_builtin_by_default_and_names_the_csi_socket() {
+        let config = Config::from_args(&serve_args(&["--endpoint", "unix:///plugins/l/csi.sock"])).unwrap();
+        assert_eq!(
+            config.registration,
+            RegistrationConfig::Builtin {
+                socket_path: "/var/lib/kubelet/plugins_registry/localvol.csi.dev-reg.sock".into(),
+                csi_endpoint: "/plugins/l/csi.sock".into(),
+            }
+        );
+        let config = Config::from_args(&serve_args(&[
+            "--registration-dir",
+            "/reg",
+            "--kubelet-csi-endpoint",
+            "unix:///host/plugins/l/csi.sock",
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.registration,
+            RegistrationConfig::Builtin {
+                socket_path: "/reg/localvol.csi.dev-reg.sock".into(),
+                csi_endpoint: "/host/plugins/l/csi.sock".into(),
+            }
+        );
+        let config = Config::from_args(&serve_args(&["--kubelet-registration", "external"])).unwrap();
+        assert_eq!(config.registration, RegistrationConfig::External);
+    }
+
+    #[test]
+    fn bad_registration_settings_are_refused() {
+        let err = Config::from_args(&serve_args(&["--registration-dir", "reg"])).unwrap_err();
+        assert!(err.to_string().contains("--registration-dir"), "{err}");
+        let err = Config::from_args(&serve_args(&["--kubelet-csi-endpoint", "tcp://x:1"])).unwrap_err();
+        assert!(err.to_string().contains("--kubelet-csi-endpoint"), "{err}");
+        assert!(Cli::try_parse_from(["localvol", "serve", "--kubelet-registration", "off"]).is_err());
     }
 
     #[test]
