@@ -17,6 +17,7 @@ use crate::host::Host;
 use crate::locks::VolumeLocks;
 use crate::metrics::{self, Metrics};
 use crate::registration::{self, RegistrationService};
+use crate::stats;
 use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
@@ -124,6 +125,12 @@ pub async fn serve(
             None => Ok(()),
         }
     };
+    let stats = tokio::spawn(stats::run(
+        Arc::clone(&volumes),
+        metrics,
+        config.stats_interval,
+        stopped(stop_rx.clone()),
+    ));
     let (identity, controller, node) = csi::services(driver);
     let grpc = tonic::transport::Server::builder()
         .add_service(identity)
@@ -146,6 +153,7 @@ pub async fn serve(
     grpc.context("CSI server")?;
     http.context("metrics server")?;
     registration.context("kubelet plugin registration server")?;
+    stats.await.context("stats refresh task")?;
     info!("stopped");
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
@@ -74,6 +75,11 @@ pub struct ServeArgs {
     /// that mounts the host directory elsewhere). Default: --endpoint's path.
     #[arg(long, env = "LOCALVOL_KUBELET_CSI_ENDPOINT")]
     pub kubelet_csi_endpoint: Option<String>,
+    /// How often the volume and capacity gauges of each device class are refreshed
+    /// (`30s`, `5m`). Each refresh lists the class's volumes and asks for its free
+    /// space (on LVM: runs lvs and vgs).
+    #[arg(long, env = "LOCALVOL_STATS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub stats_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -122,6 +128,27 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
     value
         .checked_mul(multiplier)
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Parses `30s`, `5m`, `1h` or plain seconds; at least one second.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 30s or 5m"))?;
+    let seconds = match unit {
+        "" | "s" => Some(value),
+        "m" => value.checked_mul(60),
+        "h" => value.checked_mul(3600),
+        other => return Err(format!("unknown unit {other:?} in {s:?} (s, m or h)")),
+    }
+    .ok_or_else(|| format!("{s:?} is too long"))?;
+    if seconds == 0 {
+        return Err(format!("{s:?}: must be at least 1s"));
+    }
+    Ok(Duration::from_secs(seconds))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -243,6 +270,7 @@ pub struct Config {
     pub device_classes: Vec<DeviceClass>,
     pub log_format: LogFormat,
     pub registration: RegistrationConfig,
+    pub stats_interval: Duration,
 }
 
 impl Config {
@@ -284,6 +312,7 @@ impl Config {
         let registration = registration_config(args, &socket_path)?;
         Ok(Self {
             registration,
+            stats_interval: args.stats_interval,
             socket_path,
             node_id,
             data_dir: args.data_dir.clone(),
@@ -474,6 +503,18 @@ mod tests {
         let err = Config::from_args(&serve_args(&["--kubelet-csi-endpoint", "tcp://x:1"])).unwrap_err();
         assert!(err.to_string().contains("--kubelet-csi-endpoint"), "{err}");
         assert!(Cli::try_parse_from(["localvol", "serve", "--kubelet-registration", "off"]).is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in ["0s", "", "s", "1d", "1.5s", "-1s", "99999999999999999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(serve_args(&[]).stats_interval, Duration::from_secs(30));
     }
 
     #[test]

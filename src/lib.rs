@@ -23,5 +23,6 @@ pub mod mount;
 pub mod proto;
 pub mod registration;
 pub mod request;
+pub mod stats;
 pub mod telemetry;
 pub mod volume;
