@@ -10,7 +10,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
 use crate::backend::{Backend, LoopBackend};
-use crate::config::{Config, KindConfig, RegistrationConfig};
+use crate::config::{Config, DeviceClass, KindConfig, RegistrationConfig};
 use crate::csi::{self, Driver};
 use crate::health::Health;
 use crate::host::Host;
@@ -22,9 +22,23 @@ use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
 pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volumes> {
+    let volumes = open_volumes(&config.device_classes, &config.node_id, host)?;
+    for backend in volumes.backends() {
+        backend
+            .prepare()
+            .await
+            .with_context(|| format!("preparing device class {}", backend.class()))?;
+    }
+    Ok(volumes)
+}
+
+/// One backend per device class, opened without changing anything on the machine (no
+/// directory made, nothing attached): enough for read-only lookups such as
+/// `localvol status` does beside a running daemon.
+pub fn open_volumes(classes: &[DeviceClass], node_id: &str, host: Host) -> anyhow::Result<Volumes> {
     let mut backends = Vec::new();
     let mut default_fs = BTreeMap::new();
-    for class in &config.device_classes {
+    for class in classes {
         if let Some(fs) = class.fs_type {
             default_fs.insert(class.name.clone(), fs);
         }
@@ -35,12 +49,12 @@ pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volume
             } => {
                 let directory = directory.clone().expect("validated config fills the directory");
                 let limit = capacity_gb.expect("validated config fills the capacity") << 30;
-                let backend = LoopBackend::new(class.name.clone(), directory, limit, host.clone());
-                backend
-                    .prepare()
-                    .await
-                    .with_context(|| format!("preparing device class {}", class.name))?;
-                Backend::Loop(backend)
+                Backend::Loop(LoopBackend::new(
+                    class.name.clone(),
+                    directory,
+                    limit,
+                    host.clone(),
+                ))
             }
             KindConfig::Lvm { .. } | KindConfig::LvmThin { .. } | KindConfig::Pmem { .. } => {
                 bail!(
@@ -52,12 +66,16 @@ pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volume
         };
         backends.push(backend);
     }
+    let default_class = classes
+        .iter()
+        .find(|c| c.default)
+        .context("no default device class")?;
     Ok(Volumes::new(
         backends,
-        config.default_class().name.clone(),
+        default_class.name.clone(),
         default_fs,
         host,
-        config.node_id.clone(),
+        node_id.to_string(),
     ))
 }
 

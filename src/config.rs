@@ -26,6 +26,40 @@ pub struct Cli {
 pub enum Command {
     /// Serve the CSI services on this node.
     Serve(ServeArgs),
+    /// List this node's volumes as the running daemon and the mount table show them.
+    Status(StatusArgs),
+}
+
+/// `localvol status`: a client of the running daemon. The device-class flags must match
+/// the daemon's (they read the same environment variables, so `kubectl exec` into the
+/// localvol container needs none): they tell which device holds each volume.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The daemon's CSI endpoint.
+    #[arg(
+        long,
+        env = "LOCALVOL_ENDPOINT",
+        default_value = "unix:///var/lib/localvol/csi.sock"
+    )]
+    pub endpoint: String,
+    /// Output format.
+    #[arg(short, long, default_value = "table")]
+    pub output: OutputFormat,
+    /// The daemon's device-class file.
+    #[arg(long, env = "LOCALVOL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The daemon's data directory.
+    #[arg(long, env = "LOCALVOL_DATA_DIR", default_value = "/var/lib/localvol")]
+    pub data_dir: PathBuf,
+    /// The daemon's default loop capacity (only read to build the same classes).
+    #[arg(long, env = "LOCALVOL_LOOP_CAPACITY", default_value = "100Gi", value_parser = parse_quantity)]
+    pub loop_capacity: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -294,21 +328,6 @@ impl Config {
                 "--data-dir must be an absolute path".to_string(),
             ));
         }
-        let file = match &args.config {
-            Some(path) => load_file(path)?,
-            None => FileConfig {
-                device_classes: vec![DeviceClassConfig {
-                    name: "default".to_string(),
-                    kind: KindConfig::Loop {
-                        directory: None,
-                        capacity_gb: None,
-                    },
-                    default: true,
-                    fs_type: None,
-                    mount_options: Vec::new(),
-                }],
-            },
-        };
         let registration = registration_config(args, &socket_path)?;
         Ok(Self {
             registration,
@@ -317,7 +336,7 @@ impl Config {
             node_id,
             data_dir: args.data_dir.clone(),
             metrics_addr: args.metrics_addr,
-            device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
+            device_classes: load_classes(args.config.as_deref(), &args.data_dir, args.loop_capacity)?,
             log_format: args.log_format,
         })
     }
@@ -328,6 +347,31 @@ impl Config {
             .find(|c| c.default)
             .expect("validation guarantees a default class")
     }
+}
+
+/// The device classes from the configuration file, or without one the single loop
+/// class `default` under `data_dir`; validated.
+pub fn load_classes(
+    config: Option<&Path>,
+    data_dir: &Path,
+    loop_capacity: u64,
+) -> Result<Vec<DeviceClass>, ConfigError> {
+    let file = match config {
+        Some(path) => load_file(path)?,
+        None => FileConfig {
+            device_classes: vec![DeviceClassConfig {
+                name: "default".to_string(),
+                kind: KindConfig::Loop {
+                    directory: None,
+                    capacity_gb: None,
+                },
+                default: true,
+                fs_type: None,
+                mount_options: Vec::new(),
+            }],
+        },
+    };
+    validate_classes(file, data_dir, loop_capacity)
 }
 
 fn registration_config(args: &ServeArgs, socket_path: &Path) -> Result<RegistrationConfig, ConfigError> {
@@ -465,6 +509,7 @@ mod tests {
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Serve(args) => args,
+            other => panic!("not serve: {other:?}"),
         }
     }
 

@@ -10,5 +10,9 @@ async fn main() -> anyhow::Result<()> {
             localvol::telemetry::init(config.log_format);
             localvol::app::serve(config, localvol::app::shutdown_signal()).await
         }
+        Command::Status(args) => {
+            let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+            Ok(localvol::cli::status::run(&args, &mut out, &mut err).await?)
+        }
     }
 }
