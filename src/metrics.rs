@@ -452,4 +452,37 @@ mod tests {
             r#"localvol_resize_operations_total{device_class="thin",result="ok"} 3"#
         ));
     }
+
+    /// deploy/grafana/localvol.json may only query metrics this module exports.
+    #[test]
+    fn the_dashboard_uses_only_exported_metrics() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/localvol.json");
+        let dashboard = std::fs::read_to_string(path).unwrap();
+        let m = Metrics::new();
+        let class = class("fast");
+        m.set_class_stats(&class, ClassStats::default());
+        m.class_stats_failed(&class);
+        m.set_class_stats(&class, ClassStats::default());
+        m.observe_rpc("CreateVolume", tonic::Code::Ok, Instant::now());
+        let exported = m.render();
+        let mut checked = 0;
+        for prefix in ["localvol_", "process_"] {
+            for (start, _) in dashboard.match_indices(prefix) {
+                let name: String = dashboard[start..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                let family = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name);
+                assert!(
+                    exported.contains(&format!("# TYPE {family} ")),
+                    "the dashboard queries {name}, which localvol does not export"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 10, "only {checked} metric references found in {path}");
+    }
 }
