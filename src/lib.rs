@@ -10,6 +10,7 @@
 
 pub mod app;
 pub mod backend;
+pub mod cli;
 pub mod config;
 pub mod csi;
 pub mod error;
@@ -22,6 +23,8 @@ pub mod metrics;
 pub mod model;
 pub mod mount;
 pub mod proto;
+pub mod registration;
 pub mod request;
+pub mod stats;
 pub mod telemetry;
 pub mod volume;

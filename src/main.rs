@@ -11,5 +11,9 @@ async fn main() -> anyhow::Result<()> {
             let shutdown = localvol::app::shutdown_signal();
             localvol::app::serve(config, shutdown).await
         }
+        Command::Status(args) => {
+            let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+            Ok(localvol::cli::status::run(&args, &mut out, &mut err).await?)
+        }
     }
 }

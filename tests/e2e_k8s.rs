@@ -108,7 +108,9 @@ fn daemon_config(dir: &Path, node: &str) -> Config {
         "on",
     ])
     .expect("arguments parse");
-    let Command::Serve(args) = cli.command;
+    let Command::Serve(args) = cli.command else {
+        unreachable!("parsed as serve")
+    };
     Config::from_args(&args).expect("config")
 }
 
