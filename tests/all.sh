@@ -26,6 +26,21 @@ cargo clippy --locked --all-targets -- -D warnings
 step "unit and privileged tests (host)"
 cargo test --locked -- --test-threads=2
 
+step "deploy manifests"
+command -v kubectl >/dev/null || { echo "tests/all.sh: kubectl not found; it renders deploy/ (kustomize)" >&2; exit 1; }
+for overlay in deploy/overlays/*/; do
+  kubectl kustomize "$overlay" >/dev/null
+  echo "rendered $overlay"
+done
+if [ -n "${KUBECONFIG:-}" ]; then
+  for overlay in deploy/overlays/*/; do
+    kubectl apply --dry-run=server -k "$overlay" >/dev/null
+    echo "server-side dry run accepted $overlay"
+  done
+else
+  echo "deploy server-side dry run: NOT RUN (no KUBECONFIG)"
+fi
+
 step "VM: device-mapper and NVDIMM smoke test"
 tests/vm/smoke.sh
 

@@ -1,0 +1,527 @@
+//! `cargo bench --bench lifecycle` (root): localvol against the raw tools and syscalls
+//! doing the same work, measured in one run and reported as ratios, plus concurrency
+//! scaling, resident memory and start-up time of the real daemon process.
+//!
+//! Results print as a table and go to `target/bench/lifecycle.json`.
+//! `-- --quick` runs fewer iterations (for CI smoke runs).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use localvol::proto::csi::v1 as csi;
+use nix::mount::{MntFlags, MsFlags};
+use serde_json::json;
+use tonic::transport::Channel;
+
+const MIB: i64 = 1 << 20;
+const VOLUME_BYTES: i64 = 64 * MIB;
+
+struct Daemon {
+    child: tokio::process::Child,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the release daemon as its own process; returns it and the time until its
+    /// socket accepted a connection.
+    async fn start(dir: &Path) -> (Self, Duration) {
+        std::fs::create_dir_all(dir).unwrap();
+        let socket = dir.join("csi.sock");
+        let started = Instant::now();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
+            .args(["serve", "--node-id", "bench", "--metrics-addr", "127.0.0.1:0"])
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("daemon starts");
+        loop {
+            if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "daemon did not serve within 10 s"
+            );
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        let elapsed = started.elapsed();
+        (
+            Self {
+                child,
+                socket,
+                dir: dir.to_path_buf(),
+            },
+            elapsed,
+        )
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id().unwrap())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    async fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = self.child.wait().await.unwrap();
+        assert!(status.success(), "SIGTERM exits 0: {status}");
+    }
+}
+
+fn cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+/// One full lifecycle through the socket, as external-provisioner and kubelet drive it.
+async fn lifecycle(channel: Channel, base: &Path, name: &str) {
+    use csi::controller_client::ControllerClient;
+    use csi::node_client::NodeClient;
+    let mut controller = ControllerClient::new(channel.clone());
+    let mut node = NodeClient::new(channel);
+    let stage = base.join(format!("{name}-stage"));
+    let target = base.join(format!("{name}-target"));
+    std::fs::create_dir_all(&stage).unwrap();
+    let volume = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: name.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: VOLUME_BYTES,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = volume.volume_id;
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+    })
+    .await
+    .unwrap();
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    std::fs::remove_dir(&stage).unwrap();
+}
+
+async fn run(program: &str, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .env("LC_ALL", "C")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success() || (program == "blkid" && out.status.code() == Some(2)),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The same work with the same tools and syscalls, and nothing else: sparse file,
+/// losetup, blkid, mkfs, mount, bind mount, unmounts, detach, unlink.
+async fn raw_lifecycle(base: &Path, name: &str) {
+    let image = base.join(format!("{name}.img"));
+    let stage = base.join(format!("{name}-stage"));
+    let target = base.join(format!("{name}-target"));
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(VOLUME_BYTES as u64)
+        .unwrap();
+    let image_arg = image.to_str().unwrap();
+    let device = run("losetup", &["--find", "--show", image_arg]).await;
+    run("blkid", &["-p", "-o", "export", &device]).await;
+    run(
+        "mkfs.ext4",
+        &[
+            "-F",
+            "-q",
+            "-E",
+            "lazy_itable_init=1,lazy_journal_init=1",
+            &device,
+        ],
+    )
+    .await;
+    std::fs::create_dir_all(&stage).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    let (s, t, d) = (stage.clone(), target.clone(), device.clone());
+    tokio::task::spawn_blocking(move || {
+        nix::mount::mount(
+            Some(Path::new(&d)),
+            &s,
+            Some("ext4"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        nix::mount::mount(Some(&s), &t, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        nix::mount::umount2(&t, MntFlags::empty()).unwrap();
+        nix::mount::umount2(&s, MntFlags::empty()).unwrap();
+    })
+    .await
+    .unwrap();
+    std::fs::remove_dir(&target).unwrap();
+    std::fs::remove_dir(&stage).unwrap();
+    run("losetup", &["--detach", &device]).await;
+    std::fs::remove_file(&image).unwrap();
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("lifecycle bench needs root (loop devices, mounts)");
+        std::process::exit(1);
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rounds = if quick { 3 } else { 15 };
+    let publish_rounds = if quick { 50 } else { 300 };
+    let base = tempfile::Builder::new()
+        .prefix("localvol-bench-")
+        .tempdir()
+        .unwrap();
+    let mut report = serde_json::Map::new();
+
+    // 5. Start-up to a serving socket (median of several starts).
+    let mut starts = Vec::new();
+    for i in 0..if quick { 3 } else { 7 } {
+        let (d, took) = Daemon::start(&base.path().join(format!("start-{i}"))).await;
+        starts.push(took);
+        d.stop().await;
+    }
+    starts.sort();
+    let startup = percentile(&starts, 0.5);
+
+    let (daemon, _) = Daemon::start(&base.path().join("main")).await;
+    let idle_rss = daemon.rss_kib();
+    let channel = localvol::csi::socket::connect(&daemon.socket).await.unwrap();
+    let work = daemon.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+
+    // 1. Lifecycle: ours and raw interleaved so both see the same machine noise.
+    let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    lifecycle(channel.clone(), &work, "warmup").await;
+    raw_lifecycle(&work, "warmup-raw").await;
+    for i in 0..rounds {
+        let t = Instant::now();
+        lifecycle(channel.clone(), &work, &format!("life-{i}")).await;
+        ours.push(t.elapsed());
+        let t = Instant::now();
+        raw_lifecycle(&work, &format!("raw-{i}")).await;
+        raw.push(t.elapsed());
+    }
+    ours.sort();
+    raw.sort();
+    let (ours_p50, raw_p50) = (percentile(&ours, 0.5), percentile(&raw, 0.5));
+
+    // 2. Publish/unpublish of a staged volume against a bare bind mount.
+    let latency = publish_latency(channel.clone(), &work, publish_rounds).await;
+
+    // 3. Throughput of concurrent lifecycles.
+    let mut scaling = Vec::new();
+    let total = if quick { 16 } else { 64 };
+    for concurrency in [1usize, 8, 32, 64] {
+        let t = Instant::now();
+        let mut done = 0;
+        while done < total {
+            let batch = concurrency.min(total - done);
+            let tasks: Vec<_> = (0..batch)
+                .map(|j| {
+                    let channel = channel.clone();
+                    let work = work.clone();
+                    tokio::spawn(async move {
+                        lifecycle(channel, &work, &format!("c{concurrency}-{}", done + j)).await
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            done += batch;
+        }
+        scaling.push((concurrency, total as f64 / t.elapsed().as_secs_f64()));
+    }
+
+    // 4. Resident memory after 500 volumes exist.
+    let mut controller = csi::controller_client::ControllerClient::new(channel.clone());
+    for i in 0..500 {
+        controller
+            .create_volume(csi::CreateVolumeRequest {
+                name: format!("many-{i}"),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: MIB,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![cap()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    controller
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap();
+    let rss_500 = daemon.rss_kib();
+    daemon.stop().await;
+
+    let base_rate = scaling[0].1;
+    println!(
+        "\nlocalvol lifecycle benchmark ({} rounds; loop backend, 64 MiB ext4)\n",
+        rounds
+    );
+    println!(
+        "{:<44} {:>12} {:>12} {:>8}",
+        "measure", "localvol", "baseline", "ratio"
+    );
+    println!(
+        "{:<44} {:>10.2}ms {:>10.2}ms {:>8.3}",
+        "lifecycle p50 (vs raw tools)",
+        ms(ours_p50),
+        ms(raw_p50),
+        ms(ours_p50) / ms(raw_p50)
+    );
+    for (label, (p50, p99)) in [
+        ("bind-mount syscalls", latency.syscall),
+        ("mount/umount commands", latency.command),
+    ] {
+        println!(
+            "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
+            format!("publish+unpublish p50 (vs {label})"),
+            ms(latency.ours.0),
+            ms(p50),
+            ms(latency.ours.0) / ms(p50)
+        );
+        println!(
+            "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
+            format!("publish+unpublish p99 (vs {label})"),
+            ms(latency.ours.1),
+            ms(p99),
+            ms(latency.ours.1) / ms(p99)
+        );
+    }
+    for (c, rate) in &scaling {
+        println!(
+            "{:<44} {:>9.1}/s {:>12} {:>8.2}",
+            format!("throughput, {c} concurrent"),
+            rate,
+            "",
+            rate / base_rate
+        );
+    }
+    println!("{:<44} {:>10} KiB", "RSS idle", idle_rss);
+    println!("{:<44} {:>10} KiB", "RSS after 500 volumes", rss_500);
+    println!(
+        "{:<44} {:>10.1}ms",
+        "start-up to serving socket (median)",
+        ms(startup)
+    );
+
+    report.insert("rounds".into(), json!(rounds));
+    report.insert(
+        "lifecycle_ms".into(),
+        json!({"localvol_p50": ms(ours_p50), "raw_p50": ms(raw_p50), "ratio": ms(ours_p50) / ms(raw_p50)}),
+    );
+    report.insert(
+        "publish_unpublish_ms".into(),
+        json!({"localvol_p50": ms(latency.ours.0), "localvol_p99": ms(latency.ours.1),
+               "syscall_p50": ms(latency.syscall.0), "syscall_p99": ms(latency.syscall.1),
+               "command_p50": ms(latency.command.0), "command_p99": ms(latency.command.1),
+               "ratio_p50_vs_syscall": ms(latency.ours.0) / ms(latency.syscall.0),
+               "ratio_p50_vs_command": ms(latency.ours.0) / ms(latency.command.0)}),
+    );
+    report.insert(
+        "throughput_per_s".into(),
+        json!(
+            scaling
+                .iter()
+                .map(|(c, r)| json!({"concurrency": c, "rate": r, "speedup": r / base_rate}))
+                .collect::<Vec<_>>()
+        ),
+    );
+    report.insert(
+        "rss_kib".into(),
+        json!({"idle": idle_rss, "after_500_volumes": rss_500}),
+    );
+    report.insert("startup_ms".into(), json!(ms(startup)));
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(
+        out.join("lifecycle.json"),
+        serde_json::to_vec_pretty(&report).unwrap(),
+    )
+    .unwrap();
+    println!("\nwritten: target/bench/lifecycle.json");
+}
+
+/// NodePublish+NodeUnpublish of one staged volume against mkdir + bind mount + umount +
+/// rmdir done directly.
+async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latencies {
+    use csi::controller_client::ControllerClient;
+    use csi::node_client::NodeClient;
+    let mut controller = ControllerClient::new(channel.clone());
+    let mut node = NodeClient::new(channel);
+    let stage = work.join("pub-stage");
+    std::fs::create_dir_all(&stage).unwrap();
+    let id = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: "pub".into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: VOLUME_BYTES,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let target = work.join("pub-target");
+    let bare_target = work.join("bare-target");
+    let (mut ours, mut bare, mut command) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        node.node_publish_volume(csi::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: stage.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+        ours.push(t.elapsed());
+        let (s, b) = (stage.clone(), bare_target.clone());
+        let t = Instant::now();
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir(&b).unwrap();
+            nix::mount::mount(Some(&s), &b, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+            nix::mount::umount2(&b, MntFlags::empty()).unwrap();
+            std::fs::remove_dir(&b).unwrap();
+        })
+        .await
+        .unwrap();
+        bare.push(t.elapsed());
+        let t = Instant::now();
+        std::fs::create_dir(&bare_target).unwrap();
+        run(
+            "mount",
+            &["--bind", stage.to_str().unwrap(), bare_target.to_str().unwrap()],
+        )
+        .await;
+        run("umount", &[bare_target.to_str().unwrap()]).await;
+        std::fs::remove_dir(&bare_target).unwrap();
+        command.push(t.elapsed());
+    }
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+    })
+    .await
+    .unwrap();
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    ours.sort();
+    bare.sort();
+    command.sort();
+    Latencies {
+        ours: (percentile(&ours, 0.5), percentile(&ours, 0.99)),
+        syscall: (percentile(&bare, 0.5), percentile(&bare, 0.99)),
+        command: (percentile(&command, 0.5), percentile(&command, 0.99)),
+    }
+}
+
+/// p50 and p99 of publish+unpublish: localvol over gRPC, the bind mount as bare
+/// syscalls, and as `mount --bind` + `umount` commands (what exec-based drivers run).
+struct Latencies {
+    ours: (Duration, Duration),
+    syscall: (Duration, Duration),
+    command: (Duration, Duration),
+}
