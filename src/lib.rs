@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod model;
 pub mod mount;
 pub mod proto;
+pub mod reclaim;
 pub mod request;
 pub mod telemetry;
 pub mod volume;
