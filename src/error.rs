@@ -12,6 +12,7 @@ use crate::host::{CommandError, SyscallError};
 use crate::locks::LockError;
 use crate::model::IdError;
 use crate::mount::MountError;
+use crate::reclaim::ReclaimError;
 use crate::request::ValidationError;
 use crate::volume::VolumeError;
 
@@ -23,6 +24,8 @@ pub enum Error {
     Busy(#[from] LockError),
     #[error(transparent)]
     Volume(#[from] VolumeError),
+    #[error(transparent)]
+    Reclaim(#[from] ReclaimError),
 }
 
 impl Error {
@@ -31,6 +34,7 @@ impl Error {
             Error::Validation(e) => validation_code(e),
             Error::Busy(LockError::Busy { .. }) => Code::Aborted,
             Error::Volume(e) => volume_code(e),
+            Error::Reclaim(e) => reclaim_code(e),
         }
     }
 
@@ -58,6 +62,7 @@ impl Error {
                 VolumeError::Syscall(_) => "syscall",
                 VolumeError::Io { .. } => "io",
             },
+            Error::Reclaim(e) => e.label(),
         }
     }
 }
@@ -91,6 +96,19 @@ fn volume_code(e: &VolumeError) -> Code {
         VolumeError::Fs(f) => fs_code(f),
         VolumeError::Syscall(s) => syscall_code(s),
         VolumeError::Io { .. } => Code::Internal,
+    }
+}
+
+fn reclaim_code(e: &ReclaimError) -> Code {
+    match e {
+        ReclaimError::NotStaged { .. } => Code::FailedPrecondition,
+        ReclaimError::TimedOut { .. } => Code::DeadlineExceeded,
+        ReclaimError::Volume(v) => volume_code(v),
+        ReclaimError::Backend(b) => backend_code(b),
+        ReclaimError::Mount(m) => mount_code(m),
+        // EOPNOTSUPP: the filesystem or the device below it cannot discard.
+        ReclaimError::Syscall(s) if s.errno() == Some(libc::EOPNOTSUPP) => Code::FailedPrecondition,
+        ReclaimError::Syscall(s) => syscall_code(s),
     }
 }
 

@@ -22,6 +22,50 @@ pub struct Metrics {
     rpc_duration: HistogramVec,
     pub volumes: IntGaugeVec,
     pub capacity_bytes: IntGaugeVec,
+    pub reclaim: ReclaimMetrics,
+}
+
+/// ReclaimSpace runs, scheduled and on demand, by device class.
+#[derive(Clone)]
+pub struct ReclaimMetrics {
+    /// Decrease of the backing store's allocation (loop image blocks; thin pool data).
+    pub reclaimed_bytes: IntCounterVec,
+    /// What the filesystems reported as trimmed (free space discarded, reclaimed or not).
+    pub trimmed_bytes: IntCounterVec,
+    pub duration: HistogramVec,
+    /// By result: trimmed, not_discarded (raw block), busy, or an error label.
+    pub runs: IntCounterVec,
+}
+
+impl ReclaimMetrics {
+    fn new() -> Self {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        Self {
+            reclaimed_bytes: counter(
+                "reclaimed_bytes_total",
+                "Bytes given back to the device class by ReclaimSpace (FITRIM)",
+                &["device_class"],
+            ),
+            trimmed_bytes: counter(
+                "reclaim_trimmed_bytes_total",
+                "Bytes the filesystems reported as discarded by FITRIM",
+                &["device_class"],
+            ),
+            duration: HistogramVec::new(
+                HistogramOpts::new("reclaim_duration_seconds", "Duration of ReclaimSpace runs")
+                    .buckets(vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+                &["device_class"],
+            )
+            .expect("valid metric"),
+            runs: counter(
+                "reclaim_runs_total",
+                "ReclaimSpace runs by device class and result",
+                &["device_class", "result"],
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -83,12 +127,22 @@ impl Metrics {
         ] {
             registry.register(collector).expect("unique metric");
         }
+        let reclaim = ReclaimMetrics::new();
+        for collector in [
+            Box::new(reclaim.reclaimed_bytes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reclaim.trimmed_bytes.clone()),
+            Box::new(reclaim.duration.clone()),
+            Box::new(reclaim.runs.clone()),
+        ] {
+            registry.register(collector).expect("unique metric");
+        }
         Self {
             registry,
             rpc_total,
             rpc_duration,
             volumes,
             capacity_bytes,
+            reclaim,
         }
     }
 
