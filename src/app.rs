@@ -16,6 +16,9 @@ use crate::health::Health;
 use crate::host::Host;
 use crate::locks::VolumeLocks;
 use crate::metrics::{self, Metrics};
+use crate::reclaim::scheduler::{NoCluster, Scheduler, SchedulerConfig};
+use crate::reclaim::service::Addons;
+use crate::reclaim::{self, Runner};
 use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
@@ -79,9 +82,10 @@ pub async fn serve(
     let volumes = Arc::new(build_volumes(&config, host).await?);
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
+    let locks = VolumeLocks::default();
     let driver = Arc::new(Driver {
         volumes: Arc::clone(&volumes),
-        locks: VolumeLocks::default(),
+        locks: locks.clone(),
         metrics: metrics.clone(),
         health: Arc::clone(&health),
         max_volumes_per_node: 0,
@@ -91,6 +95,55 @@ pub async fn serve(
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let runner = Runner::new(
+        Arc::clone(&volumes),
+        locks,
+        metrics.clone(),
+        config.reclaim.concurrency,
+        config.reclaim.timeout,
+    );
+    let addons = match &config.reclaim.csi_addons_socket {
+        Some(path) => {
+            let listener = csi::socket::bind_private(path)?;
+            let (identity, node) = reclaim::service::services(Arc::new(Addons {
+                runner: runner.clone(),
+                health: Arc::clone(&health),
+                metrics: metrics.clone(),
+            }));
+            info!(endpoint = %path.display(), "serving csi-addons");
+            Some(
+                tonic::transport::Server::builder()
+                    .add_service(identity)
+                    .add_service(node)
+                    .serve_with_incoming_shutdown(
+                        UnixListenerStream::new(listener),
+                        stopped(stop_rx.clone()),
+                    ),
+            )
+        }
+        None => None,
+    };
+    let addons = async move {
+        match addons {
+            Some(server) => server.await,
+            None => Ok(()),
+        }
+    };
+    // Kubernetes wiring: with the k8s module's client, pass
+    // `reclaim::k8s::KubeCluster::start(client, &policy.csi_addons_namespace, &node_id)`
+    // instead of NoCluster, so annotations and the csi-addons ConfigMap apply.
+    let scheduler = config.reclaim.policy.enabled.then(|| {
+        let scheduler = Scheduler::new(
+            runner,
+            Arc::new(NoCluster),
+            SchedulerConfig {
+                policy: config.reclaim.policy.clone(),
+                busy_retry: std::time::Duration::from_secs(60),
+                rescan: std::time::Duration::from_secs(60),
+            },
+        );
+        tokio::spawn(scheduler.run(stopped(stop_rx.clone())))
+    });
     let http = metrics::serve_http(config.metrics_addr, metrics, health, stopped(stop_rx.clone()))
         .await
         .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
@@ -112,10 +165,17 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (grpc, http) = tokio::join!(grpc, http);
+    let (grpc, http, addons) = tokio::join!(grpc, http, addons);
     let _ = std::fs::remove_file(&config.socket_path);
+    if let Some(path) = &config.reclaim.csi_addons_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    if let Some(scheduler) = scheduler {
+        let _ = scheduler.await;
+    }
     grpc.context("CSI server")?;
     http.context("metrics server")?;
+    addons.context("csi-addons server")?;
     info!("stopped");
     Ok(())
 }

@@ -1,14 +1,17 @@
 //! Command line and configuration file, validated once into a [`Config`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
 use crate::fs::FsType;
 use crate::model::ClassName;
+use crate::reclaim::policy::NodePolicy;
+use crate::reclaim::schedule::Schedule;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,6 +28,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve the CSI services on this node.
     Serve(ServeArgs),
+    /// Reclaim free space (FITRIM) on volumes of the running daemon, now.
+    Reclaim(crate::cli::reclaim::ReclaimCommand),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -56,6 +61,60 @@ pub struct ServeArgs {
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub reclaim: ReclaimArgs,
+}
+
+/// ReclaimSpace flags of `serve`. Schedules are configured in the file (`reclaim:`) and
+/// by csi-addons annotations.
+#[derive(Debug, Clone, Args)]
+pub struct ReclaimArgs {
+    /// csi-addons endpoint (Identity, ReclaimSpaceNode) for the csi-addons sidecar and
+    /// `localvol reclaim`: unix:///absolute/path, created 0600. Not served when unset;
+    /// scheduled reclaim runs either way.
+    #[arg(long, env = "LOCALVOL_CSI_ADDONS_ENDPOINT")]
+    pub csi_addons_endpoint: Option<String>,
+    /// ReclaimSpace runs at once on this node, scheduled and on demand together. FITRIM
+    /// makes the device discard every free extent: more at once means more I/O load.
+    #[arg(long, env = "LOCALVOL_RECLAIM_CONCURRENCY", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub reclaim_concurrency: u16,
+    /// How long a caller waits for one run (e.g. 90s, 10m, 1h). The kernel cannot be
+    /// interrupted: a run past it is reported failed and keeps its volume locked until
+    /// FITRIM returns.
+    #[arg(long, env = "LOCALVOL_RECLAIM_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub reclaim_timeout: Duration,
+}
+
+impl Default for ReclaimArgs {
+    fn default() -> Self {
+        Self {
+            csi_addons_endpoint: None,
+            reclaim_concurrency: 1,
+            reclaim_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Parses `45`, `45s`, `10m`, `2h` (whole numbers; bare numbers are seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 90s, 10m or 1h"))?;
+    let seconds = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        other => return Err(format!("unknown duration unit {other:?} in {s:?} (s, m or h)")),
+    };
+    match value.checked_mul(seconds) {
+        Some(0) => Err("a duration must be positive".to_string()),
+        Some(secs) => Ok(Duration::from_secs(secs)),
+        None => Err(format!("{s:?} is too long")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -111,6 +170,76 @@ pub enum ConfigError {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FileConfig {
     pub device_classes: Vec<DeviceClassConfig>,
+    #[serde(default)]
+    pub reclaim: Option<ReclaimFileConfig>,
+}
+
+/// `reclaim:` in the configuration file: this node's own schedules, below the cluster's
+/// csi-addons annotations.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ReclaimFileConfig {
+    /// Scheduled runs (default true). On-demand runs over --csi-addons-endpoint still work.
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+    /// For volumes no annotation or storage-classes entry names a schedule for.
+    #[serde(default)]
+    pub default_schedule: Option<String>,
+    /// StorageClass name to schedule.
+    #[serde(default)]
+    pub storage_classes: BTreeMap<String, String>,
+    /// Namespace of the csi-addons-config ConfigMap (default csi-addons-system).
+    #[serde(default)]
+    pub csi_addons_namespace: Option<String>,
+}
+
+fn enabled_by_default() -> bool {
+    true
+}
+
+/// Validated reclaim settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReclaimConfig {
+    pub policy: NodePolicy,
+    pub csi_addons_socket: Option<PathBuf>,
+    pub concurrency: usize,
+    pub timeout: Duration,
+}
+
+/// Parses the schedules now: a typo in the node's own file is a startup error, not a
+/// silent @weekly.
+pub fn validate_reclaim(file: Option<ReclaimFileConfig>) -> Result<NodePolicy, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(m);
+    let mut policy = NodePolicy::default();
+    let Some(file) = file else {
+        return Ok(policy);
+    };
+    policy.enabled = file.enabled;
+    if let Some(text) = &file.default_schedule {
+        policy.default_schedule =
+            Some(Schedule::parse(text).map_err(|e| invalid(format!("reclaim.default-schedule: {e}")))?);
+    }
+    for (class, text) in &file.storage_classes {
+        let schedule =
+            Schedule::parse(text).map_err(|e| invalid(format!("reclaim.storage-classes.{class}: {e}")))?;
+        policy.storage_classes.insert(class.clone(), schedule);
+    }
+    if let Some(ns) = file.csi_addons_namespace {
+        let label = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !label {
+            return Err(invalid(format!(
+                "reclaim.csi-addons-namespace {ns:?} is not a namespace name"
+            )));
+        }
+        policy.csi_addons_namespace = ns;
+    }
+    Ok(policy)
 }
 
 // Unknown keys are rejected by the kind's variant: `flatten` hands it every key the
@@ -206,6 +335,7 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub device_classes: Vec<DeviceClass>,
     pub log_format: LogFormat,
+    pub reclaim: ReclaimConfig,
 }
 
 impl Config {
@@ -242,9 +372,30 @@ impl Config {
                     fs_type: None,
                     mount_options: Vec::new(),
                 }],
+                reclaim: None,
             },
         };
+        let csi_addons_socket = match &args.reclaim.csi_addons_endpoint {
+            Some(endpoint) => {
+                let path = crate::csi::socket::endpoint_path(endpoint)
+                    .map_err(|e| ConfigError::Invalid(format!("--csi-addons-endpoint: {e}")))?;
+                if path == socket_path {
+                    return Err(ConfigError::Invalid(
+                        "--csi-addons-endpoint must differ from --endpoint".to_string(),
+                    ));
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        let reclaim = ReclaimConfig {
+            policy: validate_reclaim(file.reclaim.clone())?,
+            csi_addons_socket,
+            concurrency: usize::from(args.reclaim.reclaim_concurrency.max(1)),
+            timeout: args.reclaim.reclaim_timeout,
+        };
         Ok(Self {
+            reclaim,
             socket_path,
             node_id,
             data_dir: args.data_dir.clone(),
@@ -370,6 +521,55 @@ mod tests {
             source,
         })?;
         validate_classes(file, Path::new("/var/lib/localvol"), 100 << 30)
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("45s"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in ["", "0", "0s", "1d", "m", "-5s", "99999999999999999999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn reclaim(yaml: &str) -> Result<NodePolicy, ConfigError> {
+        let file: FileConfig = serde_yaml::from_str(yaml).map_err(|source| ConfigError::Parse {
+            path: "test.yaml".into(),
+            source,
+        })?;
+        validate_reclaim(file.reclaim)
+    }
+
+    #[test]
+    fn reclaim_settings_validate() {
+        let classes = "device-classes: [{name: a, kind: loop}]\n";
+        assert_eq!(reclaim(classes).unwrap(), NodePolicy::default());
+        let policy = reclaim(&format!(
+            "{classes}reclaim:\n  enabled: false\n  default-schedule: '@weekly'\n  storage-classes: {{fast: '30 2 * * *'}}\n  csi-addons-namespace: storage\n"
+        ))
+        .unwrap();
+        assert!(!policy.enabled);
+        assert_eq!(policy.default_schedule, Some(Schedule::Weekly));
+        assert_eq!(policy.storage_classes["fast"].to_string(), "30 2 * * *");
+        assert_eq!(policy.csi_addons_namespace, "storage");
+        assert!(reclaim(&format!("{classes}reclaim: {{}}\n")).unwrap().enabled);
+        for (yaml, expected) in [
+            (
+                "reclaim: {default-schedule: '@often'}",
+                "reclaim.default-schedule",
+            ),
+            (
+                "reclaim: {storage-classes: {fast: '61 * * * *'}}",
+                "reclaim.storage-classes.fast",
+            ),
+            ("reclaim: {csi-addons-namespace: 'Bad_NS'}", "not a namespace"),
+            ("reclaim: {schedule: '@daily'}", "unknown field"),
+        ] {
+            let err = reclaim(&format!("{classes}{yaml}\n")).unwrap_err().to_string();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
     }
 
     #[test]

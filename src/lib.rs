@@ -10,6 +10,7 @@
 
 pub mod app;
 pub mod backend;
+pub mod cli;
 pub mod config;
 pub mod csi;
 pub mod error;

@@ -10,5 +10,6 @@ async fn main() -> anyhow::Result<()> {
             localvol::telemetry::init(config.log_format);
             localvol::app::serve(config, localvol::app::shutdown_signal()).await
         }
+        Command::Reclaim(args) => localvol::cli::reclaim::run(args).await,
     }
 }

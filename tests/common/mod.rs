@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use localvol::config::{Config, LogFormat, ServeArgs};
+use localvol::config::{Config, LogFormat, ReclaimArgs, ServeArgs};
 use localvol::proto::csi::v1::controller_client::ControllerClient;
 use localvol::proto::csi::v1::identity_client::IdentityClient;
 use localvol::proto::csi::v1::node_client::NodeClient;
@@ -29,6 +29,8 @@ pub fn require_root(test: &str) -> bool {
 pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
+    /// The csi-addons socket (Identity, ReclaimSpaceNode).
+    pub addons_socket: PathBuf,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
@@ -46,6 +48,7 @@ impl Daemon {
 
     pub async fn start_in(dir: tempfile::TempDir, node_id: &str, loop_capacity: u64) -> Self {
         let socket = dir.path().join("csi.sock");
+        let addons_socket = dir.path().join("csi-addons.sock");
         let args = ServeArgs {
             endpoint: format!("unix://{}", socket.display()),
             node_id: Some(node_id.to_string()),
@@ -54,6 +57,10 @@ impl Daemon {
             config: None,
             loop_capacity,
             log_format: LogFormat::Text,
+            reclaim: ReclaimArgs {
+                csi_addons_endpoint: Some(format!("unix://{}", addons_socket.display())),
+                ..ReclaimArgs::default()
+            },
         };
         let config = Config::from_args(&args).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -70,6 +77,7 @@ impl Daemon {
         Self {
             dir,
             socket,
+            addons_socket,
             stop: Some(stop),
             task: Some(task),
         }

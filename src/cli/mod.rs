@@ -1,0 +1,3 @@
+//! Commands that talk to a running daemon over its sockets.
+
+pub mod reclaim;
