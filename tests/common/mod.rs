@@ -47,6 +47,16 @@ impl Daemon {
     }
 
     pub async fn start_in(dir: tempfile::TempDir, node_id: &str, loop_capacity: u64) -> Self {
+        Self::start_with_config(dir, node_id, loop_capacity, None).await
+    }
+
+    /// As [`Daemon::start_in`], with a device-class configuration file.
+    pub async fn start_with_config(
+        dir: tempfile::TempDir,
+        node_id: &str,
+        loop_capacity: u64,
+        config: Option<PathBuf>,
+    ) -> Self {
         let socket = dir.path().join("csi.sock");
         let addons_socket = dir.path().join("csi-addons.sock");
         let args = ServeArgs {
@@ -54,7 +64,7 @@ impl Daemon {
             node_id: Some(node_id.to_string()),
             data_dir: dir.path().join("data"),
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
-            config: None,
+            config,
             loop_capacity,
             log_format: LogFormat::Text,
             reclaim: ReclaimArgs {
