@@ -16,6 +16,9 @@ use crate::health::Health;
 use crate::host::Host;
 use crate::locks::VolumeLocks;
 use crate::metrics::{self, Metrics};
+use crate::reclaim::scheduler::{NoCluster, Scheduler, SchedulerConfig};
+use crate::reclaim::service::Addons;
+use crate::reclaim::{self, Runner};
 use crate::registration::{self, RegistrationService};
 use crate::stats;
 use crate::volume::Volumes;
@@ -103,10 +106,12 @@ pub async fn serve(
     let volumes = Arc::new(build_volumes(&config, host).await?);
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
-    let owner_check = crate::k8s::start(&config, Arc::clone(&health)).await?;
+    let kube = crate::k8s::connect(&config).await?;
+    let owner_check = crate::k8s::owner_check(kube.clone(), &config, Arc::clone(&health));
+    let locks = VolumeLocks::default();
     let driver = Arc::new(Driver {
         volumes: Arc::clone(&volumes),
-        locks: VolumeLocks::default(),
+        locks: locks.clone(),
         metrics: metrics.clone(),
         health: Arc::clone(&health),
         owner_check,
@@ -125,6 +130,62 @@ pub async fn serve(
     )
     .await
     .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+    let runner = Runner::new(
+        Arc::clone(&volumes),
+        locks,
+        metrics.clone(),
+        config.reclaim.concurrency,
+        config.reclaim.timeout,
+    );
+    let addons = match &config.reclaim.csi_addons_socket {
+        Some(path) => {
+            let listener = csi::socket::bind_private(path)?;
+            let (identity, node) = reclaim::service::services(Arc::new(Addons {
+                runner: runner.clone(),
+                health: Arc::clone(&health),
+                metrics: metrics.clone(),
+            }));
+            info!(endpoint = %path.display(), "serving csi-addons");
+            Some(
+                tonic::transport::Server::builder()
+                    .add_service(identity)
+                    .add_service(node)
+                    .serve_with_incoming_shutdown(
+                        UnixListenerStream::new(listener),
+                        stopped(stop_rx.clone()),
+                    ),
+            )
+        }
+        None => None,
+    };
+    let addons = async move {
+        match addons {
+            Some(server) => server.await,
+            None => Ok(()),
+        }
+    };
+    // With Kubernetes, schedules come from annotations and the csi-addons ConfigMap,
+    // and results are written back to the claims; without it, from the file alone.
+    let cluster: Arc<dyn reclaim::scheduler::Cluster> = match &kube {
+        Some(client) => reclaim::k8s::KubeCluster::start(
+            client.clone(),
+            &config.reclaim.policy.csi_addons_namespace,
+            &config.node_id,
+        ),
+        None => Arc::new(NoCluster),
+    };
+    let scheduler = config.reclaim.policy.enabled.then(|| {
+        let scheduler = Scheduler::new(
+            runner,
+            cluster,
+            SchedulerConfig {
+                policy: config.reclaim.policy.clone(),
+                busy_retry: std::time::Duration::from_secs(60),
+                rescan: std::time::Duration::from_secs(60),
+            },
+        );
+        tokio::spawn(scheduler.run(stopped(stop_rx.clone())))
+    });
     let listener = csi::socket::bind_private(&config.socket_path)?;
     // After the CSI socket exists: kubelet dials it as soon as registration succeeds.
     let registration = match &config.registration {
@@ -183,12 +244,19 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (grpc, http, registration) = tokio::join!(grpc, http, registration);
+    let (grpc, http, registration, addons) = tokio::join!(grpc, http, registration, addons);
     let _ = std::fs::remove_file(&config.socket_path);
+    if let Some(path) = &config.reclaim.csi_addons_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    if let Some(scheduler) = scheduler {
+        let _ = scheduler.await;
+    }
     grpc.context("CSI server")?;
     http.context("metrics server")?;
     registration.context("kubelet plugin registration server")?;
     stats.await.context("stats refresh task")?;
+    addons.context("csi-addons server")?;
     info!("stopped");
     Ok(())
 }

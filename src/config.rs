@@ -1,6 +1,6 @@
 //! Command line and configuration file, validated once into a [`Config`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,6 +10,8 @@ use serde::Deserialize;
 
 use crate::fs::FsType;
 use crate::model::ClassName;
+use crate::reclaim::policy::NodePolicy;
+use crate::reclaim::schedule::Schedule;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -28,6 +30,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// List this node's volumes as the running daemon and the mount table show them.
     Status(StatusArgs),
+    /// Reclaim free space (FITRIM) on volumes of the running daemon, now.
+    Reclaim(crate::cli::reclaim::ReclaimCommand),
 }
 
 /// `localvol status`: a client of the running daemon. The device-class flags must match
@@ -119,6 +123,29 @@ pub struct ServeArgs {
     /// space (on LVM: runs lvs and vgs).
     #[arg(long, env = "LOCALVOL_STATS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub stats_interval: Duration,
+    #[command(flatten)]
+    pub reclaim: ReclaimArgs,
+}
+
+/// ReclaimSpace flags of `serve`. Schedules are configured in the file (`reclaim:`) and
+/// by csi-addons annotations.
+#[derive(Debug, Clone, Args)]
+pub struct ReclaimArgs {
+    /// csi-addons endpoint (Identity, ReclaimSpaceNode) for the csi-addons sidecar and
+    /// `localvol reclaim`: unix:///absolute/path, created 0600. Not served when unset;
+    /// scheduled reclaim runs either way.
+    #[arg(long, env = "LOCALVOL_CSI_ADDONS_ENDPOINT")]
+    pub csi_addons_endpoint: Option<String>,
+    /// ReclaimSpace runs at once on this node, scheduled and on demand together. FITRIM
+    /// makes the device discard every free extent: more at once means more I/O load.
+    #[arg(long, env = "LOCALVOL_RECLAIM_CONCURRENCY", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub reclaim_concurrency: u16,
+    /// How long a caller waits for one run (e.g. 90s, 10m, 1h). The kernel cannot be
+    /// interrupted: a run past it is reported failed and keeps its volume locked until
+    /// FITRIM returns.
+    #[arg(long, env = "LOCALVOL_RECLAIM_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub reclaim_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -220,6 +247,76 @@ pub enum ConfigError {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct FileConfig {
     pub device_classes: Vec<DeviceClassConfig>,
+    #[serde(default)]
+    pub reclaim: Option<ReclaimFileConfig>,
+}
+
+/// `reclaim:` in the configuration file: this node's own schedules, below the cluster's
+/// csi-addons annotations.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ReclaimFileConfig {
+    /// Scheduled runs (default true). On-demand runs over --csi-addons-endpoint still work.
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+    /// For volumes no annotation or storage-classes entry names a schedule for.
+    #[serde(default)]
+    pub default_schedule: Option<String>,
+    /// StorageClass name to schedule.
+    #[serde(default)]
+    pub storage_classes: BTreeMap<String, String>,
+    /// Namespace of the csi-addons-config ConfigMap (default csi-addons-system).
+    #[serde(default)]
+    pub csi_addons_namespace: Option<String>,
+}
+
+fn enabled_by_default() -> bool {
+    true
+}
+
+/// Validated reclaim settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReclaimConfig {
+    pub policy: NodePolicy,
+    pub csi_addons_socket: Option<PathBuf>,
+    pub concurrency: usize,
+    pub timeout: Duration,
+}
+
+/// Parses the schedules now: a typo in the node's own file is a startup error, not a
+/// silent @weekly.
+pub fn validate_reclaim(file: Option<ReclaimFileConfig>) -> Result<NodePolicy, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(m);
+    let mut policy = NodePolicy::default();
+    let Some(file) = file else {
+        return Ok(policy);
+    };
+    policy.enabled = file.enabled;
+    if let Some(text) = &file.default_schedule {
+        policy.default_schedule =
+            Some(Schedule::parse(text).map_err(|e| invalid(format!("reclaim.default-schedule: {e}")))?);
+    }
+    for (class, text) in &file.storage_classes {
+        let schedule =
+            Schedule::parse(text).map_err(|e| invalid(format!("reclaim.storage-classes.{class}: {e}")))?;
+        policy.storage_classes.insert(class.clone(), schedule);
+    }
+    if let Some(ns) = file.csi_addons_namespace {
+        let label = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !label {
+            return Err(invalid(format!(
+                "reclaim.csi-addons-namespace {ns:?} is not a namespace name"
+            )));
+        }
+        policy.csi_addons_namespace = ns;
+    }
+    Ok(policy)
 }
 
 // Unknown keys are rejected by the kind's variant: `flatten` hands it every key the
@@ -318,6 +415,7 @@ pub struct Config {
     pub kube: KubeMode,
     pub registration: RegistrationConfig,
     pub stats_interval: Duration,
+    pub reclaim: ReclaimConfig,
 }
 
 impl Config {
@@ -342,14 +440,35 @@ impl Config {
             ));
         }
         let registration = registration_config(args, &socket_path)?;
+        let file = load_file_config(args.config.as_deref())?;
+        let csi_addons_socket = match &args.reclaim.csi_addons_endpoint {
+            Some(endpoint) => {
+                let path = crate::csi::socket::endpoint_path(endpoint)
+                    .map_err(|e| ConfigError::Invalid(format!("--csi-addons-endpoint: {e}")))?;
+                if path == socket_path {
+                    return Err(ConfigError::Invalid(
+                        "--csi-addons-endpoint must differ from --endpoint".to_string(),
+                    ));
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        let reclaim = ReclaimConfig {
+            policy: validate_reclaim(file.reclaim.clone())?,
+            csi_addons_socket,
+            concurrency: usize::from(args.reclaim.reclaim_concurrency.max(1)),
+            timeout: args.reclaim.reclaim_timeout,
+        };
         Ok(Self {
+            reclaim,
             registration,
             stats_interval: args.stats_interval,
             socket_path,
             node_id,
             data_dir: args.data_dir.clone(),
             metrics_addr: args.metrics_addr,
-            device_classes: load_classes(args.config.as_deref(), &args.data_dir, args.loop_capacity)?,
+            device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
             log_format: args.log_format,
             kube: args.kube,
         })
@@ -370,7 +489,12 @@ pub fn load_classes(
     data_dir: &Path,
     loop_capacity: u64,
 ) -> Result<Vec<DeviceClass>, ConfigError> {
-    let file = match config {
+    validate_classes(load_file_config(config)?, data_dir, loop_capacity)
+}
+
+/// The configuration file, or without one a single loop class `default`.
+fn load_file_config(config: Option<&Path>) -> Result<FileConfig, ConfigError> {
+    Ok(match config {
         Some(path) => load_file(path)?,
         None => FileConfig {
             device_classes: vec![DeviceClassConfig {
@@ -383,9 +507,9 @@ pub fn load_classes(
                 fs_type: None,
                 mount_options: Vec::new(),
             }],
+            reclaim: None,
         },
-    };
-    validate_classes(file, data_dir, loop_capacity)
+    })
 }
 
 fn registration_config(args: &ServeArgs, socket_path: &Path) -> Result<RegistrationConfig, ConfigError> {
@@ -574,6 +698,44 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
         assert_eq!(serve_args(&[]).stats_interval, Duration::from_secs(30));
+    }
+
+    fn reclaim(yaml: &str) -> Result<NodePolicy, ConfigError> {
+        let file: FileConfig = serde_yaml::from_str(yaml).map_err(|source| ConfigError::Parse {
+            path: "test.yaml".into(),
+            source,
+        })?;
+        validate_reclaim(file.reclaim)
+    }
+
+    #[test]
+    fn reclaim_settings_validate() {
+        let classes = "device-classes: [{name: a, kind: loop}]\n";
+        assert_eq!(reclaim(classes).unwrap(), NodePolicy::default());
+        let policy = reclaim(&format!(
+            "{classes}reclaim:\n  enabled: false\n  default-schedule: '@weekly'\n  storage-classes: {{fast: '30 2 * * *'}}\n  csi-addons-namespace: storage\n"
+        ))
+        .unwrap();
+        assert!(!policy.enabled);
+        assert_eq!(policy.default_schedule, Some(Schedule::Weekly));
+        assert_eq!(policy.storage_classes["fast"].to_string(), "30 2 * * *");
+        assert_eq!(policy.csi_addons_namespace, "storage");
+        assert!(reclaim(&format!("{classes}reclaim: {{}}\n")).unwrap().enabled);
+        for (yaml, expected) in [
+            (
+                "reclaim: {default-schedule: '@often'}",
+                "reclaim.default-schedule",
+            ),
+            (
+                "reclaim: {storage-classes: {fast: '61 * * * *'}}",
+                "reclaim.storage-classes.fast",
+            ),
+            ("reclaim: {csi-addons-namespace: 'Bad_NS'}", "not a namespace"),
+            ("reclaim: {schedule: '@daily'}", "unknown field"),
+        ] {
+            let err = reclaim(&format!("{classes}{yaml}\n")).unwrap_err().to_string();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::k8s::OwnerError;
 use crate::locks::LockError;
 use crate::model::IdError;
 use crate::mount::MountError;
+use crate::reclaim::ReclaimError;
 use crate::request::ValidationError;
 use crate::volume::VolumeError;
 
@@ -26,6 +27,8 @@ pub enum Error {
     Volume(#[from] VolumeError),
     #[error(transparent)]
     Owner(#[from] OwnerError),
+    #[error(transparent)]
+    Reclaim(#[from] ReclaimError),
 }
 
 impl Error {
@@ -35,6 +38,7 @@ impl Error {
             Error::Busy(LockError::Busy { .. }) => Code::Aborted,
             Error::Volume(e) => volume_code(e),
             Error::Owner(e) => owner_code(e),
+            Error::Reclaim(e) => reclaim_code(e),
         }
     }
 
@@ -69,6 +73,7 @@ impl Error {
                 OwnerError::NotSynced => "k8s_not_synced",
                 OwnerError::Api { .. } | OwnerError::Timeout { .. } => "k8s_api",
             },
+            Error::Reclaim(e) => e.label(),
         }
     }
 }
@@ -116,6 +121,19 @@ fn owner_code(e: &OwnerError) -> Code {
         OwnerError::NotSynced | OwnerError::Timeout { .. } => Code::Unavailable,
         OwnerError::Api { source, .. } if crate::k8s::is_transient(source) => Code::Unavailable,
         OwnerError::Api { .. } => Code::Internal,
+    }
+}
+
+fn reclaim_code(e: &ReclaimError) -> Code {
+    match e {
+        ReclaimError::NotStaged { .. } => Code::FailedPrecondition,
+        ReclaimError::TimedOut { .. } => Code::DeadlineExceeded,
+        ReclaimError::Volume(v) => volume_code(v),
+        ReclaimError::Backend(b) => backend_code(b),
+        ReclaimError::Mount(m) => mount_code(m),
+        // EOPNOTSUPP: the filesystem or the device below it cannot discard.
+        ReclaimError::Syscall(s) if s.errno() == Some(libc::EOPNOTSUPP) => Code::FailedPrecondition,
+        ReclaimError::Syscall(s) => syscall_code(s),
     }
 }
 

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod model;
 pub mod mount;
 pub mod proto;
+pub mod reclaim;
 pub mod registration;
 pub mod request;
 pub mod stats;

@@ -15,5 +15,6 @@ async fn main() -> anyhow::Result<()> {
             let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
             Ok(localvol::cli::status::run(&args, &mut out, &mut err).await?)
         }
+        Command::Reclaim(args) => localvol::cli::reclaim::run(args).await,
     }
 }

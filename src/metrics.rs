@@ -3,13 +3,13 @@
 //! Every localvol metric carries the `localvol_` prefix; the standard `process_*`
 //! metrics of the daemon (CPU, memory, file descriptors) keep their usual names.
 //!
-//! Metrics whose producers are not built yet (thin pools, reclaim, resize) have their
+//! Metrics whose producers are not built yet (thin pools, resize) have their
 //! recording functions here already, but they are registered on first use: a scrape
 //! never shows a series that nothing updates.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
@@ -38,7 +38,7 @@ pub struct Metrics {
     capacity_bytes: IntGaugeVec,
     stats_errors: IntCounterVec,
     thin_pool: Arc<OnceLock<ThinPoolMetrics>>,
-    reclaim: Arc<OnceLock<ReclaimMetrics>>,
+    pub reclaim: ReclaimMetrics,
     resize: Arc<OnceLock<IntCounterVec>>,
 }
 
@@ -48,11 +48,47 @@ struct ThinPoolMetrics {
     metadata: GaugeVec,
 }
 
+/// ReclaimSpace runs, scheduled and on demand, by device class.
 #[derive(Clone)]
-struct ReclaimMetrics {
-    operations: IntCounterVec,
-    bytes: IntCounterVec,
-    duration: HistogramVec,
+pub struct ReclaimMetrics {
+    /// Decrease of the backing store's allocation (loop image blocks; thin pool data).
+    pub reclaimed_bytes: IntCounterVec,
+    /// What the filesystems reported as trimmed (free space discarded, reclaimed or not).
+    pub trimmed_bytes: IntCounterVec,
+    pub duration: HistogramVec,
+    /// By result: trimmed, not_discarded (raw block), busy, or an error label.
+    pub runs: IntCounterVec,
+}
+
+impl ReclaimMetrics {
+    fn new() -> Self {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
+        Self {
+            reclaimed_bytes: counter(
+                "reclaimed_bytes_total",
+                "Bytes given back to the device class by ReclaimSpace (FITRIM)",
+                &["device_class"],
+            ),
+            trimmed_bytes: counter(
+                "reclaim_trimmed_bytes_total",
+                "Bytes the filesystems reported as discarded by FITRIM",
+                &["device_class"],
+            ),
+            duration: HistogramVec::new(
+                HistogramOpts::new("reclaim_duration_seconds", "Duration of ReclaimSpace runs")
+                    .buckets(vec![0.01, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+                &["device_class"],
+            )
+            .expect("valid metric"),
+            runs: counter(
+                "reclaim_runs_total",
+                "ReclaimSpace runs by device class and result",
+                &["device_class", "result"],
+            ),
+        }
+    }
 }
 
 /// What the periodic refresh found in one device class.
@@ -158,6 +194,16 @@ impl Metrics {
         );
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
 
+        let reclaim = ReclaimMetrics::new();
+        for collector in [
+            Box::new(reclaim.reclaimed_bytes.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reclaim.trimmed_bytes.clone()),
+            Box::new(reclaim.duration.clone()),
+            Box::new(reclaim.runs.clone()),
+        ] {
+            registry.register(collector).expect("unique metric");
+        }
+
         let process = Registry::new();
         process
             .register(Box::new(
@@ -174,7 +220,7 @@ impl Metrics {
             capacity_bytes,
             stats_errors,
             thin_pool: Arc::default(),
-            reclaim: Arc::default(),
+            reclaim,
             resize: Arc::default(),
         }
     }
@@ -250,46 +296,6 @@ impl Metrics {
         m.metadata
             .with_label_values(&[class.as_str()])
             .set(metadata_percent / 100.0);
-    }
-
-    /// Hook for reclaim (fstrim): one run on a volume of `class`. `result` is a short,
-    /// fixed label (`ok`, `busy`, an error variant), never an error message.
-    /// Exports `localvol_reclaim_operations_total{device_class,result}`,
-    /// `localvol_reclaimed_bytes_total{device_class}` and
-    /// `localvol_reclaim_duration_seconds{device_class}`.
-    pub fn observe_reclaim(&self, class: &ClassName, result: &'static str, bytes: u64, duration: Duration) {
-        let m = self.reclaim.get_or_init(|| ReclaimMetrics {
-            operations: int_counters(
-                &self.registry,
-                "reclaim_operations_total",
-                "Space reclaim (fstrim) runs by device class and result",
-                &["device_class", "result"],
-            ),
-            bytes: int_counters(
-                &self.registry,
-                "reclaimed_bytes_total",
-                "Bytes the filesystems reported as trimmed by space reclaim",
-                &["device_class"],
-            ),
-            duration: register(
-                &self.registry,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "reclaim_duration_seconds",
-                        "Duration of space reclaim (fstrim) runs",
-                    )
-                    .buckets(vec![0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
-                    &["device_class"],
-                )
-                .expect("valid metric"),
-            ),
-        });
-        let class = class.as_str();
-        m.operations.with_label_values(&[class, result]).inc();
-        m.bytes.with_label_values(&[class]).inc_by(bytes);
-        m.duration
-            .with_label_values(&[class])
-            .observe(duration.as_secs_f64());
     }
 
     /// Hook for node-side resize: one expansion of a volume of `class` finished with
@@ -414,7 +420,7 @@ mod tests {
     fn hooks_register_their_metrics_only_when_first_used() {
         let m = Metrics::new();
         let before = m.render();
-        for name in ["thin_pool", "reclaim", "resize"] {
+        for name in ["thin_pool", "resize_operations"] {
             assert!(!before.contains(name), "{name} exported before use");
         }
         assert!(has_line(
@@ -429,18 +435,12 @@ mod tests {
         let thin = class("thin");
         m.set_thin_pool_usage(&thin, 42.5, 7.0);
         m.set_thin_pool_usage(&thin, 50.0, 8.0);
-        m.observe_reclaim(&thin, "ok", 4096, Duration::from_millis(1500));
-        m.observe_reclaim(&thin, "busy", 0, Duration::from_millis(1));
         m.observe_resize(&thin, "ok");
         m.observe_resize(&thin, "ok");
         let text = m.render();
         for line in [
             r#"localvol_thin_pool_data_ratio{device_class="thin"} 0.5"#,
             r#"localvol_thin_pool_metadata_ratio{device_class="thin"} 0.08"#,
-            r#"localvol_reclaim_operations_total{device_class="thin",result="ok"} 1"#,
-            r#"localvol_reclaim_operations_total{device_class="thin",result="busy"} 1"#,
-            r#"localvol_reclaimed_bytes_total{device_class="thin"} 4096"#,
-            r#"localvol_reclaim_duration_seconds_count{device_class="thin"} 2"#,
             r#"localvol_resize_operations_total{device_class="thin",result="ok"} 2"#,
         ] {
             assert!(has_line(&text, line), "{line} missing from\n{text}");

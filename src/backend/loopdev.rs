@@ -418,6 +418,16 @@ impl LoopBackend {
         Ok(())
     }
 
+    /// Disk space the image takes now (st_blocks × 512): what FITRIM gives back shows here.
+    pub async fn allocated_bytes(&self, token: &Token) -> Result<u64, BackendError> {
+        use std::os::unix::fs::MetadataExt;
+        let image = self.image_path(token);
+        let meta = tokio::fs::metadata(&image)
+            .await
+            .map_err(BackendError::io("stat", &image))?;
+        Ok(meta.blocks() * 512)
+    }
+
     pub async fn check_health(&self) -> Result<(), BackendError> {
         let meta = tokio::fs::metadata(&self.dir)
             .await

@@ -202,6 +202,16 @@ impl Backend {
         }
     }
 
+    /// Bytes the volume takes from the device class's storage now, where the backend can
+    /// tell (a loop image's allocated blocks). `None` where that does not shrink when the
+    /// filesystem discards (thick LVs, PMEM namespaces): reclaim then reports the
+    /// filesystem's own usage instead. Hook for lvm-thin: the thin pool's data usage.
+    pub async fn allocated_bytes(&self, token: &Token) -> Result<Option<u64>, BackendError> {
+        match self {
+            Backend::Loop(b) => b.allocated_bytes(token).await.map(Some),
+        }
+    }
+
     /// Fails while the class cannot serve volumes (directory gone, VG missing...).
     pub async fn check_health(&self) -> Result<(), BackendError> {
         match self {

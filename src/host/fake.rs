@@ -110,10 +110,28 @@ struct SyscallState {
     fail_next: HashMap<&'static str, i32>,
 }
 
+/// How the fake FITRIM behaves: how long it takes, what it reports, what it does.
+#[derive(Default)]
+struct FitrimScript {
+    delay: std::time::Duration,
+    trimmed: u64,
+    effect: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for FitrimScript {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FitrimScript")
+            .field("delay", &self.delay)
+            .field("trimmed", &self.trimmed)
+            .finish_non_exhaustive()
+    }
+}
+
 /// An in-memory machine: a mount table, device numbers, loop devices.
 #[derive(Debug, Default, Clone)]
 pub struct FakeSyscalls {
     state: Arc<Mutex<SyscallState>>,
+    fitrim: Arc<Mutex<FitrimScript>>,
 }
 
 impl FakeSyscalls {
@@ -138,6 +156,20 @@ impl FakeSyscalls {
 
     pub fn set_usage(&self, usage: FsUsage) {
         self.state.lock().unwrap().usage = usage;
+    }
+
+    /// FITRIM takes `delay` (tokio time), then runs `effect` and reports `trimmed` bytes.
+    pub fn script_fitrim(
+        &self,
+        delay: std::time::Duration,
+        trimmed: u64,
+        effect: impl Fn() + Send + Sync + 'static,
+    ) {
+        *self.fitrim.lock().unwrap() = FitrimScript {
+            delay,
+            trimmed,
+            effect: Some(Box::new(effect)),
+        };
     }
 
     /// The next call named `call` fails with `errno`.
@@ -259,7 +291,13 @@ impl Syscalls for FakeSyscalls {
 
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError> {
         self.record("FITRIM", path)?;
-        Ok(0)
+        let delay = self.fitrim.lock().unwrap().delay;
+        tokio::time::sleep(delay).await;
+        let script = self.fitrim.lock().unwrap();
+        if let Some(effect) = &script.effect {
+            effect();
+        }
+        Ok(script.trimmed)
     }
 
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {

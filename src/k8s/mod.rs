@@ -105,41 +105,50 @@ impl Synced {
     }
 }
 
-/// Starts the Kubernetes side as `--kube` asks. With a client: marks the caches unsynced,
-/// starts the node's pod reflector (which marks them synced once listed) and returns the
-/// check. Without one: says so once and returns [`OwnerCheck::Off`].
-pub async fn start(config: &Config, health: Arc<Health>) -> anyhow::Result<OwnerCheck> {
-    let client = match config.kube {
+/// The Kubernetes client `--kube` asks for: none when off, or when auto finds no
+/// configuration (said once, here); an error when on and there is none.
+pub async fn connect(config: &Config) -> anyhow::Result<Option<Client>> {
+    match config.kube {
         KubeMode::Off => {
-            info!("--kube=off: standalone, generic ephemeral volume owners are not checked");
-            return Ok(OwnerCheck::Off);
+            info!("--kube=off: standalone, no Kubernetes checks, annotations or status reports");
+            Ok(None)
         }
         KubeMode::On => Client::try_default()
             .await
-            .context("--kube=on: no Kubernetes client (in-cluster or KUBECONFIG)")?,
+            .map(Some)
+            .context("--kube=on: no Kubernetes client (in-cluster or KUBECONFIG)"),
         KubeMode::Auto => match Client::try_default().await {
-            Ok(client) => client,
+            Ok(client) => Ok(Some(client)),
             Err(e) => {
                 info!(
                     error = %e,
-                    "--kube=auto: no Kubernetes configuration; standalone, \
-                     generic ephemeral volume owners are not checked"
+                    "--kube=auto: no Kubernetes configuration; standalone, no Kubernetes \
+                     checks, annotations or status reports"
                 );
-                return Ok(OwnerCheck::Off);
+                Ok(None)
             }
         },
+    }
+}
+
+/// The owner check for `client`: marks the caches unsynced, starts the node's pod
+/// reflector (which marks them synced once listed) and returns the check. Without a
+/// client the check is off.
+pub fn owner_check(client: Option<Client>, config: &Config, health: Arc<Health>) -> OwnerCheck {
+    let Some(client) = client else {
+        return OwnerCheck::Off;
     };
     health.set_caches_synced(false);
     let (pods, synced) = spawn_pod_reflector(client.clone(), &config.node_id, move || {
         health.set_caches_synced(true)
     });
     info!(node.id = %config.node_id, "Kubernetes API on: checking generic ephemeral volume owners");
-    Ok(OwnerCheck::On(Arc::new(Checker::new(
+    OwnerCheck::On(Arc::new(Checker::new(
         client,
         pods,
         synced,
         config.node_id.clone(),
-    ))))
+    )))
 }
 
 /// The pods bound to `node`, kept current by a background watch. `on_synced` runs once

@@ -38,6 +38,8 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub registration_socket: PathBuf,
+    /// The csi-addons socket (Identity, ReclaimSpaceNode).
+    pub addons_socket: PathBuf,
     pub metrics_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
@@ -57,6 +59,8 @@ impl Daemon {
     /// Like [`Daemon::start`], on an existing directory: a restart after [`Daemon::stop`].
     pub async fn start_in(dir: tempfile::TempDir, extra_args: &[&str]) -> Self {
         let socket = dir.path().join("csi/csi.sock");
+        let addons_socket = dir.path().join("csi/csi-addons.sock");
+        let addons_endpoint = format!("unix://{}", addons_socket.display());
         let registry = dir.path().join("plugins_registry");
         // As kubelet would have made it: registration only happens where it exists.
         std::fs::create_dir_all(&registry).unwrap();
@@ -83,6 +87,8 @@ impl Daemon {
             "1s",
             "--kube",
             "off",
+            "--csi-addons-endpoint",
+            &addons_endpoint,
         ];
         argv.extend_from_slice(extra_args);
         let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
@@ -102,6 +108,7 @@ impl Daemon {
         }
         Self {
             registration_socket: registry.join("localvol.csi.dev-reg.sock"),
+            addons_socket,
             dir,
             socket,
             metrics_addr,
@@ -279,4 +286,9 @@ pub fn loops_under(dir: &Path) -> Vec<String> {
         }
     }
     found
+}
+
+/// A client channel to a unix socket.
+pub async fn connect(socket: &Path) -> Channel {
+    localvol::csi::socket::connect(socket).await.unwrap()
 }

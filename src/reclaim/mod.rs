@@ -1,0 +1,75 @@
+//! ReclaimSpace: giving the space of deleted files back to the device class, by FITRIM
+//! on each volume's filesystem, on a schedule configured the way csi-addons configures
+//! it, and on demand over the csi-addons API.
+//!
+//! - [`schedule`]: schedules (`@weekly`, cron) and the UID-based stagger; pure.
+//! - [`policy`]: which schedule applies to a volume (annotations, ConfigMap, node file); pure.
+//! - [`run`]: one run on one volume, under its lock and the node's concurrency limit.
+//! - [`scheduler`]: the background task that starts runs when they are due.
+//! - [`service`]: the csi-addons Identity and ReclaimSpaceNode gRPC services.
+//! - [`k8s`]: watches that reschedule on annotation and ConfigMap changes, and the
+//!   `last-run`/`last-result` annotations and failure events written back.
+
+pub mod k8s;
+pub mod policy;
+pub mod run;
+pub mod schedule;
+pub mod scheduler;
+pub mod service;
+#[cfg(test)]
+mod testing;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::backend::BackendError;
+use crate::host::SyscallError;
+use crate::model::VolumeId;
+use crate::mount::MountError;
+use crate::volume::VolumeError;
+
+pub use run::{Measure, ReclaimOutcome, Runner, Trim};
+
+/// The schedule annotation csi-addons reads on PVCs, Namespaces and StorageClasses.
+pub const SCHEDULE_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/schedule";
+/// `"false"` turns reclaim off for the object's volumes (csi-addons semantics).
+pub const ENABLE_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/enable";
+/// When the last scheduled run on this volume finished (RFC 3339), written by localvol.
+pub const LAST_RUN_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/last-run";
+/// What the last scheduled run did, written by localvol.
+pub const LAST_RESULT_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/last-result";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReclaimError {
+    #[error("volume {id} has no mounted filesystem on this node; stage it first")]
+    NotStaged { id: VolumeId },
+    #[error("FITRIM on volume {id} at {path} did not finish within {timeout:?}; the volume stays locked until the kernel returns", path = path.display())]
+    TimedOut {
+        id: VolumeId,
+        path: PathBuf,
+        timeout: Duration,
+    },
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+}
+
+impl ReclaimError {
+    /// A short, stable label for metrics and annotations.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReclaimError::NotStaged { .. } => "not_staged",
+            ReclaimError::TimedOut { .. } => "timeout",
+            ReclaimError::Volume(VolumeError::NotFound(_)) => "not_found",
+            ReclaimError::Volume(_) => "volume",
+            ReclaimError::Backend(_) => "backend",
+            ReclaimError::Mount(_) => "mount",
+            ReclaimError::Syscall(_) => "syscall",
+        }
+    }
+}

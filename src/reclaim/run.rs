@@ -1,0 +1,278 @@
+//! One ReclaimSpace run on one volume: FITRIM on its mounted filesystem, usage measured
+//! before and after.
+//!
+//! Order matters, so nothing ever waits while holding what others need: first a slot of
+//! the node's concurrency limit (waiting here holds no volume), then the volume's lock by
+//! try-lock (busy: the caller retries later; a reclaim never makes a stage or unstage
+//! wait). The FITRIM ioctl runs on the blocking pool and cannot be interrupted, so the
+//! timeout bounds the caller's wait, not the kernel's work: a run that times out keeps
+//! the volume's lock and its slot until the ioctl returns, so an unstage cannot race a
+//! trim still in progress.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{info, instrument, warn};
+
+use super::ReclaimError;
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::host::SyscallError;
+use crate::locks::{VolumeGuard, VolumeLocks};
+use crate::metrics::Metrics;
+use crate::model::{VolumeId, VolumeMode};
+use crate::mount::MountTable;
+use crate::volume::{VolumeError, Volumes};
+
+/// What a usage number measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measure {
+    /// The space the volume takes in its device class (a loop image's allocated blocks):
+    /// what a discard gives back shows here.
+    BackingStore,
+    /// The filesystem's used bytes (statvfs), for kinds whose backing store a discard
+    /// does not shrink (thick LVs, PMEM). It does not change with a trim.
+    Filesystem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trim {
+    pub mount_point: PathBuf,
+    /// What the filesystem reported as discarded (free space it trimmed).
+    pub trimmed_bytes: u64,
+    pub before: u64,
+    pub after: u64,
+    pub measure: Measure,
+}
+
+impl Trim {
+    /// Bytes given back to the device class.
+    pub fn reclaimed(&self) -> u64 {
+        match self.measure {
+            Measure::BackingStore => self.before.saturating_sub(self.after),
+            Measure::Filesystem => 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReclaimOutcome {
+    Trimmed(Trim),
+    /// A raw block volume: discarding its unused blocks needs a filesystem to say which
+    /// are unused; discarding the device would destroy the data on it.
+    NotDiscarded,
+}
+
+impl ReclaimOutcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReclaimOutcome::Trimmed(_) => "trimmed",
+            ReclaimOutcome::NotDiscarded => "not_discarded",
+        }
+    }
+
+    /// One line for people (annotations, logs, the CLI).
+    pub fn summary(&self) -> String {
+        match self {
+            ReclaimOutcome::Trimmed(t) => match t.measure {
+                Measure::BackingStore => format!(
+                    "reclaimed {} bytes (allocated {} -> {}; filesystem trimmed {})",
+                    t.reclaimed(),
+                    t.before,
+                    t.after,
+                    t.trimmed_bytes
+                ),
+                Measure::Filesystem => format!(
+                    "filesystem trimmed {} bytes (used {} -> {})",
+                    t.trimmed_bytes, t.before, t.after
+                ),
+            },
+            ReclaimOutcome::NotDiscarded => {
+                "not discarded: raw block volume (discarding it would destroy data)".to_string()
+            }
+        }
+    }
+}
+
+/// Runs reclaims: shared by the scheduler and the csi-addons service.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    volumes: Arc<Volumes>,
+    locks: VolumeLocks,
+    metrics: Metrics,
+    limit: Arc<Semaphore>,
+    timeout: Duration,
+}
+
+impl Runner {
+    /// `concurrency`: runs at once on this node (at least 1).
+    pub fn new(
+        volumes: Arc<Volumes>,
+        locks: VolumeLocks,
+        metrics: Metrics,
+        concurrency: usize,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            volumes,
+            locks,
+            metrics,
+            limit: Arc::new(Semaphore::new(concurrency.max(1))),
+            timeout,
+        }
+    }
+
+    pub fn volumes(&self) -> &Arc<Volumes> {
+        &self.volumes
+    }
+
+    /// Reclaims `id`'s free space. `hints`: paths the caller believes the volume is
+    /// mounted at (kubelet's staging or target path); any mount of the volume's
+    /// filesystem serves, they only pick which. A busy volume is [`Error::Busy`].
+    #[instrument(skip_all, fields(volume.id = %id))]
+    pub async fn reclaim(&self, id: &VolumeId, hints: &[PathBuf]) -> Result<ReclaimOutcome, Error> {
+        let permit = Arc::clone(&self.limit)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let started = Instant::now();
+        let result = match self.locks.try_lock(&id.token, "ReclaimSpace") {
+            Err(busy) => Err(Error::Busy(busy)),
+            Ok(guard) => self.locked(guard, permit, id, hints).await.map_err(Error::from),
+        };
+        self.record(id, &result, started);
+        result
+    }
+
+    fn record(&self, id: &VolumeId, result: &Result<ReclaimOutcome, Error>, started: Instant) {
+        let m = &self.metrics.reclaim;
+        let class = id.class.as_str();
+        let label = match result {
+            Ok(outcome) => outcome.label(),
+            Err(e) => e.label(),
+        };
+        m.runs.with_label_values(&[class, label]).inc();
+        if let Ok(ReclaimOutcome::Trimmed(t)) = result {
+            m.reclaimed_bytes
+                .with_label_values(&[class])
+                .inc_by(t.reclaimed());
+            m.trimmed_bytes
+                .with_label_values(&[class])
+                .inc_by(t.trimmed_bytes);
+            m.duration
+                .with_label_values(&[class])
+                .observe(started.elapsed().as_secs_f64());
+        }
+    }
+
+    async fn locked(
+        &self,
+        guard: VolumeGuard,
+        permit: OwnedSemaphorePermit,
+        id: &VolumeId,
+        hints: &[PathBuf],
+    ) -> Result<ReclaimOutcome, ReclaimError> {
+        debug_assert_eq!(guard.token(), &id.token);
+        let record = self.volumes.get(id).await?;
+        if record.mode == VolumeMode::Block {
+            info!("raw block volume: not discarded");
+            return Ok(ReclaimOutcome::NotDiscarded);
+        }
+        let backend = self
+            .volumes
+            .backends()
+            .find(|b| b.class() == &id.class)
+            .ok_or_else(|| VolumeError::NotFound(id.clone()))?;
+        let mount_point = self.filesystem_mount(backend, id, hints).await?;
+        let (before, measure) = self.usage(backend, id, &mount_point).await?;
+
+        let syscalls = Arc::clone(&self.volumes.host().syscalls);
+        let path = mount_point.clone();
+        let mut fitrim = tokio::spawn(async move { syscalls.fitrim(&path).await });
+        let trimmed_bytes = match tokio::time::timeout(self.timeout, &mut fitrim).await {
+            Ok(joined) => joined.map_err(|e| SyscallError {
+                call: "FITRIM",
+                path: mount_point.clone(),
+                source: std::io::Error::other(e),
+            })??,
+            Err(_) => {
+                let volume = id.clone();
+                tokio::spawn(async move {
+                    let finished = fitrim.await;
+                    warn!(volume.id = %volume, ?finished, "FITRIM finished after its timeout; releasing the volume");
+                    drop((guard, permit));
+                });
+                return Err(ReclaimError::TimedOut {
+                    id: id.clone(),
+                    path: mount_point,
+                    timeout: self.timeout,
+                });
+            }
+        };
+        let (after, _) = self.usage(backend, id, &mount_point).await?;
+        let trim = Trim {
+            mount_point,
+            trimmed_bytes,
+            before,
+            after,
+            measure,
+        };
+        info!(
+            volume.path = %trim.mount_point.display(),
+            trimmed = trimmed_bytes,
+            before,
+            after,
+            "reclaimed"
+        );
+        Ok(ReclaimOutcome::Trimmed(trim))
+    }
+
+    /// A mount of the volume's filesystem: same device number, the filesystem's root.
+    /// The first hint that is one wins, else the first in the table (the staging mount).
+    async fn filesystem_mount(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        hints: &[PathBuf],
+    ) -> Result<PathBuf, ReclaimError> {
+        let not_staged = || ReclaimError::NotStaged { id: id.clone() };
+        let device = backend.device(&id.token).await?.ok_or_else(not_staged)?;
+        let host = self.volumes.host();
+        let dev = host
+            .syscalls
+            .device_number(&device)
+            .await?
+            .ok_or_else(not_staged)?;
+        let table = MountTable::read(host).await?;
+        let mounts: Vec<&Path> = table
+            .entries()
+            .filter(|e| e.device_number() == dev && e.root == Path::new("/") && e.fs_type != "devtmpfs")
+            .map(|e| e.mount_point.as_path())
+            .collect();
+        hints
+            .iter()
+            .find(|h| mounts.contains(&h.as_path()))
+            .map(|h| h.to_path_buf())
+            .or_else(|| mounts.first().map(|m| m.to_path_buf()))
+            .ok_or_else(not_staged)
+    }
+
+    async fn usage(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        mount_point: &Path,
+    ) -> Result<(u64, Measure), ReclaimError> {
+        if let Some(bytes) = backend.allocated_bytes(&id.token).await? {
+            return Ok((bytes, Measure::BackingStore));
+        }
+        let fs = self.volumes.host().syscalls.statvfs(mount_point).await?;
+        Ok((fs.used_bytes, Measure::Filesystem))
+    }
+}
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;
