@@ -22,5 +22,6 @@ pub mod model;
 pub mod mount;
 pub mod proto;
 pub mod request;
+pub mod resize;
 pub mod telemetry;
 pub mod volume;
