@@ -79,18 +79,36 @@ pub async fn serve(
     let volumes = Arc::new(build_volumes(&config, host).await?);
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
-    let driver = Arc::new(Driver {
-        volumes: Arc::clone(&volumes),
-        locks: VolumeLocks::default(),
-        metrics: metrics.clone(),
-        health: Arc::clone(&health),
-        max_volumes_per_node: 0,
-    });
+    let locks = VolumeLocks::default();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    // Merge note: the k8s module's client (--kube) replaces this one.
+    let resize_client = if config.resize.needs_api() {
+        Some(kube::Client::try_default().await.context(
+            "--report-resize-status/--node-resizer: no Kubernetes client (in-cluster or KUBECONFIG)",
+        )?)
+    } else {
+        None
+    };
+    let resize = crate::resize::start(
+        &config.resize,
+        resize_client,
+        &config.node_id,
+        Arc::clone(&volumes),
+        locks.clone(),
+        stopped(stop_rx.clone()),
+    )?;
+    let driver = Arc::new(Driver {
+        volumes: Arc::clone(&volumes),
+        locks,
+        metrics: metrics.clone(),
+        health: Arc::clone(&health),
+        resize,
+        max_volumes_per_node: 0,
+    });
     let http = metrics::serve_http(config.metrics_addr, metrics, health, stopped(stop_rx.clone()))
         .await
         .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;

@@ -56,6 +56,8 @@ pub struct ServeArgs {
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub resize: crate::resize::ResizeArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -206,6 +208,7 @@ pub struct Config {
     pub metrics_addr: SocketAddr,
     pub device_classes: Vec<DeviceClass>,
     pub log_format: LogFormat,
+    pub resize: crate::resize::ResizeArgs,
 }
 
 impl Config {
@@ -251,6 +254,7 @@ impl Config {
             metrics_addr: args.metrics_addr,
             device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
             log_format: args.log_format,
+            resize: args.resize.clone(),
         })
     }
 

@@ -33,6 +33,8 @@ pub struct Driver {
     pub locks: VolumeLocks,
     pub metrics: Metrics,
     pub health: Arc<Health>,
+    /// Resize status around NodeExpandVolume (`--report-resize-status`; off: kubelet's).
+    pub resize: crate::resize::NodeReporting,
     /// Upper bound kubelet is told for volumes on this node (0: no limit).
     pub max_volumes_per_node: i64,
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::Driver;
+use crate::error::Error;
 use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capability};
 use crate::request::{
     NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
@@ -136,7 +137,18 @@ impl Node for NodeService {
             .observe("NodeExpandVolume", &raw.volume_id, async {
                 let req = NodeExpandRequest::try_from(&raw)?;
                 let guard = self.0.lock(&req.id.token, "NodeExpandVolume")?;
-                let size = self.0.volumes.expand_on_node(&guard, &req).await?;
+                let resize = &self.0.resize;
+                let report = resize
+                    .started(&self.0.volumes, &req.id, req.capacity.required)
+                    .await;
+                let result = self
+                    .0
+                    .volumes
+                    .expand_on_node(&guard, &req)
+                    .await
+                    .map_err(Error::from);
+                resize.finished(report, &result).await;
+                let size = result?;
                 Ok(csi::NodeExpandVolumeResponse {
                     capacity_bytes: size as i64,
                 })

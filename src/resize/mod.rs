@@ -8,4 +8,97 @@
 //! status values and conditions kubelet and external-resizer use.
 
 pub mod classify;
+mod events;
+pub mod node_resizer;
 pub mod quantity;
+pub mod report;
+pub mod status;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::bail;
+use clap::Args;
+use kube::Client;
+use tracing::info;
+
+pub use report::NodeReporting;
+
+use crate::locks::VolumeLocks;
+use crate::volume::Volumes;
+
+/// The terminal failure value written to `allocatedResourceStatuses`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailureValue {
+    /// From the API server's version: `NodeResizeFailed` before 1.31, else
+    /// `NodeResizeInfeasible`.
+    #[default]
+    Auto,
+    #[value(name = "NodeResizeFailed")]
+    NodeResizeFailed,
+    #[value(name = "NodeResizeInfeasible")]
+    NodeResizeInfeasible,
+}
+
+/// Command line of the resize features (flattened into `serve`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+pub struct ResizeArgs {
+    /// Report node expansion in the claim's status as kubelet does
+    /// (allocatedResourceStatuses, NodeResizeError condition, capacity) and as events.
+    /// Off by default: kubelet 1.32 and newer already reports it, and two reporters only
+    /// race each other. Turn on where kubelet does not (RecoverVolumeExpansionFailure
+    /// off on the nodes but on in the API server).
+    #[arg(long, env = "LOCALVOL_REPORT_RESIZE_STATUS")]
+    pub report_resize_status: bool,
+    /// Act as the resizer of the claims whose volumes live on this node: grow the
+    /// volume when a claim asks for more than it has (and its StorageClass allows
+    /// expansion), record the size on the PersistentVolume and drive the claim's
+    /// status; kubelet then grows the filesystem through NodeExpandVolume. For clusters
+    /// without a central csi-resizer for localvol.csi.dev: never run both.
+    #[arg(long, env = "LOCALVOL_NODE_RESIZER")]
+    pub node_resizer: bool,
+    /// Name of the terminal failure value: auto (from the API server's version),
+    /// NodeResizeFailed (servers before 1.31) or NodeResizeInfeasible (1.31 on). The
+    /// controller value follows (ControllerResizeFailed / ControllerResizeInfeasible).
+    #[arg(long, env = "LOCALVOL_RESIZE_FAILURE_VALUE", value_enum, default_value_t = FailureValue::Auto)]
+    pub resize_failure_value: FailureValue,
+}
+
+impl ResizeArgs {
+    /// Whether any resize feature needs the Kubernetes API.
+    pub fn needs_api(&self) -> bool {
+        self.report_resize_status || self.node_resizer
+    }
+}
+
+/// Starts what `args` asks for: returns the node-side reporter for the CSI node
+/// service, and spawns the node resizer (until `shutdown`).
+pub fn start(
+    args: &ResizeArgs,
+    client: Option<Client>,
+    node: &str,
+    volumes: Arc<Volumes>,
+    locks: VolumeLocks,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<NodeReporting> {
+    let Some(client) = client.filter(|_| args.needs_api()) else {
+        if args.needs_api() {
+            bail!("--report-resize-status and --node-resizer need the Kubernetes API");
+        }
+        return Ok(NodeReporting::Off);
+    };
+    if args.node_resizer {
+        let resizer =
+            node_resizer::NodeResizer::new(client.clone(), node, args.resize_failure_value, volumes, locks);
+        tokio::spawn(node_resizer::run(Arc::new(resizer), shutdown));
+    }
+    Ok(if args.report_resize_status {
+        info!("reporting node expansion in claims' status");
+        NodeReporting::new(client, node, args.resize_failure_value)
+    } else {
+        NodeReporting::Off
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -54,6 +54,7 @@ impl Daemon {
             config: None,
             loop_capacity,
             log_format: LogFormat::Text,
+            resize: Default::default(),
         };
         let config = Config::from_args(&args).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
