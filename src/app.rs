@@ -78,37 +78,33 @@ pub async fn serve(
     let host = Host::system();
     let volumes = Arc::new(build_volumes(&config, host).await?);
     let metrics = Metrics::new();
+    // Merge note: the k8s module's client (--kube) replaces this one.
+    let resize_client = crate::resize::client(&config.resize).await?;
+    let resize = crate::resize::reporting(&config.resize, resize_client.as_ref(), &config.node_id)?;
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
-    let locks = VolumeLocks::default();
+    let driver = Arc::new(Driver {
+        volumes: Arc::clone(&volumes),
+        locks: VolumeLocks::default(),
+        resize,
+        metrics: metrics.clone(),
+        health: Arc::clone(&health),
+        max_volumes_per_node: 0,
+    });
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    // Merge note: the k8s module's client (--kube) replaces this one.
-    let resize_client = if config.resize.needs_api() {
-        Some(kube::Client::try_default().await.context(
-            "--report-resize-status/--node-resizer: no Kubernetes client (in-cluster or KUBECONFIG)",
-        )?)
-    } else {
-        None
-    };
-    let resize = crate::resize::start(
-        &config.resize,
-        resize_client,
-        &config.node_id,
-        Arc::clone(&volumes),
-        locks.clone(),
-        stopped(stop_rx.clone()),
-    )?;
-    let driver = Arc::new(Driver {
-        volumes: Arc::clone(&volumes),
-        locks,
-        metrics: metrics.clone(),
-        health: Arc::clone(&health),
-        resize,
-        max_volumes_per_node: 0,
-    });
+    if let Some(client) = resize_client.filter(|_| config.resize.node_resizer) {
+        crate::resize::spawn_node_resizer(
+            &config.resize,
+            client,
+            &config.node_id,
+            Arc::clone(&volumes),
+            driver.locks.clone(),
+            stopped(stop_rx.clone()),
+        );
+    }
     let http = metrics::serve_http(config.metrics_addr, metrics, health, stopped(stop_rx.clone()))
         .await
         .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;

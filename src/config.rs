@@ -53,11 +53,11 @@ pub struct ServeArgs {
     /// Accepts bytes or a Kubernetes quantity such as 100Gi.
     #[arg(long, env = "LOCALVOL_LOOP_CAPACITY", default_value = "100Gi", value_parser = parse_quantity)]
     pub loop_capacity: u64,
+    #[command(flatten)]
+    pub resize: crate::resize::ResizeArgs,
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
-    #[command(flatten)]
-    pub resize: crate::resize::ResizeArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -207,8 +207,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub metrics_addr: SocketAddr,
     pub device_classes: Vec<DeviceClass>,
-    pub log_format: LogFormat,
     pub resize: crate::resize::ResizeArgs,
+    pub log_format: LogFormat,
 }
 
 impl Config {
@@ -253,8 +253,8 @@ impl Config {
             data_dir: args.data_dir.clone(),
             metrics_addr: args.metrics_addr,
             device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
-            log_format: args.log_format,
             resize: args.resize.clone(),
+            log_format: args.log_format,
         })
     }
 

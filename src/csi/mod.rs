@@ -31,10 +31,10 @@ pub const DRIVER_NAME: &str = "localvol.csi.dev";
 pub struct Driver {
     pub volumes: Arc<Volumes>,
     pub locks: VolumeLocks,
-    pub metrics: Metrics,
-    pub health: Arc<Health>,
     /// Resize status around NodeExpandVolume (`--report-resize-status`; off: kubelet's).
     pub resize: crate::resize::NodeReporting,
+    pub metrics: Metrics,
+    pub health: Arc<Health>,
     /// Upper bound kubelet is told for volumes on this node (0: no limit).
     pub max_volumes_per_node: i64,
 }

@@ -17,7 +17,7 @@ pub mod status;
 use std::future::Future;
 use std::sync::Arc;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::Args;
 use kube::Client;
 use tracing::info;
@@ -71,33 +71,45 @@ impl ResizeArgs {
     }
 }
 
-/// Starts what `args` asks for: returns the node-side reporter for the CSI node
-/// service, and spawns the node resizer (until `shutdown`).
-pub fn start(
+/// The client the resize features use: `None` when none is on. Standalone until the
+/// k8s module hands its client over.
+pub async fn client(args: &ResizeArgs) -> anyhow::Result<Option<Client>> {
+    if !args.needs_api() {
+        return Ok(None);
+    }
+    Client::try_default()
+        .await
+        .map(Some)
+        .context("--report-resize-status/--node-resizer: no Kubernetes client (in-cluster or KUBECONFIG)")
+}
+
+/// The node-side reporter for the CSI node service, as `args` asks.
+pub fn reporting(args: &ResizeArgs, client: Option<&Client>, node: &str) -> anyhow::Result<NodeReporting> {
+    if !args.report_resize_status {
+        return Ok(NodeReporting::Off);
+    }
+    let Some(client) = client else {
+        bail!("--report-resize-status needs the Kubernetes API");
+    };
+    info!("reporting node expansion in claims' status");
+    Ok(NodeReporting::new(
+        client.clone(),
+        node,
+        args.resize_failure_value,
+    ))
+}
+
+/// Runs the node resizer (`--node-resizer`) in the background until `shutdown`.
+pub fn spawn_node_resizer(
     args: &ResizeArgs,
-    client: Option<Client>,
+    client: Client,
     node: &str,
     volumes: Arc<Volumes>,
     locks: VolumeLocks,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<NodeReporting> {
-    let Some(client) = client.filter(|_| args.needs_api()) else {
-        if args.needs_api() {
-            bail!("--report-resize-status and --node-resizer need the Kubernetes API");
-        }
-        return Ok(NodeReporting::Off);
-    };
-    if args.node_resizer {
-        let resizer =
-            node_resizer::NodeResizer::new(client.clone(), node, args.resize_failure_value, volumes, locks);
-        tokio::spawn(node_resizer::run(Arc::new(resizer), shutdown));
-    }
-    Ok(if args.report_resize_status {
-        info!("reporting node expansion in claims' status");
-        NodeReporting::new(client, node, args.resize_failure_value)
-    } else {
-        NodeReporting::Off
-    })
+) {
+    let resizer = node_resizer::NodeResizer::new(client, node, args.resize_failure_value, volumes, locks);
+    tokio::spawn(node_resizer::run(Arc::new(resizer), shutdown));
 }
 
 #[cfg(test)]

@@ -889,19 +889,11 @@ async fn reporting_off_makes_no_request_at_all() {
     let (client, server) = serve(vec![]);
     let args = ResizeArgs::default();
     assert!(!args.needs_api());
-    let reporting = super::start(
-        &args,
-        Some(client),
-        "node-a",
-        Arc::clone(&node.volumes),
-        node.locks.clone(),
-        std::future::ready(()),
-    )
-    .unwrap();
+    let reporting = super::reporting(&args, Some(&client), "node-a").unwrap();
     assert!(matches!(reporting, NodeReporting::Off));
     let report = reporting.started(&node.volumes, &id, GI2).await;
     reporting.finished(report, &Err(no_space())).await;
-    drop(reporting);
+    drop((reporting, client));
     server.await.unwrap();
 }
 

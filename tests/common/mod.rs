@@ -53,8 +53,8 @@ impl Daemon {
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
             config: None,
             loop_capacity,
-            log_format: LogFormat::Text,
             resize: Default::default(),
+            log_format: LogFormat::Text,
         };
         let config = Config::from_args(&args).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
