@@ -10,19 +10,35 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
 use crate::backend::{Backend, LoopBackend};
-use crate::config::{Config, KindConfig};
+use crate::config::{Config, DeviceClass, KindConfig, RegistrationConfig};
 use crate::csi::{self, Driver};
 use crate::health::Health;
 use crate::host::Host;
 use crate::locks::VolumeLocks;
 use crate::metrics::{self, Metrics};
+use crate::registration::{self, RegistrationService};
+use crate::stats;
 use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
 pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volumes> {
+    let volumes = open_volumes(&config.device_classes, &config.node_id, host)?;
+    for backend in volumes.backends() {
+        backend
+            .prepare()
+            .await
+            .with_context(|| format!("preparing device class {}", backend.class()))?;
+    }
+    Ok(volumes)
+}
+
+/// One backend per device class, opened without changing anything on the machine (no
+/// directory made, nothing attached): enough for read-only lookups such as
+/// `localvol status` does beside a running daemon.
+pub fn open_volumes(classes: &[DeviceClass], node_id: &str, host: Host) -> anyhow::Result<Volumes> {
     let mut backends = Vec::new();
     let mut default_fs = BTreeMap::new();
-    for class in &config.device_classes {
+    for class in classes {
         if let Some(fs) = class.fs_type {
             default_fs.insert(class.name.clone(), fs);
         }
@@ -33,12 +49,12 @@ pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volume
             } => {
                 let directory = directory.clone().expect("validated config fills the directory");
                 let limit = capacity_gb.expect("validated config fills the capacity") << 30;
-                let backend = LoopBackend::new(class.name.clone(), directory, limit, host.clone());
-                backend
-                    .prepare()
-                    .await
-                    .with_context(|| format!("preparing device class {}", class.name))?;
-                Backend::Loop(backend)
+                Backend::Loop(LoopBackend::new(
+                    class.name.clone(),
+                    directory,
+                    limit,
+                    host.clone(),
+                ))
             }
             KindConfig::Lvm { .. } | KindConfig::LvmThin { .. } | KindConfig::Pmem { .. } => {
                 bail!(
@@ -50,23 +66,31 @@ pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volume
         };
         backends.push(backend);
     }
+    let default_class = classes
+        .iter()
+        .find(|c| c.default)
+        .context("no default device class")?;
     Ok(Volumes::new(
         backends,
-        config.default_class().name.clone(),
+        default_class.name.clone(),
         default_fs,
         host,
-        config.node_id.clone(),
+        node_id.to_string(),
     ))
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now, so that a signal arriving any time
+/// after this call drains the daemon instead of killing it; the future resolves on the
+/// first of them. Call it inside the runtime, before binding anything.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: draining in-flight calls"),
-        _ = int.recv() => info!("SIGINT: draining in-flight calls"),
+    async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: draining in-flight calls"),
+            _ = int.recv() => info!("SIGINT: draining in-flight calls"),
+        }
     }
 }
 
@@ -82,12 +106,14 @@ pub async fn serve(
     let resize_client = crate::resize::client(&config.resize).await?;
     let resize = crate::resize::reporting(&config.resize, resize_client.as_ref(), &config.node_id)?;
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
+    let owner_check = crate::k8s::start(&config, Arc::clone(&health)).await?;
     let driver = Arc::new(Driver {
         volumes: Arc::clone(&volumes),
         locks: VolumeLocks::default(),
         resize,
         metrics: metrics.clone(),
         health: Arc::clone(&health),
+        owner_check,
         max_volumes_per_node: 0,
     });
 
@@ -105,10 +131,55 @@ pub async fn serve(
             stopped(stop_rx.clone()),
         );
     }
-    let http = metrics::serve_http(config.metrics_addr, metrics, health, stopped(stop_rx.clone()))
-        .await
-        .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
+    let http = metrics::serve_http(
+        config.metrics_addr,
+        metrics.clone(),
+        Arc::clone(&health),
+        stopped(stop_rx.clone()),
+    )
+    .await
+    .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
     let listener = csi::socket::bind_private(&config.socket_path)?;
+    // After the CSI socket exists: kubelet dials it as soon as registration succeeds.
+    let registration = match &config.registration {
+        // kubelet creates its registry directory; without it there is no kubelet to
+        // register with, and localvol does not create kubelet's directories for it.
+        RegistrationConfig::Builtin { socket_path, .. }
+            if !socket_path.parent().is_some_and(std::path::Path::is_dir) =>
+        {
+            tracing::warn!(
+                socket = %socket_path.display(),
+                "no kubelet plugin registry directory: not registering with kubelet"
+            );
+            None
+        }
+        RegistrationConfig::Builtin {
+            socket_path,
+            csi_endpoint,
+        } => {
+            let service = RegistrationService::new(csi_endpoint.clone(), Arc::clone(&health));
+            match registration::serve(socket_path.clone(), service, stopped(stop_rx.clone())) {
+                Ok(serving) => Some(serving),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&config.socket_path);
+                    return Err(e).context("serving kubelet plugin registration");
+                }
+            }
+        }
+        RegistrationConfig::External => None,
+    };
+    let registration = async move {
+        match registration {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    };
+    let stats = tokio::spawn(stats::run(
+        Arc::clone(&volumes),
+        metrics,
+        config.stats_interval,
+        stopped(stop_rx.clone()),
+    ));
     let (identity, controller, node) = csi::services(driver);
     let grpc = tonic::transport::Server::builder()
         .add_service(identity)
@@ -126,10 +197,12 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (grpc, http) = tokio::join!(grpc, http);
+    let (grpc, http, registration) = tokio::join!(grpc, http, registration);
     let _ = std::fs::remove_file(&config.socket_path);
     grpc.context("CSI server")?;
     http.context("metrics server")?;
+    registration.context("kubelet plugin registration server")?;
+    stats.await.context("stats refresh task")?;
     info!("stopped");
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
@@ -25,6 +26,40 @@ pub struct Cli {
 pub enum Command {
     /// Serve the CSI services on this node.
     Serve(ServeArgs),
+    /// List this node's volumes as the running daemon and the mount table show them.
+    Status(StatusArgs),
+}
+
+/// `localvol status`: a client of the running daemon. The device-class flags must match
+/// the daemon's (they read the same environment variables, so `kubectl exec` into the
+/// localvol container needs none): they tell which device holds each volume.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// The daemon's CSI endpoint.
+    #[arg(
+        long,
+        env = "LOCALVOL_ENDPOINT",
+        default_value = "unix:///var/lib/localvol/csi.sock"
+    )]
+    pub endpoint: String,
+    /// Output format.
+    #[arg(short, long, default_value = "table")]
+    pub output: OutputFormat,
+    /// The daemon's device-class file.
+    #[arg(long, env = "LOCALVOL_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The daemon's data directory.
+    #[arg(long, env = "LOCALVOL_DATA_DIR", default_value = "/var/lib/localvol")]
+    pub data_dir: PathBuf,
+    /// The daemon's default loop capacity (only read to build the same classes).
+    #[arg(long, env = "LOCALVOL_LOOP_CAPACITY", default_value = "100Gi", value_parser = parse_quantity)]
+    pub loop_capacity: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -58,6 +93,59 @@ pub struct ServeArgs {
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
+    /// Kubernetes API access (in-cluster, else $KUBECONFIG). on: required, and
+    /// NodeStage/NodePublish check generic ephemeral volume ownership; auto: on when a
+    /// configuration is found, else standalone; off: standalone, no checks.
+    #[arg(long, env = "LOCALVOL_KUBE", default_value = "auto")]
+    pub kube: KubeMode,
+    /// Who registers the driver with kubelet. builtin: localvol serves kubelet's plugin
+    /// registration socket itself, no sidecar needed. external: a node-driver-registrar
+    /// sidecar registers it, and localvol serves no registration socket.
+    #[arg(long, env = "LOCALVOL_KUBELET_REGISTRATION", default_value = "builtin")]
+    pub kubelet_registration: KubeletRegistration,
+    /// kubelet's plugin registration directory, where builtin registration puts its
+    /// socket (localvol.csi.dev-reg.sock).
+    #[arg(
+        long,
+        env = "LOCALVOL_REGISTRATION_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub registration_dir: PathBuf,
+    /// The CSI socket's path as kubelet sees it, told to kubelet at registration. Needed
+    /// only when localvol sees the socket at another path than kubelet does (a container
+    /// that mounts the host directory elsewhere). Default: --endpoint's path.
+    #[arg(long, env = "LOCALVOL_KUBELET_CSI_ENDPOINT")]
+    pub kubelet_csi_endpoint: Option<String>,
+    /// How often the volume and capacity gauges of each device class are refreshed
+    /// (`30s`, `5m`). Each refresh lists the class's volumes and asks for its free
+    /// space (on LVM: runs lvs and vgs).
+    #[arg(long, env = "LOCALVOL_STATS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub stats_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeletRegistration {
+    Builtin,
+    External,
+}
+
+/// How the driver becomes known to kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistrationConfig {
+    /// localvol serves the registration socket at `socket_path` and names `csi_endpoint`.
+    Builtin {
+        socket_path: PathBuf,
+        csi_endpoint: PathBuf,
+    },
+    /// A node-driver-registrar sidecar registers the driver.
+    External,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeMode {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -88,6 +176,27 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
     value
         .checked_mul(multiplier)
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Parses `30s`, `5m`, `1h` or plain seconds; at least one second.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 30s or 5m"))?;
+    let seconds = match unit {
+        "" | "s" => Some(value),
+        "m" => value.checked_mul(60),
+        "h" => value.checked_mul(3600),
+        other => return Err(format!("unknown unit {other:?} in {s:?} (s, m or h)")),
+    }
+    .ok_or_else(|| format!("{s:?} is too long"))?;
+    if seconds == 0 {
+        return Err(format!("{s:?}: must be at least 1s"));
+    }
+    Ok(Duration::from_secs(seconds))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -209,6 +318,9 @@ pub struct Config {
     pub device_classes: Vec<DeviceClass>,
     pub resize: crate::resize::ResizeArgs,
     pub log_format: LogFormat,
+    pub kube: KubeMode,
+    pub registration: RegistrationConfig,
+    pub stats_interval: Duration,
 }
 
 impl Config {
@@ -232,29 +344,18 @@ impl Config {
                 "--data-dir must be an absolute path".to_string(),
             ));
         }
-        let file = match &args.config {
-            Some(path) => load_file(path)?,
-            None => FileConfig {
-                device_classes: vec![DeviceClassConfig {
-                    name: "default".to_string(),
-                    kind: KindConfig::Loop {
-                        directory: None,
-                        capacity_gb: None,
-                    },
-                    default: true,
-                    fs_type: None,
-                    mount_options: Vec::new(),
-                }],
-            },
-        };
+        let registration = registration_config(args, &socket_path)?;
         Ok(Self {
+            registration,
+            stats_interval: args.stats_interval,
             socket_path,
             node_id,
             data_dir: args.data_dir.clone(),
             metrics_addr: args.metrics_addr,
-            device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
+            device_classes: load_classes(args.config.as_deref(), &args.data_dir, args.loop_capacity)?,
             resize: args.resize.clone(),
             log_format: args.log_format,
+            kube: args.kube,
         })
     }
 
@@ -264,6 +365,51 @@ impl Config {
             .find(|c| c.default)
             .expect("validation guarantees a default class")
     }
+}
+
+/// The device classes from the configuration file, or without one the single loop
+/// class `default` under `data_dir`; validated.
+pub fn load_classes(
+    config: Option<&Path>,
+    data_dir: &Path,
+    loop_capacity: u64,
+) -> Result<Vec<DeviceClass>, ConfigError> {
+    let file = match config {
+        Some(path) => load_file(path)?,
+        None => FileConfig {
+            device_classes: vec![DeviceClassConfig {
+                name: "default".to_string(),
+                kind: KindConfig::Loop {
+                    directory: None,
+                    capacity_gb: None,
+                },
+                default: true,
+                fs_type: None,
+                mount_options: Vec::new(),
+            }],
+        },
+    };
+    validate_classes(file, data_dir, loop_capacity)
+}
+
+fn registration_config(args: &ServeArgs, socket_path: &Path) -> Result<RegistrationConfig, ConfigError> {
+    if args.kubelet_registration == KubeletRegistration::External {
+        return Ok(RegistrationConfig::External);
+    }
+    if !args.registration_dir.is_absolute() {
+        return Err(ConfigError::Invalid(
+            "--registration-dir must be an absolute path".to_string(),
+        ));
+    }
+    let csi_endpoint = match &args.kubelet_csi_endpoint {
+        Some(endpoint) if !endpoint.is_empty() => crate::csi::socket::endpoint_path(endpoint)
+            .map_err(|e| ConfigError::Invalid(format!("--kubelet-csi-endpoint: {e}")))?,
+        _ => socket_path.to_path_buf(),
+    };
+    Ok(RegistrationConfig::Builtin {
+        socket_path: crate::registration::socket_path(&args.registration_dir),
+        csi_endpoint,
+    })
 }
 
 fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -374,6 +520,64 @@ mod tests {
             source,
         })?;
         validate_classes(file, Path::new("/var/lib/localvol"), 100 << 30)
+    }
+
+    fn serve_args(extra: &[&str]) -> ServeArgs {
+        let mut argv = vec!["localvol", "serve", "--node-id", "node-1"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Serve(args) => args,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn registration_is_builtin_by_default_and_names_the_csi_socket() {
+        let config = Config::from_args(&serve_args(&["--endpoint", "unix:///plugins/l/csi.sock"])).unwrap();
+        assert_eq!(
+            config.registration,
+            RegistrationConfig::Builtin {
+                socket_path: "/var/lib/kubelet/plugins_registry/localvol.csi.dev-reg.sock".into(),
+                csi_endpoint: "/plugins/l/csi.sock".into(),
+            }
+        );
+        let config = Config::from_args(&serve_args(&[
+            "--registration-dir",
+            "/reg",
+            "--kubelet-csi-endpoint",
+            "unix:///host/plugins/l/csi.sock",
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.registration,
+            RegistrationConfig::Builtin {
+                socket_path: "/reg/localvol.csi.dev-reg.sock".into(),
+                csi_endpoint: "/host/plugins/l/csi.sock".into(),
+            }
+        );
+        let config = Config::from_args(&serve_args(&["--kubelet-registration", "external"])).unwrap();
+        assert_eq!(config.registration, RegistrationConfig::External);
+    }
+
+    #[test]
+    fn bad_registration_settings_are_refused() {
+        let err = Config::from_args(&serve_args(&["--registration-dir", "reg"])).unwrap_err();
+        assert!(err.to_string().contains("--registration-dir"), "{err}");
+        let err = Config::from_args(&serve_args(&["--kubelet-csi-endpoint", "tcp://x:1"])).unwrap_err();
+        assert!(err.to_string().contains("--kubelet-csi-endpoint"), "{err}");
+        assert!(Cli::try_parse_from(["localvol", "serve", "--kubelet-registration", "off"]).is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        for bad in ["0s", "", "s", "1d", "1.5s", "-1s", "99999999999999999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(serve_args(&[]).stats_interval, Duration::from_secs(30));
     }
 
     #[test]

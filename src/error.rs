@@ -9,6 +9,7 @@ use tonic::{Code, Status};
 use crate::backend::BackendError;
 use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
+use crate::k8s::OwnerError;
 use crate::locks::LockError;
 use crate::model::IdError;
 use crate::mount::MountError;
@@ -23,6 +24,8 @@ pub enum Error {
     Busy(#[from] LockError),
     #[error(transparent)]
     Volume(#[from] VolumeError),
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
 }
 
 impl Error {
@@ -31,6 +34,7 @@ impl Error {
             Error::Validation(e) => validation_code(e),
             Error::Busy(LockError::Busy { .. }) => Code::Aborted,
             Error::Volume(e) => volume_code(e),
+            Error::Owner(e) => owner_code(e),
         }
     }
 
@@ -57,6 +61,13 @@ impl Error {
                 VolumeError::Fs(_) => "filesystem",
                 VolumeError::Syscall(_) => "syscall",
                 VolumeError::Io { .. } => "io",
+            },
+            Error::Owner(e) => match e {
+                OwnerError::Refused(_) => "owner_refused",
+                OwnerError::NoPodInfo { .. } => "no_pod_info",
+                OwnerError::ClaimNotFound { .. } => "claim_not_found",
+                OwnerError::NotSynced => "k8s_not_synced",
+                OwnerError::Api { .. } | OwnerError::Timeout { .. } => "k8s_api",
             },
         }
     }
@@ -91,6 +102,20 @@ fn volume_code(e: &VolumeError) -> Code {
         VolumeError::Fs(f) => fs_code(f),
         VolumeError::Syscall(s) => syscall_code(s),
         VolumeError::Io { .. } => Code::Internal,
+    }
+}
+
+fn owner_code(e: &OwnerError) -> Code {
+    match e {
+        // Not this pod's claim, or not knowable from the request: asking again with the
+        // same objects gives the same answer.
+        OwnerError::Refused(_) | OwnerError::NoPodInfo { .. } | OwnerError::ClaimNotFound { .. } => {
+            Code::FailedPrecondition
+        }
+        // kubelet retries; the check may pass once the API answers or the cache syncs.
+        OwnerError::NotSynced | OwnerError::Timeout { .. } => Code::Unavailable,
+        OwnerError::Api { source, .. } if crate::k8s::is_transient(source) => Code::Unavailable,
+        OwnerError::Api { .. } => Code::Internal,
     }
 }
 
@@ -223,6 +248,7 @@ mod tests {
                 .into(),
                 Code::DeadlineExceeded,
             ),
+            (crate::k8s::OwnerError::NotSynced.into(), Code::Unavailable),
         ];
         for (error, code) in cases {
             assert_eq!(Status::from(error).code(), code);

@@ -10,18 +10,22 @@
 
 pub mod app;
 pub mod backend;
+pub mod cli;
 pub mod config;
 pub mod csi;
 pub mod error;
 pub mod fs;
 pub mod health;
 pub mod host;
+pub mod k8s;
 pub mod locks;
 pub mod metrics;
 pub mod model;
 pub mod mount;
 pub mod proto;
+pub mod registration;
 pub mod request;
 pub mod resize;
+pub mod stats;
 pub mod telemetry;
 pub mod volume;

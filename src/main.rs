@@ -8,7 +8,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let config = Config::from_args(&args)?;
             localvol::telemetry::init(config.log_format);
-            localvol::app::serve(config, localvol::app::shutdown_signal()).await
+            let shutdown = localvol::app::shutdown_signal();
+            localvol::app::serve(config, shutdown).await
+        }
+        Command::Status(args) => {
+            let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+            Ok(localvol::cli::status::run(&args, &mut out, &mut err).await?)
         }
     }
 }

@@ -1,27 +1,67 @@
 //! Prometheus metrics and the HTTP endpoint that serves them with the health checks.
+//!
+//! Every localvol metric carries the `localvol_` prefix; the standard `process_*`
+//! metrics of the daemon (CPU, memory, file descriptors) keep their usual names.
+//!
+//! Metrics whose producers are not built yet (thin pools, reclaim, resize) have their
+//! recording functions here already, but they are registered on first use: a scrape
+//! never shows a series that nothing updates.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::routing::get;
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::backend::ClassCapacity;
 use crate::health::Health;
+use crate::model::ClassName;
 
-/// Every metric localvol exports, registered under the `localvol_` prefix.
+/// Every metric localvol exports.
 #[derive(Clone)]
 pub struct Metrics {
+    /// `localvol_`-prefixed metrics.
     registry: Registry,
+    /// The unprefixed `process_*` metrics.
+    process: Registry,
     rpc_total: IntCounterVec,
     rpc_duration: HistogramVec,
-    pub volumes: IntGaugeVec,
-    pub capacity_bytes: IntGaugeVec,
+    volumes: IntGaugeVec,
+    provisioned_bytes: IntGaugeVec,
+    capacity_bytes: IntGaugeVec,
+    stats_errors: IntCounterVec,
+    thin_pool: Arc<OnceLock<ThinPoolMetrics>>,
+    reclaim: Arc<OnceLock<ReclaimMetrics>>,
+    resize: Arc<OnceLock<IntCounterVec>>,
+}
+
+#[derive(Clone)]
+struct ThinPoolMetrics {
+    data: GaugeVec,
+    metadata: GaugeVec,
+}
+
+#[derive(Clone)]
+struct ReclaimMetrics {
+    operations: IntCounterVec,
+    bytes: IntCounterVec,
+    duration: HistogramVec,
+}
+
+/// What the periodic refresh found in one device class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    pub volumes: u64,
+    /// The sum of the volumes' sizes.
+    pub provisioned_bytes: u64,
+    pub capacity: ClassCapacity,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -36,59 +76,106 @@ impl Default for Metrics {
     }
 }
 
+fn register<C: Collector + Clone + 'static>(registry: &Registry, collector: C) -> C {
+    registry
+        .register(Box::new(collector.clone()))
+        .expect("metric names are unique");
+    collector
+}
+
+fn int_gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(
+        registry,
+        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+fn int_counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(
+        registry,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+fn i64_of(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new_custom(Some("localvol".to_string()), None).expect("valid prefix");
-        let rpc_total = IntCounterVec::new(
-            Opts::new("rpc_requests_total", "CSI gRPC calls by method and status code"),
+        let rpc_total = int_counters(
+            &registry,
+            "rpc_requests_total",
+            "CSI gRPC calls by method and status code",
             &["method", "code"],
-        )
-        .expect("valid metric");
-        let rpc_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "rpc_duration_seconds",
-                "CSI gRPC call latency by method and status code",
+        );
+        let rpc_duration = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "rpc_duration_seconds",
+                    "CSI gRPC call latency by method and status code",
+                )
+                .buckets(vec![
+                    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+                ]),
+                &["method", "code"],
             )
-            .buckets(vec![
-                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
-            ]),
-            &["method", "code"],
-        )
-        .expect("valid metric");
-        let volumes = IntGaugeVec::new(
-            Opts::new("volumes", "Volumes per device class"),
+            .expect("valid metric"),
+        );
+        let volumes = int_gauges(
+            &registry,
+            "volumes",
+            "Volumes per device class",
             &["device_class"],
-        )
-        .expect("valid metric");
-        let capacity_bytes = IntGaugeVec::new(
-            Opts::new(
-                "capacity_bytes",
-                "Capacity per device class: kind is available or total",
-            ),
+        );
+        let provisioned_bytes = int_gauges(
+            &registry,
+            "provisioned_bytes",
+            "Sum of the sizes of the volumes in a device class",
+            &["device_class"],
+        );
+        let capacity_bytes = int_gauges(
+            &registry,
+            "capacity_bytes",
+            "Space in a device class: kind=available is what a new volume can get now, \
+             kind=total the class's whole size",
             &["device_class", "kind"],
-        )
-        .expect("valid metric");
-        let build_info = IntGaugeVec::new(
-            Opts::new("build_info", "Always 1; the version of this daemon"),
+        );
+        let stats_errors = int_counters(
+            &registry,
+            "stats_refresh_errors_total",
+            "Failed refreshes of a device class's volume and capacity gauges (the class's \
+             gauges are dropped until a refresh succeeds)",
+            &["device_class"],
+        );
+        let build_info = int_gauges(
+            &registry,
+            "build_info",
+            "Always 1; the version of this daemon",
             &["version"],
-        )
-        .expect("valid metric");
+        );
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
-        for collector in [
-            Box::new(rpc_total.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(rpc_duration.clone()),
-            Box::new(volumes.clone()),
-            Box::new(capacity_bytes.clone()),
-            Box::new(build_info),
-        ] {
-            registry.register(collector).expect("unique metric");
-        }
+
+        let process = Registry::new();
+        process
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process metrics register once");
         Self {
             registry,
+            process,
             rpc_total,
             rpc_duration,
             volumes,
+            provisioned_bytes,
             capacity_bytes,
+            stats_errors,
+            thin_pool: Arc::default(),
+            reclaim: Arc::default(),
+            resize: Arc::default(),
         }
     }
 
@@ -100,10 +187,135 @@ impl Metrics {
             .observe(started.elapsed().as_secs_f64());
     }
 
+    /// Records a successful refresh of `class`'s volume and capacity gauges.
+    pub fn set_class_stats(&self, class: &ClassName, stats: ClassStats) {
+        let class = class.as_str();
+        self.volumes
+            .with_label_values(&[class])
+            .set(i64_of(stats.volumes));
+        self.provisioned_bytes
+            .with_label_values(&[class])
+            .set(i64_of(stats.provisioned_bytes));
+        self.capacity_bytes
+            .with_label_values(&[class, "available"])
+            .set(i64_of(stats.capacity.available));
+        self.capacity_bytes
+            .with_label_values(&[class, "total"])
+            .set(i64_of(stats.capacity.total));
+    }
+
+    /// Records a failed refresh of `class`: its gauges are removed rather than left
+    /// showing old numbers, and the failure is counted.
+    pub fn class_stats_failed(&self, class: &ClassName) {
+        let class = class.as_str();
+        let _ = self.volumes.remove_label_values(&[class]);
+        let _ = self.provisioned_bytes.remove_label_values(&[class]);
+        for kind in ["available", "total"] {
+            let _ = self.capacity_bytes.remove_label_values(&[class, kind]);
+        }
+        self.stats_errors.with_label_values(&[class]).inc();
+    }
+
+    /// Hook for the lvm-thin backend: how full a class's thin pool is, as LVM reports it
+    /// (`data_percent`, `metadata_percent`, 0-100). Exported as ratios (0-1):
+    /// `localvol_thin_pool_data_ratio` and `localvol_thin_pool_metadata_ratio`.
+    pub fn set_thin_pool_usage(&self, class: &ClassName, data_percent: f64, metadata_percent: f64) {
+        let m = self.thin_pool.get_or_init(|| ThinPoolMetrics {
+            data: register(
+                &self.registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "thin_pool_data_ratio",
+                        "Fraction of a device class's thin pool data space in use",
+                    ),
+                    &["device_class"],
+                )
+                .expect("valid metric"),
+            ),
+            metadata: register(
+                &self.registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "thin_pool_metadata_ratio",
+                        "Fraction of a device class's thin pool metadata space in use",
+                    ),
+                    &["device_class"],
+                )
+                .expect("valid metric"),
+            ),
+        });
+        m.data
+            .with_label_values(&[class.as_str()])
+            .set(data_percent / 100.0);
+        m.metadata
+            .with_label_values(&[class.as_str()])
+            .set(metadata_percent / 100.0);
+    }
+
+    /// Hook for reclaim (fstrim): one run on a volume of `class`. `result` is a short,
+    /// fixed label (`ok`, `busy`, an error variant), never an error message.
+    /// Exports `localvol_reclaim_operations_total{device_class,result}`,
+    /// `localvol_reclaimed_bytes_total{device_class}` and
+    /// `localvol_reclaim_duration_seconds{device_class}`.
+    pub fn observe_reclaim(&self, class: &ClassName, result: &'static str, bytes: u64, duration: Duration) {
+        let m = self.reclaim.get_or_init(|| ReclaimMetrics {
+            operations: int_counters(
+                &self.registry,
+                "reclaim_operations_total",
+                "Space reclaim (fstrim) runs by device class and result",
+                &["device_class", "result"],
+            ),
+            bytes: int_counters(
+                &self.registry,
+                "reclaimed_bytes_total",
+                "Bytes the filesystems reported as trimmed by space reclaim",
+                &["device_class"],
+            ),
+            duration: register(
+                &self.registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "reclaim_duration_seconds",
+                        "Duration of space reclaim (fstrim) runs",
+                    )
+                    .buckets(vec![0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+                    &["device_class"],
+                )
+                .expect("valid metric"),
+            ),
+        });
+        let class = class.as_str();
+        m.operations.with_label_values(&[class, result]).inc();
+        m.bytes.with_label_values(&[class]).inc_by(bytes);
+        m.duration
+            .with_label_values(&[class])
+            .observe(duration.as_secs_f64());
+    }
+
+    /// Hook for node-side resize: one expansion of a volume of `class` finished with
+    /// `result` (a short fixed label such as `ok` or an error variant). Exports
+    /// `localvol_resize_operations_total{device_class,result}`.
+    pub fn observe_resize(&self, class: &ClassName, result: &'static str) {
+        self.resize
+            .get_or_init(|| {
+                int_counters(
+                    &self.registry,
+                    "resize_operations_total",
+                    "Volume expansions on this node by device class and result",
+                    &["device_class", "result"],
+                )
+            })
+            .with_label_values(&[class.as_str(), result])
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
         let mut buffer = Vec::new();
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buffer)
+            .encode(&families, &mut buffer)
             .expect("text encoding cannot fail");
         String::from_utf8(buffer).expect("prometheus text is UTF-8")
     }
@@ -115,8 +327,11 @@ struct HttpState {
     health: Arc<Health>,
 }
 
-async fn render_metrics(State(state): State<HttpState>) -> String {
-    state.metrics.render()
+async fn render_metrics(State(state): State<HttpState>) -> ([(header::HeaderName, &'static str); 1], String) {
+    (
+        [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+        state.metrics.render(),
+    )
 }
 
 async fn healthz(State(state): State<HttpState>) -> (StatusCode, String) {
@@ -148,4 +363,126 @@ pub async fn serve_http(
         .with_state(HttpState { metrics, health });
     let listener = tokio::net::TcpListener::bind(addr).await?;
     Ok(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(name: &str) -> ClassName {
+        ClassName::parse(name).unwrap()
+    }
+
+    fn has_line(text: &str, line: &str) -> bool {
+        text.lines().any(|l| l == line)
+    }
+
+    #[test]
+    fn class_stats_are_set_and_dropped_on_failure() {
+        let m = Metrics::new();
+        let stats = ClassStats {
+            volumes: 3,
+            provisioned_bytes: 3 << 30,
+            capacity: ClassCapacity {
+                available: 7 << 30,
+                total: 10 << 30,
+                max_volume: 7 << 30,
+            },
+        };
+        m.set_class_stats(&class("fast"), stats);
+        let text = m.render();
+        for line in [
+            r#"localvol_volumes{device_class="fast"} 3"#,
+            r#"localvol_provisioned_bytes{device_class="fast"} 3221225472"#,
+            r#"localvol_capacity_bytes{device_class="fast",kind="available"} 7516192768"#,
+            r#"localvol_capacity_bytes{device_class="fast",kind="total"} 10737418240"#,
+        ] {
+            assert!(has_line(&text, line), "{line} missing from\n{text}");
+        }
+        assert!(!text.contains("stats_refresh_errors_total{"));
+        m.class_stats_failed(&class("fast"));
+        let text = m.render();
+        assert!(!text.contains(r#"device_class="fast",kind"#), "{text}");
+        assert!(!text.contains(r#"localvol_volumes{"#), "{text}");
+        assert!(has_line(
+            &text,
+            r#"localvol_stats_refresh_errors_total{device_class="fast"} 1"#
+        ));
+    }
+
+    #[test]
+    fn hooks_register_their_metrics_only_when_first_used() {
+        let m = Metrics::new();
+        let before = m.render();
+        for name in ["thin_pool", "reclaim", "resize"] {
+            assert!(!before.contains(name), "{name} exported before use");
+        }
+        assert!(has_line(
+            &before,
+            &format!(
+                r#"localvol_build_info{{version="{}"}} 1"#,
+                env!("CARGO_PKG_VERSION")
+            )
+        ));
+        assert!(before.contains("process_resident_memory_bytes "), "{before}");
+
+        let thin = class("thin");
+        m.set_thin_pool_usage(&thin, 42.5, 7.0);
+        m.set_thin_pool_usage(&thin, 50.0, 8.0);
+        m.observe_reclaim(&thin, "ok", 4096, Duration::from_millis(1500));
+        m.observe_reclaim(&thin, "busy", 0, Duration::from_millis(1));
+        m.observe_resize(&thin, "ok");
+        m.observe_resize(&thin, "ok");
+        let text = m.render();
+        for line in [
+            r#"localvol_thin_pool_data_ratio{device_class="thin"} 0.5"#,
+            r#"localvol_thin_pool_metadata_ratio{device_class="thin"} 0.08"#,
+            r#"localvol_reclaim_operations_total{device_class="thin",result="ok"} 1"#,
+            r#"localvol_reclaim_operations_total{device_class="thin",result="busy"} 1"#,
+            r#"localvol_reclaimed_bytes_total{device_class="thin"} 4096"#,
+            r#"localvol_reclaim_duration_seconds_count{device_class="thin"} 2"#,
+            r#"localvol_resize_operations_total{device_class="thin",result="ok"} 2"#,
+        ] {
+            assert!(has_line(&text, line), "{line} missing from\n{text}");
+        }
+        // Clones share the registry and the lazily registered metrics.
+        m.clone().observe_resize(&thin, "ok");
+        assert!(has_line(
+            &m.render(),
+            r#"localvol_resize_operations_total{device_class="thin",result="ok"} 3"#
+        ));
+    }
+
+    /// deploy/grafana/localvol.json may only query metrics this module exports.
+    #[test]
+    fn the_dashboard_uses_only_exported_metrics() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/localvol.json");
+        let dashboard = std::fs::read_to_string(path).unwrap();
+        let m = Metrics::new();
+        let class = class("fast");
+        m.set_class_stats(&class, ClassStats::default());
+        m.class_stats_failed(&class);
+        m.set_class_stats(&class, ClassStats::default());
+        m.observe_rpc("CreateVolume", tonic::Code::Ok, Instant::now());
+        let exported = m.render();
+        let mut checked = 0;
+        for prefix in ["localvol_", "process_"] {
+            for (start, _) in dashboard.match_indices(prefix) {
+                let name: String = dashboard[start..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                let family = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name);
+                assert!(
+                    exported.contains(&format!("# TYPE {family} ")),
+                    "the dashboard queries {name}, which localvol does not export"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 10, "only {checked} metric references found in {path}");
+    }
 }

@@ -112,9 +112,13 @@ pub struct MountTable {
 
 impl MountTable {
     pub async fn read(host: &Host) -> Result<Self, MountError> {
-        let text = host.syscalls.mountinfo().await?;
+        Self::parse(&host.syscalls.mountinfo().await?)
+    }
+
+    /// A table from mountinfo text.
+    pub fn parse(mountinfo: &str) -> Result<Self, MountError> {
         Ok(Self {
-            entries: parse_mountinfo(&text)?,
+            entries: parse_mountinfo(mountinfo)?,
         })
     }
 

@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use common::{Daemon, loops_under, mounts_under, require_root};
+use common::{Daemon, loops_under, mounts_under, privileged};
 use localvol::proto::csi::v1 as csi;
 use tonic::Code;
 
@@ -197,7 +197,7 @@ fn bytes_total(s: &csi::NodeGetVolumeStatsResponse) -> i64 {
 }
 
 async fn filesystem_lifecycle(fs: &str) {
-    let d = Daemon::start("node-a").await;
+    let d = Daemon::start(&[]).await;
     let cap = mount_cap(fs);
     let vol = create(&d, &format!("pvc-{fs}"), 320 * MIB, &cap).await;
     assert_eq!(vol.capacity_bytes, 320 * MIB);
@@ -275,24 +275,24 @@ async fn filesystem_lifecycle(fs: &str) {
 
 #[tokio::test]
 async fn ext4_lifecycle_with_online_growth() {
-    if require_root("ext4_lifecycle_with_online_growth") {
+    if privileged() {
         filesystem_lifecycle("ext4").await;
     }
 }
 
 #[tokio::test]
 async fn xfs_lifecycle_with_online_growth() {
-    if require_root("xfs_lifecycle_with_online_growth") {
+    if privileged() {
         filesystem_lifecycle("xfs").await;
     }
 }
 
 #[tokio::test]
 async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
-    if !require_root("block_lifecycle") {
+    if !privileged() {
         return;
     }
-    let d = Daemon::start("node-a").await;
+    let d = Daemon::start(&[]).await;
     let cap = block_cap();
     let vol = create(&d, "pvc-block", 16 * MIB, &cap).await;
     stage(&d, &vol.volume_id, &cap).await.unwrap();
@@ -345,11 +345,11 @@ async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
 
 #[tokio::test]
 async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
-    if !require_root("expansion_that_cannot_fit") {
+    if !privileged() {
         return;
     }
     // The default loop class of the test daemon holds 1 GiB.
-    let d = Daemon::start("node-a").await;
+    let d = Daemon::start(&[]).await;
     let cap = mount_cap("xfs");
     let vol = create(&d, "pvc-too-big-to-grow", 320 * MIB, &cap).await;
     stage(&d, &vol.volume_id, &cap).await.unwrap();
@@ -392,10 +392,10 @@ async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
 
 #[tokio::test]
 async fn state_survives_a_restart() {
-    if !require_root("state_survives_a_restart") {
+    if !privileged() {
         return;
     }
-    let d = Daemon::start("node-a").await;
+    let d = Daemon::start(&[]).await;
     let cap = mount_cap("ext4");
     let vol = create(&d, "pvc-restart", 64 * MIB, &cap).await;
     stage(&d, &vol.volume_id, &cap).await.unwrap();
@@ -403,7 +403,7 @@ async fn state_survives_a_restart() {
     let dir = d.stop().await;
 
     // A new daemon knows the volume from disk and the mount table alone.
-    let d = Daemon::start_in(dir, "node-a", 1 << 30).await;
+    let d = Daemon::start_in(dir, &[]).await;
     let listed = d
         .controller()
         .await
@@ -422,10 +422,10 @@ async fn state_survives_a_restart() {
 
 #[tokio::test]
 async fn bad_requests_get_precise_codes_and_change_nothing() {
-    if !require_root("bad_requests") {
+    if !privileged() {
         return;
     }
-    let d = Daemon::start("node-a").await;
+    let d = Daemon::start(&[]).await;
     let cap = mount_cap("ext4");
     let vol = create(&d, "pvc-bad", 16 * MIB, &cap).await;
     let files_before: Vec<_> = walk(d.dir.path());
@@ -535,7 +535,7 @@ async fn bad_requests_get_precise_codes_and_change_nothing() {
 
 #[tokio::test]
 async fn identity_and_probe() {
-    let d = Daemon::start("node-a").await;
+    let d = Daemon::start(&[]).await;
     let mut identity = d.identity().await;
     let info = identity
         .get_plugin_info(csi::GetPluginInfoRequest {})
@@ -553,11 +553,11 @@ async fn identity_and_probe() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(node_info.node_id, "node-a");
+    assert_eq!(node_info.node_id, "test-node");
     let topology: HashMap<_, _> = node_info.accessible_topology.unwrap().segments;
     assert_eq!(
         topology.get("topology.localvol.csi.dev/node").map(String::as_str),
-        Some("node-a")
+        Some("test-node")
     );
     d.stop().await;
 }

@@ -108,6 +108,13 @@ impl Backend {
         }
     }
 
+    /// Makes what the class needs on the machine (the loop directory); idempotent.
+    pub async fn prepare(&self) -> Result<(), BackendError> {
+        match self {
+            Backend::Loop(b) => b.prepare().await,
+        }
+    }
+
     /// Sizes are rounded up to a multiple of this.
     pub fn alignment(&self) -> u64 {
         match self {

@@ -16,6 +16,7 @@ use tracing::{Instrument, info_span, warn};
 
 use crate::error::Error;
 use crate::health::Health;
+use crate::k8s::OwnerCheck;
 use crate::locks::{VolumeGuard, VolumeLocks};
 use crate::metrics::Metrics;
 use crate::model::Token;
@@ -35,6 +36,8 @@ pub struct Driver {
     pub resize: crate::resize::NodeReporting,
     pub metrics: Metrics,
     pub health: Arc<Health>,
+    /// Generic ephemeral volume owner check before stage and publish (off: standalone).
+    pub owner_check: OwnerCheck,
     /// Upper bound kubelet is told for volumes on this node (0: no limit).
     pub max_volumes_per_node: i64,
 }

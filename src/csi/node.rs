@@ -41,6 +41,7 @@ impl Node for NodeService {
         self.0
             .observe("NodeStageVolume", &raw.volume_id, async {
                 let req = StageRequest::try_from(&raw)?;
+                self.0.owner_check.before_stage(&req).await?;
                 let guard = self.0.lock(&req.id.token, "NodeStageVolume")?;
                 self.0.volumes.stage(&guard, &req).await?;
                 Ok(csi::NodeStageVolumeResponse {})
@@ -71,6 +72,7 @@ impl Node for NodeService {
         self.0
             .observe("NodePublishVolume", &raw.volume_id, async {
                 let req = PublishRequest::try_from(&raw)?;
+                self.0.owner_check.before_publish(&req).await?;
                 let guard = self.0.lock(&req.id.token, "NodePublishVolume")?;
                 self.0.volumes.publish(&guard, &req).await?;
                 Ok(csi::NodePublishVolumeResponse {})
@@ -189,5 +191,181 @@ impl Node for NodeService {
                 segments: self.0.volumes.topology().into_iter().collect(),
             }),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::Arc;
+
+    use tonic::{Code, Request};
+
+    use super::*;
+    use crate::backend::{Backend, LoopBackend};
+    use crate::health::Health;
+    use crate::host::Host;
+    use crate::host::fake::{FakeCommands, FakeSyscalls};
+    use crate::k8s::fixtures::{self as k8s, Uses};
+    use crate::k8s::{Checker, OwnerCheck};
+    use crate::locks::VolumeLocks;
+    use crate::metrics::Metrics;
+    use crate::model::{ClassName, Token, VolumeId};
+    use crate::proto::csi::v1::node_server::Node as _;
+    use crate::volume::Volumes;
+
+    struct Node {
+        service: NodeService,
+        commands: Arc<FakeCommands>,
+        syscalls: FakeSyscalls,
+        dir: tempfile::TempDir,
+    }
+
+    fn node(checker: Checker) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let commands = Arc::new(FakeCommands::default());
+        let syscalls = FakeSyscalls::default();
+        let host = Host {
+            commands: commands.clone(),
+            syscalls: Arc::new(syscalls.clone()),
+        };
+        let class = ClassName::parse("default").unwrap();
+        let backend = LoopBackend::new(class.clone(), dir.path().join("loop"), 1 << 30, host.clone());
+        let volumes = Arc::new(Volumes::new(
+            vec![Backend::Loop(backend)],
+            class,
+            BTreeMap::new(),
+            host,
+            k8s::NODE.to_string(),
+        ));
+        let driver = Driver {
+            health: Arc::new(Health::new(Arc::clone(&volumes))),
+            volumes,
+            locks: VolumeLocks::default(),
+            metrics: Metrics::new(),
+            owner_check: OwnerCheck::On(Arc::new(checker)),
+            resize: Default::default(),
+            max_volumes_per_node: 0,
+        };
+        Node {
+            service: NodeService(Arc::new(driver)),
+            commands,
+            syscalls,
+            dir,
+        }
+    }
+
+    fn volume_id() -> String {
+        VolumeId::new(ClassName::parse("default").unwrap(), Token::for_name("pvc-1")).to_string()
+    }
+
+    fn capability() -> Option<csi::VolumeCapability> {
+        use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+        Some(csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+        })
+    }
+
+    fn claim_context() -> HashMap<String, String> {
+        [
+            ("csi.storage.k8s.io/pvc/name", "web-0-data"),
+            ("csi.storage.k8s.io/pvc/namespace", k8s::NS),
+            ("csi.storage.k8s.io/pod.name", "web-0"),
+            ("csi.storage.k8s.io/pod.namespace", k8s::NS),
+            ("csi.storage.k8s.io/pod.uid", "uid-a"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    #[tokio::test]
+    async fn a_refused_stage_or_publish_changes_nothing_on_the_host() {
+        let claim = k8s::pvc("web-0-data", "pvc-1", None, None);
+        let pod = k8s::pod("web-0", "uid-a", k8s::NODE, &[Uses::Ephemeral("data")]);
+        let (client, server) = k8s::mock_api(vec![
+            k8s::get(k8s::pvc_uri("web-0-data"), k8s::ok(&claim)),
+            k8s::get(k8s::pvc_uri("web-0-data"), k8s::ok(&claim)),
+            k8s::get(k8s::pod_uri("web-0"), k8s::ok(&pod)),
+            k8s::event("Pod", "web-0", vec![]),
+            k8s::event("PersistentVolumeClaim", "web-0-data", vec![]),
+        ]);
+        let node = node(k8s::checker(client, vec![pod.clone()], true));
+        let staging = node.dir.path().join("staging");
+        let target = node.dir.path().join("target");
+        let status = node
+            .service
+            .node_publish_volume(Request::new(csi::NodePublishVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: staging.display().to_string(),
+                target_path: target.display().to_string(),
+                volume_capability: capability(),
+                volume_context: claim_context(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition, "{}", status.message());
+        assert!(
+            status.message().contains("apps/web-0-data"),
+            "{}",
+            status.message()
+        );
+        assert!(node.commands.calls().is_empty(), "{:?}", node.commands.calls());
+        assert!(node.syscalls.calls().is_empty(), "{:?}", node.syscalls.calls());
+        assert!(!target.exists());
+        drop(node);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn unstage_unpublish_and_stats_never_ask_the_api() {
+        // No request is scripted and the cache never synced: any API use would fail.
+        let (client, server) = k8s::mock_api(vec![]);
+        let node = node(k8s::checker(client, vec![], false));
+        let target = node.dir.path().join("target");
+        node.service
+            .node_unpublish_volume(Request::new(csi::NodeUnpublishVolumeRequest {
+                volume_id: volume_id(),
+                target_path: target.display().to_string(),
+            }))
+            .await
+            .unwrap();
+        let unstage = node
+            .service
+            .node_unstage_volume(Request::new(csi::NodeUnstageVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: node.dir.path().join("staging").display().to_string(),
+            }))
+            .await;
+        assert!(unstage.is_ok(), "{unstage:?}");
+        let stats = node
+            .service
+            .node_get_volume_stats(Request::new(csi::NodeGetVolumeStatsRequest {
+                volume_id: volume_id(),
+                volume_path: target.display().to_string(),
+                staging_target_path: String::new(),
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(stats.code(), Code::NotFound, "{}", stats.message());
+        // While stage, with a claim, needs the synced cache.
+        let stage = node
+            .service
+            .node_stage_volume(Request::new(csi::NodeStageVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: node.dir.path().join("staging").display().to_string(),
+                volume_capability: capability(),
+                volume_context: claim_context(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(stage.code(), Code::Unavailable, "{}", stage.message());
+        drop(node);
+        server.await.unwrap();
     }
 }

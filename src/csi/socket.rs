@@ -97,6 +97,22 @@ pub fn bind_private(path: &Path) -> Result<UnixListener, SocketError> {
     result
 }
 
+/// A gRPC channel to the server listening on the unix socket at `path`: the client side
+/// of [`bind_private`], for `localvol status` and tests. The URI is a placeholder that
+/// tonic needs; every connection goes to `path`.
+pub async fn connect(path: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

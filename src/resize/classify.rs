@@ -16,6 +16,7 @@ use crate::backend::BackendError;
 use crate::error::Error;
 use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
+use crate::k8s::OwnerError;
 use crate::locks::LockError;
 use crate::mount::MountError;
 use crate::volume::VolumeError;
@@ -47,6 +48,15 @@ pub fn classify(cause: Cause<'_>) -> Failure {
             // The request itself is wrong: the same request fails the same way.
             Error::Validation(_) => Terminal,
             Error::Busy(LockError::Busy { .. }) => Transient,
+            // The owner check runs before stage and publish, not expansion; decided
+            // all the same, as its codes are.
+            Error::Owner(o) => match o {
+                OwnerError::Refused(_) | OwnerError::NoPodInfo { .. } | OwnerError::ClaimNotFound { .. } => {
+                    Terminal
+                }
+                OwnerError::NotSynced | OwnerError::Timeout { .. } => Transient,
+                OwnerError::Api { source, .. } => api(source),
+            },
             Error::Volume(v) => match v {
                 VolumeError::NotFound(_)
                 | VolumeError::UnknownClass(_)
@@ -407,6 +417,11 @@ mod tests {
                 Terminal,
             ),
             ("unknown volume id", VolumeError::NotFound(id()).into(), Terminal),
+            (
+                "pod cache not synced yet",
+                OwnerError::NotSynced.into(),
+                Transient,
+            ),
             (
                 "device class unusable for now (VG missing)",
                 VolumeError::Backend(BackendError::Unavailable {

@@ -1,120 +1,261 @@
-//! Shared by the integration tests: an in-process daemon on temporary paths and CSI
-//! clients connected to its socket.
-#![allow(dead_code)]
+//! An in-process localvol daemon on temporary paths, and what tests need to drive it.
+#![allow(dead_code)] // each test binary uses its own part of this module
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use localvol::config::{Config, LogFormat, ServeArgs};
-use localvol::proto::csi::v1::controller_client::ControllerClient;
-use localvol::proto::csi::v1::identity_client::IdentityClient;
-use localvol::proto::csi::v1::node_client::NodeClient;
+use clap::Parser;
+use localvol::config::{Cli, Command, Config};
+use localvol::proto::csi::v1 as csi;
 use tokio::sync::oneshot;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
 
-/// Privileged tests need root. Without it they fail, loudly, unless the caller opts
-/// out with SKIP_PRIVILEGED=1 (then they say so and pass).
-pub fn require_root(test: &str) -> bool {
+/// True when the privileged part (loop devices, mkfs, mount) can run. Not being root
+/// fails the test unless SKIP_PRIVILEGED=1 says skipping is intended.
+pub fn privileged() -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
     if std::env::var("SKIP_PRIVILEGED").as_deref() == Ok("1") {
-        eprintln!("{test}: SKIPPED (not root, SKIP_PRIVILEGED=1)");
+        eprintln!("SKIP_PRIVILEGED=1: skipping the stage/publish part (needs root)");
         return false;
     }
-    panic!("{test} needs root (loop devices, mount); run as root or set SKIP_PRIVILEGED=1");
+    panic!(
+        "this test stages and publishes a loop volume and must run as root; \
+         set SKIP_PRIVILEGED=1 to run only its unprivileged part"
+    );
+}
+
+/// A free port on 127.0.0.1 (bound, then released for the daemon to take).
+fn free_local_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 pub struct Daemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
+    pub registration_socket: PathBuf,
+    pub metrics_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Daemon {
-    /// Starts `localvol serve` in this process with the default loop class under a
-    /// temporary data dir.
-    pub async fn start(node_id: &str) -> Self {
+    /// Starts `localvol serve` in this process, configured as the command line would
+    /// be (standalone: `--kube off`), and waits until its CSI socket answers.
+    pub async fn start(extra_args: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("localvol-test-")
             .tempdir()
             .unwrap();
-        Self::start_in(dir, node_id, 1 << 30).await
+        Self::start_in(dir, extra_args).await
     }
 
-    pub async fn start_in(dir: tempfile::TempDir, node_id: &str, loop_capacity: u64) -> Self {
-        let socket = dir.path().join("csi.sock");
-        let args = ServeArgs {
-            endpoint: format!("unix://{}", socket.display()),
-            node_id: Some(node_id.to_string()),
-            data_dir: dir.path().join("data"),
-            metrics_addr: "127.0.0.1:0".parse().unwrap(),
-            config: None,
-            loop_capacity,
-            resize: Default::default(),
-            log_format: LogFormat::Text,
+    /// Like [`Daemon::start`], on an existing directory: a restart after [`Daemon::stop`].
+    pub async fn start_in(dir: tempfile::TempDir, extra_args: &[&str]) -> Self {
+        let socket = dir.path().join("csi/csi.sock");
+        let registry = dir.path().join("plugins_registry");
+        // As kubelet would have made it: registration only happens where it exists.
+        std::fs::create_dir_all(&registry).unwrap();
+        let data = dir.path().join("data");
+        let metrics_addr = free_local_addr();
+        let endpoint = format!("unix://{}", socket.display());
+        let metrics = metrics_addr.to_string();
+        let mut argv = vec![
+            "localvol",
+            "serve",
+            "--node-id",
+            "test-node",
+            "--endpoint",
+            &endpoint,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--registration-dir",
+            registry.to_str().unwrap(),
+            "--metrics-addr",
+            &metrics,
+            "--loop-capacity",
+            "2Gi",
+            "--stats-interval",
+            "1s",
+            "--kube",
+            "off",
+        ];
+        argv.extend_from_slice(extra_args);
+        let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!("parsed as serve")
         };
         let config = Config::from_args(&args).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(localvol::app::serve(config, async move {
+        let task = tokio::spawn(localvol::app::serve(config, async {
             let _ = stopped.await;
         }));
         for _ in 0..200 {
-            if socket.exists() {
+            if tokio::net::UnixStream::connect(&socket).await.is_ok() {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(!task.is_finished(), "the daemon exited during start-up");
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        assert!(socket.exists(), "daemon did not create its socket");
         Self {
+            registration_socket: registry.join("localvol.csi.dev-reg.sock"),
             dir,
             socket,
+            metrics_addr,
             stop: Some(stop),
             task: Some(task),
         }
     }
 
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// A path inside the daemon's temporary directory.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
+    pub async fn node(&self) -> csi::node_client::NodeClient<Channel> {
+        csi::node_client::NodeClient::new(self.channel().await)
+    }
+
+    pub async fn controller(&self) -> csi::controller_client::ControllerClient<Channel> {
+        csi::controller_client::ControllerClient::new(self.channel().await)
+    }
+
+    pub async fn identity(&self) -> csi::identity_client::IdentityClient<Channel> {
+        csi::identity_client::IdentityClient::new(self.channel().await)
+    }
+
     pub async fn channel(&self) -> Channel {
-        connect(&self.socket).await
+        localvol::csi::socket::connect(&self.socket).await.unwrap()
     }
 
-    pub async fn node(&self) -> NodeClient<Channel> {
-        NodeClient::new(self.channel().await)
+    /// GET over plain HTTP/1.1; returns the status code and the body.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let addr = self.metrics_addr;
+        let path = path.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).unwrap();
+            let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+            let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+            (code, body.to_string())
+        })
+        .await
+        .unwrap()
     }
 
-    pub async fn controller(&self) -> ControllerClient<Channel> {
-        ControllerClient::new(self.channel().await)
+    /// Scrapes /metrics until `line` appears (the stats task refreshes every second).
+    pub async fn wait_for_metric(&self, line: &str) -> String {
+        let mut text = String::new();
+        for _ in 0..50 {
+            text = self.get("/metrics").await.1;
+            if text.lines().any(|l| l == line) {
+                return text;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{line:?} did not appear in /metrics within 5s:\n{text}");
     }
 
-    pub async fn identity(&self) -> IdentityClient<Channel> {
-        IdentityClient::new(self.channel().await)
-    }
-
-    /// Stops the daemon (as SIGTERM would) and returns its data directory.
+    /// Stops the daemon as SIGTERM would, waits for it to finish, and hands back its
+    /// directory (for a restart with [`Daemon::start_in`]).
     pub async fn stop(mut self) -> tempfile::TempDir {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap().unwrap();
-        let dir = tempfile::TempDir::new().unwrap();
-        std::mem::replace(&mut self.dir, dir)
+        self.stop.take().unwrap().send(()).unwrap();
+        let task = self.task.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("the daemon stops within 20s")
+            .unwrap()
+            .unwrap();
+        self.dir
     }
 }
 
-pub async fn connect(socket: &Path) -> Channel {
-    let socket = socket.to_path_buf();
-    Endpoint::try_from("http://localvol.invalid")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
-        }))
-        .await
-        .unwrap()
+pub fn mount_capability() -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+pub fn create_request(name: &str, bytes: i64, pvc: (&str, &str)) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_capability()],
+        parameters: [
+            ("csi.storage.k8s.io/pvc/namespace", pvc.0),
+            ("csi.storage.k8s.io/pvc/name", pvc.1),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        ..Default::default()
+    }
+}
+
+/// kubelet's staging and publish paths for a volume, below `root`.
+pub fn kubelet_paths(root: &Path, pv: &str, pod_uid: &str) -> (PathBuf, PathBuf) {
+    (
+        root.join(format!(
+            "plugins/kubernetes.io/csi/localvol.csi.dev/{pv}/globalmount"
+        )),
+        root.join(format!("pods/{pod_uid}/volumes/kubernetes.io~csi/{pv}/mount")),
+    )
+}
+
+/// Unmounts what a failed test may have left mounted below `root` and detaches loop
+/// devices backed by files below `data`, so a failure does not leak into the host.
+pub struct Cleanup {
+    pub mounts: Vec<PathBuf>,
+    pub data: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for path in self.mounts.iter().rev() {
+            while nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+        }
+        let Ok(entries) = std::fs::read_dir("/sys/block") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
+            if Path::new(backing.trim()).starts_with(&self.data) {
+                let device = Path::new("/dev").join(entry.file_name());
+                let _ = std::process::Command::new("losetup")
+                    .arg("-d")
+                    .arg(device)
+                    .status();
+            }
+        }
+    }
 }
 
 /// Mount points under `dir` in this mount namespace.

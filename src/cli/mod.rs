@@ -1,0 +1,3 @@
+//! Subcommands other than `serve`: clients of a running daemon.
+
+pub mod status;

@@ -1,0 +1,287 @@
+//! The ownership check against the API: find the claim behind a volume, read the pods the
+//! rules in [`super::owner`] need, decide, and on a refusal record events.
+//!
+//! A first attempt reads from caches. A refusal that rests on anything cached is only
+//! returned after a second attempt from the API alone: a cache "is just a cache, and may
+//! be out of date", and a refusal blocks a pod.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::runtime::reflector::Store;
+use tracing::{debug, warn};
+
+use super::events::Events;
+use super::lookup::{Lookup, Read, Source};
+use super::owner::{self, ClaimView, Decision, ObjectId, PodView};
+use super::{API_TIMEOUT, OBJECT_TTL, OwnerError, Synced};
+use crate::csi::DRIVER_NAME;
+use crate::request::{ClaimRef, PodInfo, VolumeContext};
+
+#[derive(Debug)]
+pub struct Checker {
+    lookup: Lookup,
+    events: Events,
+    synced: Synced,
+    node: String,
+}
+
+/// One attempt's decision, whether it rested on a cached read, and the pods to tell.
+struct Attempt {
+    decision: Decision,
+    cached: bool,
+    pods: Vec<ObjectId>,
+}
+
+impl Checker {
+    pub fn new(client: Client, pods: Store<Pod>, synced: Synced, node: String) -> Self {
+        Self::with_timings(client, pods, synced, node, OBJECT_TTL, API_TIMEOUT)
+    }
+
+    pub fn with_timings(
+        client: Client,
+        pods: Store<Pod>,
+        synced: Synced,
+        node: String,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            events: Events::new(client.clone(), &node, timeout),
+            lookup: Lookup::new(client, pods, ttl, timeout),
+            synced,
+            node,
+        }
+    }
+
+    pub async fn stage(&self, volume: &str, context: &VolumeContext) -> Result<(), OwnerError> {
+        self.run("NodeStageVolume", volume, context, |source| {
+            self.stage_attempt(volume, &context.claim, source)
+        })
+        .await
+    }
+
+    pub async fn publish(&self, volume: &str, context: &VolumeContext) -> Result<(), OwnerError> {
+        self.run("NodePublishVolume", volume, context, |source| {
+            self.publish_attempt(volume, context, source)
+        })
+        .await
+    }
+
+    async fn run<'a, F, Fut>(
+        &'a self,
+        action: &str,
+        volume: &str,
+        context: &VolumeContext,
+        attempt: F,
+    ) -> Result<(), OwnerError>
+    where
+        F: Fn(Source) -> Fut,
+        Fut: Future<Output = Result<Option<Attempt>, OwnerError>> + 'a,
+    {
+        // Without a claim (standalone use, csi-sanity) there is nothing to check, and no
+        // cache is needed to know that.
+        if context.claim == ClaimRef::default() {
+            debug!("no Kubernetes claim in the volume context: no owner check");
+            return Ok(());
+        }
+        if !self.synced.get() {
+            return Err(OwnerError::NotSynced);
+        }
+        let Some(mut result) = attempt(Source::Cache).await? else {
+            return Ok(());
+        };
+        if matches!(result.decision, Decision::Refused(_)) && result.cached {
+            debug!("refusal rests on cached reads; reading again from the API");
+            match attempt(Source::Api).await? {
+                Some(fresh) => result = fresh,
+                None => return Ok(()),
+            }
+        }
+        match result.decision {
+            Decision::Allowed => Ok(()),
+            Decision::Refused(refusal) => {
+                warn!(volume.id = volume, %refusal, "{action} refused");
+                self.events.refused(action, &refusal, &result.pods).await;
+                Err(OwnerError::Refused(refusal))
+            }
+        }
+    }
+
+    /// The claim behind the volume: named in the volume context, else found through the
+    /// PV (its `claimRef`). A context naming a claim bound to another PV is stale (the PV
+    /// was re-bound); the PV then decides. None: no claim is known at all.
+    async fn claim(
+        &self,
+        volume: &str,
+        claim: &ClaimRef,
+        source: Source,
+    ) -> Result<Option<Read<ClaimView>>, OwnerError> {
+        if let (Some(namespace), Some(name)) = (&claim.pvc_namespace, &claim.pvc_name) {
+            match self.lookup.pvc(namespace, name, source).await? {
+                Some(read) => {
+                    let view = ClaimView::from_pvc(&read.value);
+                    match (&claim.pv_name, &view.volume_name) {
+                        (Some(pv), Some(bound)) if pv != bound => {
+                            debug!(pvc = %view.id, pv, bound, "claim in the volume context is bound elsewhere");
+                        }
+                        _ => {
+                            return Ok(Some(Read {
+                                value: view,
+                                cached: read.cached,
+                            }));
+                        }
+                    }
+                }
+                None if claim.pv_name.is_none() => {
+                    return Err(OwnerError::ClaimNotFound {
+                        volume: volume.to_string(),
+                        reason: format!("PersistentVolumeClaim {namespace}/{name} does not exist"),
+                    });
+                }
+                None => {}
+            }
+        }
+        let Some(pv_name) = &claim.pv_name else {
+            return Ok(None);
+        };
+        self.claim_from_pv(volume, pv_name, source).await.map(Some)
+    }
+
+    async fn claim_from_pv(
+        &self,
+        volume: &str,
+        pv_name: &str,
+        source: Source,
+    ) -> Result<Read<ClaimView>, OwnerError> {
+        let not_found = |reason: String| OwnerError::ClaimNotFound {
+            volume: volume.to_string(),
+            reason,
+        };
+        let pv = self
+            .lookup
+            .pv(pv_name, source)
+            .await?
+            .ok_or_else(|| not_found(format!("PersistentVolume {pv_name} does not exist")))?;
+        let spec = pv.value.spec.as_ref();
+        let csi = spec.and_then(|s| s.csi.as_ref());
+        if csi.is_none_or(|c| c.driver != DRIVER_NAME || c.volume_handle != volume) {
+            return Err(not_found(format!(
+                "PersistentVolume {pv_name} is not this volume of {DRIVER_NAME}"
+            )));
+        }
+        let claim_ref = spec
+            .and_then(|s| s.claim_ref.as_ref())
+            .ok_or_else(|| not_found(format!("PersistentVolume {pv_name} is not bound")))?;
+        let (Some(namespace), Some(name)) = (&claim_ref.namespace, &claim_ref.name) else {
+            return Err(not_found(format!(
+                "PersistentVolume {pv_name} has an incomplete claimRef"
+            )));
+        };
+        let pvc = self.lookup.pvc(namespace, name, source).await?.ok_or_else(|| {
+            not_found(format!(
+                "PersistentVolume {pv_name} is bound to {namespace}/{name}, which does not exist"
+            ))
+        })?;
+        let view = ClaimView::from_pvc(&pvc.value);
+        if claim_ref.uid.as_ref().is_some_and(|uid| *uid != view.id.uid) {
+            return Err(not_found(format!(
+                "PersistentVolume {pv_name} is bound to {namespace}/{name} with another uid than {}",
+                view.id.uid
+            )));
+        }
+        Ok(Read {
+            value: view,
+            cached: pv.cached || pvc.cached,
+        })
+    }
+
+    async fn stage_attempt(
+        &self,
+        volume: &str,
+        claim: &ClaimRef,
+        source: Source,
+    ) -> Result<Option<Attempt>, OwnerError> {
+        let Some(claim) = self.claim(volume, claim, source).await? else {
+            return Ok(None);
+        };
+        let mut cached = claim.cached;
+        let claim = claim.value;
+        let owner = match claim.pod_controller() {
+            None => None,
+            Some(controller) => {
+                let pod = self
+                    .lookup
+                    .pod(&claim.id.namespace, &controller.name, source, |p| {
+                        p.metadata.uid.as_deref() == Some(controller.uid.as_str())
+                    })
+                    .await?;
+                cached |= pod.as_ref().is_some_and(|p| p.cached);
+                pod.map(|p| PodView::from_pod(&p.value))
+            }
+        };
+        let decision = owner::decide_stage(&claim, &self.node, owner.as_ref());
+        // The pods waiting for this volume are the ones on this node that name the claim.
+        let pods = match decision {
+            Decision::Allowed => Vec::new(),
+            Decision::Refused(_) => self
+                .lookup
+                .cached_pods(|p| PodView::from_pod(p).uses(&claim.id))
+                .iter()
+                .map(|p| PodView::from_pod(p).id)
+                .collect(),
+        };
+        Ok(Some(Attempt {
+            decision,
+            cached,
+            pods,
+        }))
+    }
+
+    async fn publish_attempt(
+        &self,
+        volume: &str,
+        context: &VolumeContext,
+        source: Source,
+    ) -> Result<Option<Attempt>, OwnerError> {
+        let Some(claim) = self.claim(volume, &context.claim, source).await? else {
+            return Ok(None);
+        };
+        let mut cached = claim.cached;
+        let claim = claim.value;
+        let Some(requester) = &context.pod else {
+            return Err(OwnerError::NoPodInfo {
+                volume: volume.to_string(),
+                pvc: claim.id.to_string(),
+            });
+        };
+        let pod = if owner::publish_needs_pod(&claim) {
+            let pod = self.requester(requester, source).await?;
+            cached |= pod.as_ref().is_some_and(|p| p.cached);
+            pod.map(|p| PodView::from_pod(&p.value))
+        } else {
+            None
+        };
+        Ok(Some(Attempt {
+            decision: owner::decide_publish(&claim, requester, pod.as_ref()),
+            cached,
+            pods: vec![ObjectId {
+                namespace: requester.namespace.clone(),
+                name: requester.name.clone(),
+                uid: requester.uid.clone(),
+            }],
+        }))
+    }
+
+    /// The pod a publish is for, by name and with the UID kubelet gave.
+    async fn requester(&self, pod: &PodInfo, source: Source) -> Result<Option<Read<Arc<Pod>>>, OwnerError> {
+        let same_uid = |p: &Pod| p.metadata.uid.as_deref() == Some(pod.uid.as_str());
+        let found = self
+            .lookup
+            .pod(&pod.namespace, &pod.name, source, same_uid)
+            .await?;
+        Ok(found.filter(|p| same_uid(&p.value)))
+    }
+}

@@ -1,0 +1,310 @@
+//! Test fixtures: Kubernetes objects built with k8s-openapi types, and a scripted mock
+//! API server that asserts each request (method, path and query) in order and answers
+//! from the script. Any request past the script fails the test.
+
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, Container, EphemeralVolumeSource, ObjectReference, PersistentVolume,
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
+    PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, Pod, PodSpec, Volume,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tower_test::mock::{self, Handle};
+
+use super::{Checker, Synced};
+
+pub const NODE: &str = "node-a";
+pub const NS: &str = "apps";
+
+/// How a pod names a claim in one of its volumes.
+pub enum Uses<'a> {
+    /// A generic ephemeral volume with this volume name: the claim is `<pod>-<name>`.
+    Ephemeral(&'a str),
+    /// A `persistentVolumeClaim` volume naming this claim.
+    Claim(&'a str),
+}
+
+pub fn pod(name: &str, uid: &str, node: &str, uses: &[Uses<'_>]) -> Pod {
+    let volumes = uses
+        .iter()
+        .map(|u| match u {
+            Uses::Ephemeral(volume) => Volume {
+                name: volume.to_string(),
+                ephemeral: Some(EphemeralVolumeSource {
+                    volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                        metadata: None,
+                        spec: PersistentVolumeClaimSpec {
+                            storage_class_name: Some("localvol".to_string()),
+                            ..PersistentVolumeClaimSpec::default()
+                        },
+                    }),
+                }),
+                ..Volume::default()
+            },
+            Uses::Claim(claim) => Volume {
+                name: "data".to_string(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.to_string(),
+                    read_only: None,
+                }),
+                ..Volume::default()
+            },
+        })
+        .collect();
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(NS.to_string()),
+            uid: Some(uid.to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.to_string()),
+            containers: vec![Container {
+                name: "app".to_string(),
+                image: Some("busybox".to_string()),
+                ..Container::default()
+            }],
+            volumes: Some(volumes),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A controller owner reference as the ephemeral volume controller sets it.
+pub fn controller(kind: &str, api_version: &str, name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: api_version.to_string(),
+        kind: kind.to_string(),
+        name: name.to_string(),
+        uid: uid.to_string(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+pub fn pod_owner(name: &str, uid: &str) -> OwnerReference {
+    controller("Pod", "v1", name, uid)
+}
+
+pub fn pvc(
+    name: &str,
+    uid: &str,
+    owner: Option<OwnerReference>,
+    volume_name: Option<&str>,
+) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(NS.to_string()),
+            uid: Some(uid.to_string()),
+            owner_references: owner.map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            volume_name: volume_name.map(str::to_string),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        status: None,
+    }
+}
+
+pub fn pv(name: &str, driver: &str, handle: &str, claim: Option<(&str, &str)>) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            csi: Some(CSIPersistentVolumeSource {
+                driver: driver.to_string(),
+                volume_handle: handle.to_string(),
+                ..CSIPersistentVolumeSource::default()
+            }),
+            claim_ref: claim.map(|(name, uid)| ObjectReference {
+                kind: Some("PersistentVolumeClaim".to_string()),
+                namespace: Some(NS.to_string()),
+                name: Some(name.to_string()),
+                uid: Some(uid.to_string()),
+                ..ObjectReference::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A Kubernetes `Status` body for an error answer.
+pub fn status(code: u16, reason: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("scripted {reason}"),
+        "reason": reason,
+        "code": code,
+    })
+}
+
+/// What the scripted server answers.
+pub enum Reply {
+    Json(StatusCode, Value),
+    /// The connection fails (the API server is down).
+    Unreachable,
+}
+
+pub fn ok<T: serde::Serialize>(object: &T) -> Reply {
+    Reply::Json(StatusCode::OK, serde_json::to_value(object).unwrap())
+}
+
+pub fn not_found() -> Reply {
+    Reply::Json(StatusCode::NOT_FOUND, status(404, "NotFound"))
+}
+
+/// Assertions on a request body, parsed as JSON.
+pub type BodyCheck = Box<dyn Fn(&Value) + Send>;
+
+/// One expected request and its answer. `check` sees the request body as JSON.
+pub struct Exchange {
+    pub method: Method,
+    pub uri: String,
+    pub reply: Reply,
+    pub check: Option<BodyCheck>,
+}
+
+pub fn get(uri: impl Into<String>, reply: Reply) -> Exchange {
+    Exchange {
+        method: Method::GET,
+        uri: uri.into(),
+        reply,
+        check: None,
+    }
+}
+
+pub fn pvc_uri(name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/persistentvolumeclaims/{name}")
+}
+
+pub fn pod_uri(name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/pods/{name}")
+}
+
+pub fn pv_uri(name: &str) -> String {
+    format!("/api/v1/persistentvolumes/{name}")
+}
+
+/// An events.k8s.io event created about `kind` `name`, with `note_has` in its note.
+pub fn event(kind: &'static str, name: &'static str, note_has: Vec<&'static str>) -> Exchange {
+    Exchange {
+        method: Method::POST,
+        uri: format!("/apis/events.k8s.io/v1/namespaces/{NS}/events?"),
+        reply: Reply::Json(StatusCode::CREATED, json!({})),
+        check: Some(Box::new(move |body: &Value| {
+            assert_eq!(body["regarding"]["kind"], kind, "{body}");
+            assert_eq!(body["regarding"]["name"], name, "{body}");
+            assert_eq!(body["type"], "Warning", "{body}");
+            assert_eq!(body["reason"], "ClaimOwnerMismatch", "{body}");
+            assert_eq!(body["reportingController"], "localvol.csi.dev", "{body}");
+            let note = body["note"].as_str().unwrap_or_default();
+            for part in &note_has {
+                assert!(note.contains(part), "note {note:?} lacks {part:?}");
+            }
+        })),
+    }
+}
+
+pub type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+/// A client wired to a scripted server. Await the handle after dropping every clone of
+/// the client: it fails if a request differed from the script, one was missing, or one
+/// came after the script ended.
+pub fn mock_api(script: Vec<Exchange>) -> (Client, JoinHandle<()>) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script));
+    (Client::new(service, "default"), server)
+}
+
+async fn serve(mut handle: ApiHandle, script: Vec<Exchange>) {
+    for (i, exchange) in script.into_iter().enumerate() {
+        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        let (request, respond) = next
+            .unwrap_or_else(|_| panic!("request {i} ({} {}) never came", exchange.method, exchange.uri))
+            .unwrap_or_else(|| {
+                panic!(
+                    "client gone before request {i} ({} {})",
+                    exchange.method, exchange.uri
+                )
+            });
+        let uri = request.uri().to_string();
+        assert_eq!(
+            (request.method(), uri.as_str()),
+            (&exchange.method, exchange.uri.as_str()),
+            "request {i}"
+        );
+        let body = request.into_body().collect_bytes().await.unwrap();
+        if let Some(check) = &exchange.check {
+            check(&serde_json::from_slice(&body).unwrap());
+        }
+        match exchange.reply {
+            Reply::Json(code, value) => respond.send_response(
+                Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&value).unwrap()))
+                    .unwrap(),
+            ),
+            Reply::Unreachable => respond.send_error(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused (scripted)",
+            )),
+        }
+    }
+    let extra = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("the client was not dropped after the script");
+    if let Some((request, _)) = extra {
+        panic!(
+            "unexpected request after the script: {} {}",
+            request.method(),
+            request.uri()
+        );
+    }
+}
+
+/// A pod cache holding `pods`, synced (or not).
+pub fn pod_cache(pods: Vec<Pod>, synced: bool) -> (Store<Pod>, Synced) {
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for pod in pods {
+        writer.apply_watcher_event(&watcher::Event::InitApply(pod));
+    }
+    let flag = Synced::default();
+    if synced {
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        flag.set();
+    }
+    (reader, flag)
+}
+
+/// A check on node [`NODE`] over `client`, its pod cache holding `pods`.
+pub fn checker(client: Client, pods: Vec<Pod>, synced: bool) -> Checker {
+    let (store, flag) = pod_cache(pods, synced);
+    Checker::with_timings(
+        client,
+        store,
+        flag,
+        NODE.to_string(),
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    )
+}

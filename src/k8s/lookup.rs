@@ -1,0 +1,177 @@
+//! Reads for the ownership check: pods from the node's watch cache, claims and volumes
+//! by name through a short TTL cache, each with the API as the fallback. Every API read
+//! has a deadline, so an unreachable API server becomes an error promptly.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client};
+
+use super::OwnerError;
+
+/// Where a read may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A cache when it has the object, else the API.
+    Cache,
+    /// The API only (the result refreshes the cache).
+    Api,
+}
+
+/// A value and whether it came from a cache (and so may be out of date).
+#[derive(Debug, Clone)]
+pub struct Read<T> {
+    pub value: T,
+    pub cached: bool,
+}
+
+/// Objects read by key, reused for `ttl`. Only found objects are kept: a miss always asks.
+#[derive(Debug)]
+struct TtlCache<T> {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, (Instant, Arc<T>)>>,
+}
+
+impl<T> TtlCache<T> {
+    fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            entries: Mutex::default(),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<Arc<T>> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < self.ttl)
+            .map(|(_, v)| Arc::clone(v))
+    }
+
+    fn put(&self, key: String, value: Option<Arc<T>>) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
+        match value {
+            Some(v) => entries.insert(key, (Instant::now(), v)),
+            None => entries.remove(&key),
+        };
+    }
+}
+
+pub struct Lookup {
+    client: Client,
+    pods: Store<Pod>,
+    pvcs: TtlCache<PersistentVolumeClaim>,
+    pvs: TtlCache<PersistentVolume>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Lookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lookup")
+            .field("pods", &self.pods.len())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lookup {
+    pub fn new(client: Client, pods: Store<Pod>, ttl: Duration, timeout: Duration) -> Self {
+        Self {
+            client,
+            pods,
+            pvcs: TtlCache::new(ttl),
+            pvs: TtlCache::new(ttl),
+            timeout,
+        }
+    }
+
+    async fn call<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        fut: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, OwnerError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(OwnerError::Api { what: what(), source }),
+            Err(_) => Err(OwnerError::Timeout {
+                what: what(),
+                timeout: self.timeout,
+            }),
+        }
+    }
+
+    pub async fn pvc(
+        &self,
+        namespace: &str,
+        name: &str,
+        source: Source,
+    ) -> Result<Option<Read<Arc<PersistentVolumeClaim>>>, OwnerError> {
+        let key = format!("{namespace}/{name}");
+        if source == Source::Cache
+            && let Some(value) = self.pvcs.get(&key)
+        {
+            return Ok(Some(Read { value, cached: true }));
+        }
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+        let found = self
+            .call(|| format!("get PersistentVolumeClaim {key}"), api.get_opt(name))
+            .await?
+            .map(Arc::new);
+        self.pvcs.put(key, found.clone());
+        Ok(found.map(|value| Read { value, cached: false }))
+    }
+
+    pub async fn pv(
+        &self,
+        name: &str,
+        source: Source,
+    ) -> Result<Option<Read<Arc<PersistentVolume>>>, OwnerError> {
+        if source == Source::Cache
+            && let Some(value) = self.pvs.get(name)
+        {
+            return Ok(Some(Read { value, cached: true }));
+        }
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let found = self
+            .call(|| format!("get PersistentVolume {name}"), api.get_opt(name))
+            .await?
+            .map(Arc::new);
+        self.pvs.put(name.to_string(), found.clone());
+        Ok(found.map(|value| Read { value, cached: false }))
+    }
+
+    /// A pod by name: from the node's pod cache when `source` allows and it has one that
+    /// `accept`s, else (one read) from the API. Pods on other nodes are only in the API.
+    pub async fn pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        source: Source,
+        accept: impl Fn(&Pod) -> bool,
+    ) -> Result<Option<Read<Arc<Pod>>>, OwnerError> {
+        if source == Source::Cache
+            && let Some(value) = self.pods.get(&ObjectRef::new(name).within(namespace))
+            && accept(&value)
+        {
+            return Ok(Some(Read { value, cached: true }));
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let found = self
+            .call(|| format!("get Pod {namespace}/{name}"), api.get_opt(name))
+            .await?;
+        Ok(found.map(|pod| Read {
+            value: Arc::new(pod),
+            cached: false,
+        }))
+    }
+
+    /// Pods on this node (from the cache) that `matches`.
+    pub fn cached_pods(&self, matches: impl Fn(&Pod) -> bool) -> Vec<Arc<Pod>> {
+        self.pods.state_filter(|p| matches(p))
+    }
+}

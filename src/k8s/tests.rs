@@ -1,0 +1,483 @@
+//! The owner check against a scripted mock API server: each test lists the exact
+//! requests the check makes, in order, and the server fails on any other.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector;
+use tonic::Code;
+
+use super::fixtures::{self, *};
+use super::*;
+use crate::request::{ClaimRef, PodInfo, VolumeContext};
+
+const VOLUME: &str = "default.0123456789abcdef";
+const A: &str = "uid-a";
+const B: &str = "uid-b";
+
+fn checker(client: kube::Client, pods: Vec<Pod>) -> Checker {
+    fixtures::checker(client, pods, true)
+}
+
+fn context(pvc: &str, pod: Option<(&str, &str)>) -> VolumeContext {
+    VolumeContext {
+        claim: ClaimRef {
+            pvc_name: Some(pvc.to_string()),
+            pvc_namespace: Some(NS.to_string()),
+            pv_name: None,
+        },
+        pod: pod.map(|(name, uid)| PodInfo {
+            name: name.to_string(),
+            namespace: NS.to_string(),
+            uid: uid.to_string(),
+        }),
+    }
+}
+
+/// The gRPC answer for a check's error, as the CSI handler would send it.
+fn code(result: Result<(), OwnerError>) -> (Code, String) {
+    let status = tonic::Status::from(crate::error::Error::from(result.expect_err("allowed")));
+    (status.code(), status.message().to_string())
+}
+
+async fn finish(checker: Checker, server: tokio::task::JoinHandle<()>) {
+    drop(checker);
+    server.await.expect("the mock API server's assertions");
+}
+
+fn ephemeral_pod(uid: &str, node: &str) -> Pod {
+    pod("web-0", uid, node, &[Uses::Ephemeral("data")])
+}
+
+#[tokio::test]
+async fn owned_by_the_pod_is_staged_and_published() {
+    let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), None);
+    // One read of the claim; the pod comes from the cache, the claim the second time
+    // from the TTL cache.
+    let (client, server) = mock_api(vec![get(pvc_uri("web-0-data"), ok(&claim))]);
+    let checker = checker(client, vec![ephemeral_pod(A, NODE)]);
+    let ctx = context("web-0-data", Some(("web-0", A)));
+    checker.stage(VOLUME, &ctx).await.unwrap();
+    checker.publish(VOLUME, &ctx).await.unwrap();
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn owned_by_another_pod_is_refused() {
+    let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("intruder", B)), None);
+    let (client, server) = mock_api(vec![
+        // Stage: the owner is not on this node; asked once, it does not exist.
+        get(pvc_uri("web-0-data"), ok(&claim)),
+        get(pod_uri("intruder"), not_found()),
+        event("Pod", "web-0", vec!["web-0-data", "no Pod apps/intruder"]),
+        event(
+            "PersistentVolumeClaim",
+            "web-0-data",
+            vec!["no Pod apps/intruder"],
+        ),
+        // Publish: the cached claim says another pod; read again before refusing.
+        get(pvc_uri("web-0-data"), ok(&claim)),
+        event("Pod", "web-0", vec!["expected owner Pod apps/web-0 (uid uid-a)"]),
+        event(
+            "PersistentVolumeClaim",
+            "web-0-data",
+            vec!["found Pod apps/intruder (uid uid-b)"],
+        ),
+    ]);
+    let checker = checker(client, vec![ephemeral_pod(A, NODE)]);
+    let ctx = context("web-0-data", Some(("web-0", A)));
+
+    let (code_, message) = code(checker.stage(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains("PersistentVolumeClaim apps/web-0-data"),
+        "{message}"
+    );
+    assert!(
+        message.contains("expected owner Pod apps/intruder (uid uid-b) on node node-a"),
+        "{message}"
+    );
+    assert!(message.contains("found no Pod apps/intruder"), "{message}");
+
+    let (code_, message) = code(checker.publish(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains("expected owner Pod apps/web-0 (uid uid-a), found Pod apps/intruder (uid uid-b)"),
+        "{message}"
+    );
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn same_named_pvc_without_owner_is_refused_at_publish() {
+    // Someone created web-0-data before the pod: the ephemeral volume controller never
+    // made one, and the pod's ephemeral volume resolves to this claim.
+    let claim = pvc("web-0-data", "pvc-1", None, None);
+    let pod = ephemeral_pod(A, NODE);
+    let (client, server) = mock_api(vec![
+        // Stage: no owner, a normal claim as far as staging goes.
+        get(pvc_uri("web-0-data"), ok(&claim)),
+        // Publish: cached claim and pod say refuse; both are read again first.
+        get(pvc_uri("web-0-data"), ok(&claim)),
+        get(pod_uri("web-0"), ok(&pod)),
+        event("Pod", "web-0", vec!["found no controlling owner"]),
+        event(
+            "PersistentVolumeClaim",
+            "web-0-data",
+            vec!["found no controlling owner"],
+        ),
+    ]);
+    let checker = checker(client, vec![pod.clone()]);
+    let ctx = context("web-0-data", Some(("web-0", A)));
+    checker.stage(VOLUME, &ctx).await.unwrap();
+    let (code_, message) = code(checker.publish(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains(
+            "PersistentVolumeClaim apps/web-0-data (uid pvc-1): expected owner Pod apps/web-0 (uid uid-a), \
+             found no controlling owner"
+        ),
+        "{message}"
+    );
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn normal_pvc_through_a_claim_volume_is_allowed() {
+    let claim = pvc("shared", "pvc-1", None, None);
+    let (client, server) = mock_api(vec![get(pvc_uri("shared"), ok(&claim))]);
+    let checker = checker(client, vec![pod("web-0", A, NODE, &[Uses::Claim("shared")])]);
+    let ctx = context("shared", Some(("web-0", A)));
+    checker.stage(VOLUME, &ctx).await.unwrap();
+    checker.publish(VOLUME, &ctx).await.unwrap();
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn owned_by_a_non_pod_is_a_normal_claim() {
+    let owner = controller("StatefulSet", "apps/v1", "web", "uid-sts");
+    let claim = pvc("data-web-0", "pvc-1", Some(owner), None);
+    // The requesting pod is not in the node cache yet: one read from the API.
+    let pod = pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]);
+    let (client, server) = mock_api(vec![
+        get(pvc_uri("data-web-0"), ok(&claim)),
+        get(pod_uri("web-0"), ok(&pod)),
+    ]);
+    let checker = checker(client, vec![]);
+    let ctx = context("data-web-0", Some(("web-0", A)));
+    checker.stage(VOLUME, &ctx).await.unwrap();
+    checker.publish(VOLUME, &ctx).await.unwrap();
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn uid_mismatch_after_the_pod_was_recreated_is_refused() {
+    // web-0 was deleted and created again (uid B) while the old claim, owned by the
+    // old pod (uid A), is still there.
+    let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), None);
+    let new_pod = ephemeral_pod(B, NODE);
+    let (client, server) = mock_api(vec![
+        // Stage: the cached web-0 has another UID, so it counts as a miss.
+        get(pvc_uri("web-0-data"), ok(&claim)),
+        get(pod_uri("web-0"), ok(&new_pod)),
+        event("Pod", "web-0", vec!["found Pod apps/web-0 (uid uid-b)"]),
+        event(
+            "PersistentVolumeClaim",
+            "web-0-data",
+            vec!["found Pod apps/web-0 (uid uid-b)"],
+        ),
+        // Publish for the new pod: refused on the cached claim, so read again.
+        get(pvc_uri("web-0-data"), ok(&claim)),
+        event("Pod", "web-0", vec!["expected owner Pod apps/web-0 (uid uid-b)"]),
+        event(
+            "PersistentVolumeClaim",
+            "web-0-data",
+            vec!["found Pod apps/web-0 (uid uid-a)"],
+        ),
+    ]);
+    let checker = checker(client, vec![new_pod.clone()]);
+    let ctx = context("web-0-data", Some(("web-0", B)));
+    let (code_, message) = code(checker.stage(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains("expected owner Pod apps/web-0 (uid uid-a) on node node-a"),
+        "{message}"
+    );
+    let (code_, _) = code(checker.publish(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::FailedPrecondition);
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn owner_pod_on_another_node_is_refused() {
+    let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), None);
+    let (client, server) = mock_api(vec![
+        get(pvc_uri("web-0-data"), ok(&claim)),
+        get(pod_uri("web-0"), ok(&ephemeral_pod(A, "node-b"))),
+        // No pod on this node names the claim: the event goes to the claim only.
+        event("PersistentVolumeClaim", "web-0-data", vec!["on node node-b"]),
+    ]);
+    let checker = checker(client, vec![]);
+    let (code_, message) = code(checker.stage(VOLUME, &context("web-0-data", None)).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains("found Pod apps/web-0 (uid uid-a) on node node-b"),
+        "{message}"
+    );
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn api_down_is_unavailable() {
+    let (client, server) = mock_api(vec![
+        get(pvc_uri("web-0-data"), Reply::Unreachable),
+        get(
+            pvc_uri("web-0-data"),
+            Reply::Json(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                status(503, "ServiceUnavailable"),
+            ),
+        ),
+    ]);
+    let checker = checker(client, vec![ephemeral_pod(A, NODE)]);
+    let ctx = context("web-0-data", Some(("web-0", A)));
+    let (code_, message) = code(checker.stage(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::Unavailable, "{message}");
+    assert!(
+        message.contains("get PersistentVolumeClaim apps/web-0-data"),
+        "{message}"
+    );
+    let (code_, message) = code(checker.publish(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::Unavailable, "{message}");
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn api_silent_is_unavailable_after_the_deadline() {
+    let (service, mut handle) =
+        tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+    let client = kube::Client::new(service, "default");
+    let (store, synced) = pod_cache(vec![], true);
+    let checker = Checker::with_timings(
+        client,
+        store,
+        synced,
+        NODE.to_string(),
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+    );
+    let hold = tokio::spawn(async move {
+        // Take the request and never answer it.
+        let (request, respond) = handle.next_request().await.unwrap();
+        assert_eq!(request.uri().path(), pvc_uri("web-0-data"));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        drop(respond);
+    });
+    let (code_, message) = code(checker.stage(VOLUME, &context("web-0-data", None)).await);
+    assert_eq!(code_, Code::Unavailable, "{message}");
+    assert!(message.contains("no answer within"), "{message}");
+    hold.abort();
+}
+
+#[tokio::test]
+async fn api_refusing_access_is_internal() {
+    let (client, server) = mock_api(vec![get(
+        pvc_uri("web-0-data"),
+        Reply::Json(http::StatusCode::FORBIDDEN, status(403, "Forbidden")),
+    )]);
+    let checker = checker(client, vec![]);
+    let (code_, message) = code(checker.stage(VOLUME, &context("web-0-data", None)).await);
+    assert_eq!(code_, Code::Internal, "{message}");
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn cache_not_yet_synced_is_unavailable_without_asking() {
+    let (client, server) = mock_api(vec![]);
+    let checker = fixtures::checker(client, vec![ephemeral_pod(A, NODE)], false);
+    let ctx = context("web-0-data", Some(("web-0", A)));
+    let (code_, message) = code(checker.stage(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::Unavailable, "{message}");
+    assert!(message.contains("not synced"), "{message}");
+    let (code_, _) = code(checker.publish(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::Unavailable);
+    // A volume with no claim needs no cache.
+    checker.stage(VOLUME, &VolumeContext::default()).await.unwrap();
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn a_volume_without_a_claim_is_not_checked() {
+    let (client, server) = mock_api(vec![]);
+    let checker = checker(client, vec![]);
+    let ctx = VolumeContext {
+        claim: ClaimRef::default(),
+        pod: Some(PodInfo {
+            name: "web-0".to_string(),
+            namespace: NS.to_string(),
+            uid: A.to_string(),
+        }),
+    };
+    checker.stage(VOLUME, &ctx).await.unwrap();
+    checker.publish(VOLUME, &ctx).await.unwrap();
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn the_claim_is_found_through_the_pv_when_the_context_lacks_it() {
+    let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), Some("pv-1"));
+    let (client, server) = mock_api(vec![
+        get(
+            pv_uri("pv-1"),
+            ok(&pv(
+                "pv-1",
+                "localvol.csi.dev",
+                VOLUME,
+                Some(("web-0-data", "pvc-1")),
+            )),
+        ),
+        get(pvc_uri("web-0-data"), ok(&claim)),
+    ]);
+    let checker = checker(client, vec![ephemeral_pod(A, NODE)]);
+    let ctx = VolumeContext {
+        claim: ClaimRef {
+            pv_name: Some("pv-1".to_string()),
+            ..ClaimRef::default()
+        },
+        pod: None,
+    };
+    checker.stage(VOLUME, &ctx).await.unwrap();
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn a_pv_of_another_volume_or_unbound_finds_no_claim() {
+    let (client, server) = mock_api(vec![
+        get(
+            pv_uri("pv-1"),
+            ok(&pv(
+                "pv-1",
+                "other.csi.dev",
+                VOLUME,
+                Some(("web-0-data", "pvc-1")),
+            )),
+        ),
+        get(pv_uri("pv-2"), ok(&pv("pv-2", "localvol.csi.dev", VOLUME, None))),
+        get(pv_uri("pv-3"), not_found()),
+    ]);
+    let checker = checker(client, vec![]);
+    for (pv, reason) in [
+        ("pv-1", "is not this volume"),
+        ("pv-2", "is not bound"),
+        ("pv-3", "does not exist"),
+    ] {
+        let ctx = VolumeContext {
+            claim: ClaimRef {
+                pv_name: Some(pv.to_string()),
+                ..ClaimRef::default()
+            },
+            pod: None,
+        };
+        let (code_, message) = code(checker.stage(VOLUME, &ctx).await);
+        assert_eq!(code_, Code::FailedPrecondition, "{message}");
+        assert!(message.contains(reason), "{pv}: {message}");
+    }
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn a_context_naming_a_claim_bound_elsewhere_defers_to_the_pv() {
+    // The volume context names web-0-data, but that claim is now bound to another PV;
+    // the PV's claimRef names the claim actually behind this volume.
+    let stale = pvc("web-0-data", "pvc-new", None, Some("pv-other"));
+    let actual = pvc("web-1-data", "pvc-1", Some(pod_owner("web-1", A)), Some("pv-1"));
+    let (client, server) = mock_api(vec![
+        get(pvc_uri("web-0-data"), ok(&stale)),
+        get(
+            pv_uri("pv-1"),
+            ok(&pv(
+                "pv-1",
+                "localvol.csi.dev",
+                VOLUME,
+                Some(("web-1-data", "pvc-1")),
+            )),
+        ),
+        get(pvc_uri("web-1-data"), ok(&actual)),
+    ]);
+    let checker = checker(client, vec![pod("web-1", A, NODE, &[Uses::Ephemeral("data")])]);
+    let mut ctx = context("web-0-data", None);
+    ctx.claim.pv_name = Some("pv-1".to_string());
+    checker.stage(VOLUME, &ctx).await.unwrap();
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn publish_without_pod_info_is_refused_for_a_claim() {
+    let claim = pvc("web-0-data", "pvc-1", None, None);
+    let (client, server) = mock_api(vec![get(pvc_uri("web-0-data"), ok(&claim))]);
+    let checker = checker(client, vec![]);
+    let (code_, message) = code(checker.publish(VOLUME, &context("web-0-data", None)).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(message.contains("podInfoOnMount"), "{message}");
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn a_missing_claim_is_refused() {
+    let (client, server) = mock_api(vec![get(pvc_uri("web-0-data"), not_found())]);
+    let checker = checker(client, vec![]);
+    let (code_, message) = code(checker.stage(VOLUME, &context("web-0-data", None)).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(message.contains("apps/web-0-data does not exist"), "{message}");
+    finish(checker, server).await;
+}
+
+#[tokio::test]
+async fn the_pod_cache_lists_this_nodes_pods_and_then_reports_synced() {
+    let (service, mut handle) =
+        tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+    let client = kube::Client::new(service, "default");
+    let called = Arc::new(AtomicBool::new(false));
+    let (store, synced) = {
+        let called = Arc::clone(&called);
+        spawn_pod_reflector(client, NODE, move || called.store(true, Ordering::SeqCst))
+    };
+    assert!(!synced.get());
+
+    let (request, respond) = handle.next_request().await.unwrap();
+    assert_eq!(request.method(), http::Method::GET);
+    assert_eq!(
+        request.uri().to_string(),
+        "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-a&limit=500"
+    );
+    let list = serde_json::json!({
+        "kind": "PodList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "100"},
+        "items": [serde_json::to_value(ephemeral_pod(A, NODE)).unwrap()],
+    });
+    respond.send_response(
+        http::Response::builder()
+            .body(kube::client::Body::from(serde_json::to_vec(&list).unwrap()))
+            .unwrap(),
+    );
+    // Then it watches from the listed version, with the same selector.
+    let (request, _watch) = handle.next_request().await.unwrap();
+    let uri = request.uri().to_string();
+    assert!(uri.contains("watch=true"), "{uri}");
+    assert!(uri.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{uri}");
+    assert!(uri.contains("resourceVersion=100"), "{uri}");
+
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !synced.get() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("synced");
+    assert!(called.load(Ordering::SeqCst));
+    let cached = store.get(&reflector::ObjectRef::new("web-0").within(NS)).unwrap();
+    assert_eq!(cached.metadata.uid.as_deref(), Some(A));
+    assert!(cached.metadata.managed_fields.is_none());
+}
