@@ -385,6 +385,13 @@ async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
         .unwrap();
     assert_eq!(grown, 640 * MIB);
     assert_eq!(std::fs::read(d.path("target/data")).unwrap(), b"kept");
+    let (_, metrics) = d.get("/metrics").await;
+    for line in [
+        r#"localvol_resize_operations_total{device_class="default",result="backend"} 1"#,
+        r#"localvol_resize_operations_total{device_class="default",result="ok"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
     teardown(&d, &vol.volume_id, "target").await;
     assert!(loops_under(d.dir.path()).is_empty());
     d.stop().await;

@@ -150,6 +150,8 @@ impl Node for NodeService {
                     .await
                     .map_err(Error::from);
                 resize.finished(report, &result).await;
+                let label = result.as_ref().map_or_else(Error::label, |_| "ok");
+                self.0.metrics.observe_resize(&req.id.class, label);
                 let size = result?;
                 Ok(csi::NodeExpandVolumeResponse {
                     capacity_bytes: size as i64,
