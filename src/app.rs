@@ -107,11 +107,18 @@ pub async fn serve(
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
     let kube = crate::k8s::connect(&config).await?;
+    if config.resize.needs_api() && kube.is_none() {
+        bail!(
+            "--report-resize-status and --node-resizer need the Kubernetes API (--kube on or auto with a configuration)"
+        );
+    }
+    let resize = crate::resize::reporting(&config.resize, kube.as_ref(), &config.node_id)?;
     let owner_check = crate::k8s::owner_check(kube.clone(), &config, Arc::clone(&health));
     let locks = VolumeLocks::default();
     let driver = Arc::new(Driver {
         volumes: Arc::clone(&volumes),
         locks: locks.clone(),
+        resize,
         metrics: metrics.clone(),
         health: Arc::clone(&health),
         owner_check,
@@ -122,6 +129,16 @@ pub async fn serve(
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    if let Some(client) = kube.clone().filter(|_| config.resize.node_resizer) {
+        crate::resize::spawn_node_resizer(
+            &config.resize,
+            client,
+            &config.node_id,
+            Arc::clone(&volumes),
+            driver.locks.clone(),
+            stopped(stop_rx.clone()),
+        );
+    }
     let http = metrics::serve_http(
         config.metrics_addr,
         metrics.clone(),

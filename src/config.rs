@@ -92,6 +92,8 @@ pub struct ServeArgs {
     /// Accepts bytes or a Kubernetes quantity such as 100Gi.
     #[arg(long, env = "LOCALVOL_LOOP_CAPACITY", default_value = "100Gi", value_parser = parse_quantity)]
     pub loop_capacity: u64,
+    #[command(flatten)]
+    pub resize: crate::resize::ResizeArgs,
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
@@ -411,6 +413,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub metrics_addr: SocketAddr,
     pub device_classes: Vec<DeviceClass>,
+    pub resize: crate::resize::ResizeArgs,
     pub log_format: LogFormat,
     pub kube: KubeMode,
     pub registration: RegistrationConfig,
@@ -469,6 +472,7 @@ impl Config {
             data_dir: args.data_dir.clone(),
             metrics_addr: args.metrics_addr,
             device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
+            resize: args.resize.clone(),
             log_format: args.log_format,
             kube: args.kube,
         })

@@ -26,6 +26,7 @@ pub mod proto;
 pub mod reclaim;
 pub mod registration;
 pub mod request;
+pub mod resize;
 pub mod stats;
 pub mod telemetry;
 pub mod volume;

@@ -138,6 +138,30 @@ fn has_cap_sys_resource() -> bool {
     u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
 }
 
+async fn node_expand(
+    d: &Daemon,
+    id: &str,
+    size: i64,
+    path: &str,
+    cap: &csi::VolumeCapability,
+) -> Result<i64, tonic::Status> {
+    d.node()
+        .await
+        .node_expand_volume(csi::NodeExpandVolumeRequest {
+            volume_id: id.to_string(),
+            volume_path: d.path(path).display().to_string(),
+            staging_target_path: d.path("stage").display().to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: size,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().capacity_bytes)
+}
+
 async fn try_expand(
     d: &Daemon,
     id: &str,
@@ -161,21 +185,7 @@ async fn try_expand(
         .into_inner();
     assert_eq!(controller.capacity_bytes, size);
     assert!(controller.node_expansion_required);
-    d.node()
-        .await
-        .node_expand_volume(csi::NodeExpandVolumeRequest {
-            volume_id: id.to_string(),
-            volume_path: d.path(path).display().to_string(),
-            staging_target_path: d.path("stage").display().to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: size,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .map(|r| r.into_inner().capacity_bytes)
+    node_expand(d, id, size, path, cap).await
 }
 
 fn bytes_total(s: &csi::NodeGetVolumeStatsResponse) -> i64 {
@@ -226,6 +236,22 @@ async fn filesystem_lifecycle(fs: &str) {
             bytes_total(&after) > bytes_total(&before) + 250 * MIB,
             "{fs} grew online: {after:?}"
         );
+        // Kubelet repeats NodeExpandVolume after a restart or a lost reply: the same
+        // size again changes nothing, and a smaller one never shrinks.
+        for size in [640 * MIB, 320 * MIB] {
+            let again = node_expand(&d, &vol.volume_id, size, "target", &cap)
+                .await
+                .unwrap();
+            assert_eq!(
+                again,
+                640 * MIB,
+                "NodeExpandVolume to {size} reports the device's size"
+            );
+            assert_eq!(
+                bytes_total(&stats(&d, &vol.volume_id, "target").await),
+                bytes_total(&after)
+            );
+        }
     }
     assert_eq!(
         std::fs::read(d.path("target/data")).unwrap(),
@@ -313,6 +339,60 @@ async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
         "a new volume never shows a previous tenant's bytes"
     );
     teardown(&d, &vol.volume_id, "dev").await;
+    assert!(loops_under(d.dir.path()).is_empty());
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
+    if !privileged() {
+        return;
+    }
+    // The default loop class of the test daemon holds 1 GiB.
+    let d = Daemon::start(&[]).await;
+    let cap = mount_cap("xfs");
+    let vol = create(&d, "pvc-too-big-to-grow", 320 * MIB, &cap).await;
+    stage(&d, &vol.volume_id, &cap).await.unwrap();
+    publish(&d, &vol.volume_id, &cap, "target").await.unwrap();
+    std::fs::write(d.path("target/data"), b"kept").unwrap();
+    let before = bytes_total(&stats(&d, &vol.volume_id, "target").await);
+    let expand = |size: i64| csi::ControllerExpandVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: size,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    let status = d
+        .controller()
+        .await
+        .controller_expand_volume(expand(4096 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{}", status.message());
+    assert!(status.message().contains("bytes free"), "{}", status.message());
+    // The node path (kubelet after a central resizer) refuses it the same way.
+    let status = node_expand(&d, &vol.volume_id, 4096 * MIB, "target", &cap)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{}", status.message());
+    assert_eq!(bytes_total(&stats(&d, &vol.volume_id, "target").await), before);
+    assert_eq!(std::fs::read(d.path("target/data")).unwrap(), b"kept");
+    // A size that fits still works afterwards.
+    let grown = try_expand(&d, &vol.volume_id, 640 * MIB, "target", &cap)
+        .await
+        .unwrap();
+    assert_eq!(grown, 640 * MIB);
+    assert_eq!(std::fs::read(d.path("target/data")).unwrap(), b"kept");
+    let (_, metrics) = d.get("/metrics").await;
+    for line in [
+        r#"localvol_resize_operations_total{device_class="default",result="backend"} 1"#,
+        r#"localvol_resize_operations_total{device_class="default",result="ok"} 1"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
+    teardown(&d, &vol.volume_id, "target").await;
     assert!(loops_under(d.dir.path()).is_empty());
     d.stop().await;
 }

@@ -32,6 +32,8 @@ pub const DRIVER_NAME: &str = "localvol.csi.dev";
 pub struct Driver {
     pub volumes: Arc<Volumes>,
     pub locks: VolumeLocks,
+    /// Resize status around NodeExpandVolume (`--report-resize-status`; off: kubelet's).
+    pub resize: crate::resize::NodeReporting,
     pub metrics: Metrics,
     pub health: Arc<Health>,
     /// Generic ephemeral volume owner check before stage and publish (off: standalone).

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::Driver;
+use crate::error::Error;
 use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capability};
 use crate::request::{
     NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
@@ -138,7 +139,20 @@ impl Node for NodeService {
             .observe("NodeExpandVolume", &raw.volume_id, async {
                 let req = NodeExpandRequest::try_from(&raw)?;
                 let guard = self.0.lock(&req.id.token, "NodeExpandVolume")?;
-                let size = self.0.volumes.expand_on_node(&guard, &req).await?;
+                let resize = &self.0.resize;
+                let report = resize
+                    .started(&self.0.volumes, &req.id, req.capacity.required)
+                    .await;
+                let result = self
+                    .0
+                    .volumes
+                    .expand_on_node(&guard, &req)
+                    .await
+                    .map_err(Error::from);
+                resize.finished(report, &result).await;
+                let label = result.as_ref().map_or_else(Error::label, |_| "ok");
+                self.0.metrics.observe_resize(&req.id.class, label);
+                let size = result?;
                 Ok(csi::NodeExpandVolumeResponse {
                     capacity_bytes: size as i64,
                 })
@@ -232,6 +246,7 @@ mod tests {
             locks: VolumeLocks::default(),
             metrics: Metrics::new(),
             owner_check: OwnerCheck::On(Arc::new(checker)),
+            resize: Default::default(),
             max_volumes_per_node: 0,
         };
         Node {

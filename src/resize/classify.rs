@@ -1,0 +1,489 @@
+//! Whether a failed expansion step is terminal (asking again with the same size cannot
+//! succeed until someone changes something: the claim's size, the node's storage) or
+//! transient (the same request may succeed later: a busy volume, a lock, a timeout, an
+//! API conflict).
+//!
+//! Terminal failures are written to the claim (`NodeResizeInfeasible` and a
+//! `NodeResizeError` condition, or their controller counterparts); transient ones never
+//! are: they only produce a Warning event and a retry. An error nobody has classified is
+//! transient: marking a claim as infeasible stops Kubernetes from retrying, which is
+//! worse for a failure that would have cleared than a few more retries are for one that
+//! will not.
+
+use std::io;
+
+use crate::backend::BackendError;
+use crate::error::Error;
+use crate::fs::FsError;
+use crate::host::{CommandError, SyscallError};
+use crate::k8s::OwnerError;
+use crate::locks::LockError;
+use crate::mount::MountError;
+use crate::reclaim::ReclaimError;
+use crate::volume::VolumeError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    Terminal,
+    Transient,
+}
+
+/// What failed: a volume operation (through the same error the CSI handlers return), or
+/// a Kubernetes API call made while resizing.
+#[derive(Debug, Clone, Copy)]
+pub enum Cause<'a> {
+    Operation(&'a Error),
+    Api(&'a kube::Error),
+    /// An API call that did not answer within its deadline.
+    ApiTimeout,
+}
+
+/// The one classification of resize failures. Every variant of every error is matched,
+/// so a new variant does not compile until someone decides what it means here.
+pub fn classify(cause: Cause<'_>) -> Failure {
+    use Failure::{Terminal, Transient};
+    match cause {
+        Cause::ApiTimeout => Transient,
+        Cause::Api(e) => api(e),
+        Cause::Operation(e) => match e {
+            // The request itself is wrong: the same request fails the same way.
+            Error::Validation(_) => Terminal,
+            Error::Busy(LockError::Busy { .. }) => Transient,
+            // The owner check runs before stage and publish, not expansion; decided
+            // all the same, as its codes are.
+            Error::Owner(o) => match o {
+                OwnerError::Refused(_) | OwnerError::NoPodInfo { .. } | OwnerError::ClaimNotFound { .. } => {
+                    Terminal
+                }
+                OwnerError::NotSynced | OwnerError::Timeout { .. } => Transient,
+                OwnerError::Api { source, .. } => api(source),
+            },
+            Error::Volume(v) => volume(v),
+            // Reclaim runs FITRIM, never an expansion step; decided all the same, as its
+            // codes are.
+            Error::Reclaim(r) => match r {
+                ReclaimError::NotStaged { .. } | ReclaimError::TimedOut { .. } => Transient,
+                ReclaimError::Volume(v) => volume(v),
+                ReclaimError::Backend(b) => backend(b),
+                ReclaimError::Mount(m) => mount(m),
+                ReclaimError::Syscall(s) => syscall(s),
+            },
+        },
+    }
+}
+
+fn volume(v: &VolumeError) -> Failure {
+    use Failure::{Terminal, Transient};
+    match v {
+        VolumeError::NotFound(_)
+        | VolumeError::UnknownClass(_)
+        | VolumeError::AlreadyExists { .. }
+        | VolumeError::PathInUse { .. }
+        | VolumeError::Symlink { .. }
+        | VolumeError::AccessMismatch { .. }
+        | VolumeError::WrongFilesystem { .. }
+        | VolumeError::Topology { .. }
+        | VolumeError::Invalid(_) => Terminal,
+        // Mount state that changes by itself: kubelet stages the volume again,
+        // the other user goes away.
+        VolumeError::NotStaged { .. }
+        | VolumeError::SingleWriter { .. }
+        | VolumeError::StillPublished { .. } => Transient,
+        VolumeError::Backend(b) => backend(b),
+        VolumeError::Mount(m) => mount(m),
+        VolumeError::Fs(f) => match f {
+            FsError::UnsupportedGrow { .. } => Terminal,
+            FsError::Probe { source, .. } | FsError::Format { source, .. } | FsError::Grow { source, .. } => {
+                command(source)
+            }
+        },
+        VolumeError::Syscall(s) => syscall(s),
+        VolumeError::Io { source, .. } => io_error(source),
+    }
+}
+
+fn mount(m: &MountError) -> Failure {
+    match m {
+        MountError::InvalidOption { .. } | MountError::Parse { .. } => Failure::Terminal,
+        MountError::Syscall(s) => syscall(s),
+    }
+}
+
+fn backend(e: &BackendError) -> Failure {
+    match e {
+        BackendError::NoSpace { .. } | BackendError::NotFound { .. } | BackendError::CorruptRecord { .. } => {
+            Failure::Terminal
+        }
+        // In use by someone else, or the class (VG, directory, region) is missing now:
+        // both can change without the claim changing.
+        BackendError::InUse { .. } | BackendError::Unavailable { .. } => Failure::Transient,
+        BackendError::Io { source, .. } => io_error(source),
+        BackendError::Command(c) => command(c),
+        BackendError::Syscall(s) => syscall(s),
+    }
+}
+
+/// stderr of LVM, ndctl, losetup, resize2fs and xfs_growfs (run with LC_ALL=C) that
+/// means the request cannot be met as it is.
+const TERMINAL_STDERR: &[&str] = &[
+    // lvextend/lvcreate on a full VG or thin pool (tests/fixtures/lvm).
+    "insufficient free space",
+    "insufficient suitable allocatable extents",
+    // ndctl create-namespace, resize2fs and any tool writing to a full filesystem.
+    "no space left on device",
+    // ext4 online resize without CAP_SYS_RESOURCE, or on a read-only mount.
+    "permission denied",
+    "read-only file system",
+    // resize2fs on a filesystem that cannot address the new size, or told to shrink.
+    "too large to be expressed in 32 bits",
+    "on-line shrinking not supported",
+    "requested size larger than",
+    "filesystem has unsupported feature",
+    "is misaligned",
+];
+
+/// stderr that means someone else holds what the command needs, or it gave up waiting.
+const TRANSIENT_STDERR: &[&str] = &[
+    "device or resource busy",
+    "resource temporarily unavailable",
+    "lock",
+    "timed out",
+    "timeout",
+    "interrupted system call",
+];
+
+fn command(e: &CommandError) -> Failure {
+    match e {
+        CommandError::TimedOut { .. } => Failure::Transient,
+        // The tool is missing from the image or not executable: no retry brings it.
+        CommandError::Spawn { source, .. } => match source.kind() {
+            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied => Failure::Terminal,
+            _ => Failure::Transient,
+        },
+        CommandError::Failed { stderr, stdout, .. } => {
+            let text = format!("{stderr}\n{stdout}").to_ascii_lowercase();
+            // Busy and lock messages win: "cannot lock" after "no space" on a full VG is
+            // still worth one more try once the lock is free.
+            if TRANSIENT_STDERR.iter().any(|p| text.contains(p)) {
+                Failure::Transient
+            } else if TERMINAL_STDERR.iter().any(|p| text.contains(p)) {
+                Failure::Terminal
+            } else {
+                Failure::Transient
+            }
+        }
+    }
+}
+
+fn syscall(e: &SyscallError) -> Failure {
+    io_error(&e.source)
+}
+
+fn io_error(e: &io::Error) -> Failure {
+    match e.raw_os_error() {
+        Some(
+            libc::ENOSPC
+            | libc::EDQUOT
+            | libc::EFBIG
+            | libc::EROFS
+            | libc::EPERM
+            | libc::EACCES
+            | libc::ENODEV
+            | libc::ENXIO
+            | libc::ENOTTY
+            | libc::EINVAL,
+        ) => Failure::Terminal,
+        _ => Failure::Transient,
+    }
+}
+
+fn api(e: &kube::Error) -> Failure {
+    match e {
+        kube::Error::Api(status) => match status.code {
+            // Conflict (someone wrote first), rate limits and server trouble pass.
+            409 | 429 => Failure::Transient,
+            code if code >= 500 => Failure::Transient,
+            // Gone, forbidden by RBAC, or refused by validation: asking again gives the
+            // same answer until an administrator or the user acts.
+            _ => Failure::Terminal,
+        },
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            Failure::Transient
+        }
+        _ => Failure::Terminal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::model::{ClassName, Token, VolumeId};
+    use crate::request::ValidationError;
+
+    fn class() -> ClassName {
+        ClassName::parse("default").unwrap()
+    }
+
+    fn id() -> VolumeId {
+        VolumeId::new(class(), Token::for_name("pvc-1"))
+    }
+
+    fn failed(program: &'static str, stderr: &str) -> CommandError {
+        CommandError::Failed {
+            program,
+            args: String::new(),
+            exit_code: Some(5),
+            stdout: String::new(),
+            stderr: stderr.to_string(),
+        }
+    }
+
+    fn fixture(name: &str) -> String {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        // First line: the exit code capture.sh recorded.
+        text.split_once('\n').unwrap().1.to_string()
+    }
+
+    fn backend_command(c: CommandError) -> Error {
+        VolumeError::Backend(BackendError::Command(c)).into()
+    }
+
+    fn grow(c: CommandError) -> Error {
+        VolumeError::Fs(FsError::Grow {
+            fs_type: "ext4".to_string(),
+            device: "/dev/loop0".into(),
+            source: c,
+        })
+        .into()
+    }
+
+    fn errno(call: &'static str, errno: i32) -> Error {
+        VolumeError::Syscall(SyscallError {
+            call,
+            path: "/dev/loop0".into(),
+            source: io::Error::from_raw_os_error(errno),
+        })
+        .into()
+    }
+
+    fn api_status(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status::failure("x", "y").with_code(code)))
+    }
+
+    #[test]
+    fn every_case_is_decided_on_purpose() {
+        use Failure::{Terminal, Transient};
+        let cases: Vec<(&str, Error, Failure)> = vec![
+            (
+                "no space in the VG or pool",
+                VolumeError::Backend(BackendError::NoSpace {
+                    class: class(),
+                    requested: 2 << 30,
+                    available: 1 << 30,
+                })
+                .into(),
+                Terminal,
+            ),
+            (
+                "lvextend: thick VG full (captured)",
+                backend_command(failed(
+                    "lvextend",
+                    &fixture("lvm/lvextend-thick-insufficient-space.txt"),
+                )),
+                Terminal,
+            ),
+            (
+                "lvextend: thin pool full (captured)",
+                backend_command(failed(
+                    "lvextend",
+                    &fixture("lvm/lvextend-thinpool-insufficient-space.txt"),
+                )),
+                Terminal,
+            ),
+            (
+                "ndctl: region full (captured)",
+                backend_command(failed("ndctl", &fixture("ndctl/create-namespace-no-space.txt"))),
+                Terminal,
+            ),
+            (
+                "ndctl: size not aligned to the region (captured)",
+                backend_command(failed("ndctl", &fixture("ndctl/create-namespace-misaligned.txt"))),
+                Terminal,
+            ),
+            (
+                "volume busy with another call",
+                LockError::Busy {
+                    volume: "v".into(),
+                    operation: "NodeExpandVolume",
+                }
+                .into(),
+                Transient,
+            ),
+            (
+                "lvm lock wait timed out",
+                backend_command(failed(
+                    "lvextend",
+                    "  Giving up waiting for lock.\n  Can't get lock for vg1.\n  Cannot process volume group vg1",
+                )),
+                Transient,
+            ),
+            (
+                "lvm lock busy while the VG is also full",
+                backend_command(failed(
+                    "lvextend",
+                    "  Insufficient free space: 10 extents needed, but only 1 available\n  Failed to lock logical volume vg1/lv",
+                )),
+                Transient,
+            ),
+            (
+                "command killed at its deadline",
+                backend_command(CommandError::TimedOut {
+                    program: "lvextend",
+                    args: String::new(),
+                    timeout: Duration::from_secs(120),
+                }),
+                Transient,
+            ),
+            (
+                "losetup: device busy",
+                backend_command(failed("losetup", "losetup: /dev/loop3: Device or resource busy")),
+                Transient,
+            ),
+            (
+                "unrecognised tool failure",
+                backend_command(failed("lvextend", "  something nobody has seen before")),
+                Transient,
+            ),
+            (
+                "tool missing from the image",
+                backend_command(CommandError::Spawn {
+                    program: "lvextend",
+                    source: io::Error::from(io::ErrorKind::NotFound),
+                }),
+                Terminal,
+            ),
+            (
+                "filesystem that cannot grow",
+                VolumeError::Fs(FsError::UnsupportedGrow {
+                    fs_type: "vfat".to_string(),
+                })
+                .into(),
+                Terminal,
+            ),
+            (
+                "ext4 online growth without CAP_SYS_RESOURCE",
+                grow(failed(
+                    "resize2fs",
+                    "resize2fs 1.47.0 (5-Feb-2023)\nresize2fs: Permission denied to resize filesystem",
+                )),
+                Terminal,
+            ),
+            (
+                "ext4 too large for 32-bit block numbers",
+                grow(failed(
+                    "resize2fs",
+                    "resize2fs: New size too large to be expressed in 32 bits",
+                )),
+                Terminal,
+            ),
+            (
+                "xfs_growfs while the mount is busy",
+                grow(failed("xfs_growfs", "xfs_growfs: Device or resource busy")),
+                Transient,
+            ),
+            (
+                "filesystem grow killed at its deadline",
+                grow(CommandError::TimedOut {
+                    program: "resize2fs",
+                    args: String::new(),
+                    timeout: Duration::from_secs(600),
+                }),
+                Transient,
+            ),
+            (
+                "loop capacity ioctl: busy",
+                errno("ioctl", libc::EBUSY),
+                Transient,
+            ),
+            (
+                "block size ioctl: not a block device",
+                errno("ioctl", libc::ENOTTY),
+                Terminal,
+            ),
+            (
+                "growing the backing file: host filesystem full",
+                VolumeError::Backend(BackendError::Io {
+                    op: "truncate",
+                    path: "/var/lib/localvol/x.img".into(),
+                    source: io::Error::from_raw_os_error(libc::EFBIG),
+                })
+                .into(),
+                Terminal,
+            ),
+            (
+                "volume gone",
+                VolumeError::Backend(BackendError::NotFound {
+                    class: class(),
+                    token: Token::for_name("pvc-1"),
+                })
+                .into(),
+                Terminal,
+            ),
+            ("unknown volume id", VolumeError::NotFound(id()).into(), Terminal),
+            (
+                "pod cache not synced yet",
+                OwnerError::NotSynced.into(),
+                Transient,
+            ),
+            (
+                "device class unusable for now (VG missing)",
+                VolumeError::Backend(BackendError::Unavailable {
+                    class: class(),
+                    reason: "vg1 not found".into(),
+                })
+                .into(),
+                Transient,
+            ),
+            (
+                "not mounted where kubelet said",
+                VolumeError::NotStaged {
+                    id: id(),
+                    path: "/stage".into(),
+                }
+                .into(),
+                Transient,
+            ),
+            (
+                "size beyond localvol's maximum",
+                ValidationError::OutOfRange("2 PiB".into()).into(),
+                Terminal,
+            ),
+        ];
+        for (what, error, expected) in &cases {
+            assert_eq!(classify(Cause::Operation(error)), *expected, "{what}: {error}");
+        }
+    }
+
+    #[test]
+    fn api_errors() {
+        use Failure::{Terminal, Transient};
+        for (code, expected) in [
+            (409, Transient),
+            (429, Transient),
+            (500, Transient),
+            (503, Transient),
+            (403, Terminal),
+            (404, Terminal),
+            (422, Terminal),
+        ] {
+            assert_eq!(classify(Cause::Api(&api_status(code))), expected, "HTTP {code}");
+        }
+        assert_eq!(classify(Cause::ApiTimeout), Transient);
+    }
+}

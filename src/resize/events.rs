@@ -1,0 +1,89 @@
+//! Events (events.k8s.io/v1) on claims, so `kubectl describe pvc` shows each step of an
+//! expansion. Best effort: a failure to record is logged, never returned.
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tracing::warn;
+
+use super::status::{API_TIMEOUT, truncate};
+use crate::csi::DRIVER_NAME;
+
+/// Node side: NodeExpandVolume.
+pub const NODE_EXPANSION_STARTED: &str = "NodeExpansionStarted";
+pub const NODE_EXPANSION_SUCCEEDED: &str = "NodeExpansionSucceeded";
+/// Terminal: the claim shows the failure value and a NodeResizeError condition.
+pub const NODE_EXPANSION_FAILED: &str = "NodeExpansionFailed";
+/// Transient: retried; the claim's status is not touched.
+pub const NODE_EXPANSION_RETRYING: &str = "NodeExpansionRetrying";
+/// Controller side (--node-resizer): external-resizer's reasons, so tools that watch
+/// for them see localvol's resizes too.
+pub const RESIZING: &str = "Resizing";
+pub const VOLUME_RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
+pub const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
+pub const FILE_SYSTEM_RESIZE_REQUIRED: &str = "FileSystemResizeRequired";
+/// Controller side, transient: retried with backoff.
+pub const VOLUME_RESIZE_RETRYING: &str = "VolumeResizeRetrying";
+
+#[derive(Clone)]
+pub struct ClaimEvents {
+    recorder: Recorder,
+}
+
+impl std::fmt::Debug for ClaimEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimEvents").finish_non_exhaustive()
+    }
+}
+
+fn reference(pvc: &PersistentVolumeClaim) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("PersistentVolumeClaim".to_string()),
+        namespace: pvc.metadata.namespace.clone(),
+        name: pvc.metadata.name.clone(),
+        uid: pvc.metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+impl ClaimEvents {
+    /// Events name `localvol.csi.dev` on `node` as their source.
+    pub fn new(client: Client, node: &str) -> Self {
+        let reporter = Reporter {
+            controller: DRIVER_NAME.to_string(),
+            instance: Some(node.to_string()),
+        };
+        Self {
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    pub async fn normal(&self, pvc: &PersistentVolumeClaim, reason: &str, note: &str) {
+        self.publish(pvc, EventType::Normal, reason, note).await;
+    }
+
+    pub async fn warning(&self, pvc: &PersistentVolumeClaim, reason: &str, note: &str) {
+        self.publish(pvc, EventType::Warning, reason, note).await;
+    }
+
+    async fn publish(&self, pvc: &PersistentVolumeClaim, type_: EventType, reason: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(note)),
+            action: "Resize".to_string(),
+            secondary: None,
+        };
+        let what = format!(
+            "{}/{}",
+            pvc.metadata.namespace.as_deref().unwrap_or_default(),
+            pvc.metadata.name.as_deref().unwrap_or_default()
+        );
+        match tokio::time::timeout(API_TIMEOUT, self.recorder.publish(&event, &reference(pvc))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(pvc = %what, reason, error = %e, "could not record event"),
+            Err(_) => warn!(pvc = %what, reason, "could not record event: no answer in time"),
+        }
+    }
+}

@@ -1,0 +1,559 @@
+//! `--node-resizer`: localvol as the resizer of the claims whose volumes live on its
+//! node, for clusters where no central external-resizer serves localvol.csi.dev (a
+//! DaemonSet alone then supports expansion).
+//!
+//! For a bound claim that asks for more than its capacity, whose StorageClass allows
+//! expansion and whose volume is on this node, it does what external-resizer does:
+//! `ControllerResizeInProgress` (with `allocatedResources`), grow the volume
+//! (`Volumes::expand`, under the volume lock), record the size on the
+//! PersistentVolume, then either `NodeResizePending` with a `FileSystemResizePending`
+//! condition (kubelet finishes with NodeExpandVolume when the claim is mounted) or, for
+//! a volume that needs nothing on the node, the new capacity. A terminal failure
+//! becomes `ControllerResizeInfeasible` and a `ControllerResizeError` condition, and is
+//! not retried until the claim asks for another size; a transient one is retried.
+//!
+//! Finding its claims: each volume records the claim it was created for
+//! (`--extra-create-metadata`), so the node knows its claims by name. A watch of all
+//! claims triggers work (the provisioner sidecar beside localvol keeps the same watch);
+//! only this node's claims that need something are queued, and each is read fresh
+//! from the API before anything is decided, so no claim cache is kept. Every claim of
+//! this node is also looked at every [`RESYNC`], in case an event was missed.
+//!
+//! Concurrency: one claim at a time on this node; the volume lock excludes CSI calls on
+//! the same volume; every status write is guarded by the claim's resourceVersion and
+//! the PersistentVolume update by the volume's.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::PostParams;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::FailureValue;
+use super::classify::{Cause, Failure, classify};
+use super::events::{self, ClaimEvents};
+use super::quantity;
+use super::status::{
+    self, ATTEMPTS, ClaimStatus, FIELD_MANAGER, FailureNames, StatusError, Transition, call,
+};
+use crate::csi::DRIVER_NAME;
+use crate::error::{Error, full_message};
+use crate::locks::VolumeLocks;
+use crate::model::VolumeId;
+use crate::request::{CapacityRange, ControllerExpandRequest};
+use crate::volume::Volumes;
+
+/// How often every claim of this node is looked at even without an event.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// Wait before retrying after a transient failure.
+pub const RETRY: Duration = Duration::from_secs(15);
+/// Wait before retrying after an API answer that will not change by itself (403, 422).
+pub const SLOW_RETRY: Duration = Duration::from_secs(300);
+/// The list of this node's volumes is read again on a miss at most this often.
+const LOCAL_REFRESH: Duration = Duration::from_secs(10);
+
+/// A claim by namespace and name.
+pub type Key = (String, String);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResizerError {
+    #[error(transparent)]
+    Api(#[from] StatusError),
+    #[error(transparent)]
+    Operation(#[from] Error),
+}
+
+impl ResizerError {
+    pub fn failure(&self) -> Failure {
+        match self {
+            ResizerError::Api(StatusError::Api { source, .. }) => classify(Cause::Api(source)),
+            ResizerError::Api(StatusError::Timeout { .. }) => classify(Cause::ApiTimeout),
+            ResizerError::Api(StatusError::Conflict { .. }) => Failure::Transient,
+            ResizerError::Operation(e) => classify(Cause::Operation(e)),
+        }
+    }
+}
+
+/// What became of one look at a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing (more) to do until the claim changes.
+    Done,
+    /// Look again after this long.
+    RetryAfter(Duration),
+}
+
+/// One of this node's volumes, by its claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LocalVolume {
+    id: VolumeId,
+    pv_name: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct LocalClaims {
+    read_at: Option<Instant>,
+    by_claim: HashMap<Key, LocalVolume>,
+}
+
+pub struct NodeResizer {
+    client: Client,
+    status: ClaimStatus,
+    events: ClaimEvents,
+    volumes: Arc<Volumes>,
+    locks: VolumeLocks,
+    local: Mutex<LocalClaims>,
+}
+
+impl std::fmt::Debug for NodeResizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeResizer").finish_non_exhaustive()
+    }
+}
+
+fn key_of(pvc: &PersistentVolumeClaim) -> Key {
+    (
+        pvc.metadata.namespace.clone().unwrap_or_default(),
+        pvc.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+fn requested(
+    pvc: &PersistentVolumeClaim,
+) -> Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+    pvc.spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get(status::STORAGE)
+}
+
+fn bytes(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<u64> {
+    q.and_then(quantity::bytes)
+}
+
+/// Whether a claim may need the resizer: bound, and asking for more than it has or
+/// showing a resize state. Cheap, from the object alone.
+pub fn wants_attention(pvc: &PersistentVolumeClaim) -> bool {
+    let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        && pvc.spec.as_ref().and_then(|s| s.volume_name.as_ref()).is_some();
+    let grow = match (bytes(requested(pvc)), bytes(status::capacity(pvc))) {
+        (Some(want), Some(have)) => want > have,
+        _ => false,
+    };
+    bound && pvc.metadata.deletion_timestamp.is_none() && (grow || status::resize_status(pvc).is_some())
+}
+
+fn pv_capacity(pv: &PersistentVolume) -> Option<u64> {
+    bytes(pv.spec.as_ref()?.capacity.as_ref()?.get(status::STORAGE))
+}
+
+impl NodeResizer {
+    pub fn new(
+        client: Client,
+        node: &str,
+        failure: FailureValue,
+        volumes: Arc<Volumes>,
+        locks: VolumeLocks,
+    ) -> Self {
+        Self {
+            status: ClaimStatus::new(client.clone(), failure),
+            events: ClaimEvents::new(client.clone(), node),
+            client,
+            volumes,
+            locks,
+            local: Mutex::default(),
+        }
+    }
+
+    /// Re-reads this node's volumes (their recorded claims).
+    async fn refresh_local(&self) -> Result<(), Error> {
+        let records = self.volumes.list().await?;
+        let by_claim = records
+            .into_iter()
+            .filter_map(|r| {
+                let key = (r.claim.pvc_namespace?, r.claim.pvc_name?);
+                Some((
+                    key,
+                    LocalVolume {
+                        id: r.id,
+                        pv_name: r.claim.pv_name,
+                    },
+                ))
+            })
+            .collect();
+        let mut local = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        local.by_claim = by_claim;
+        local.read_at = Some(Instant::now());
+        Ok(())
+    }
+
+    fn cached(&self, key: &Key) -> (Option<LocalVolume>, bool) {
+        let local = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = local.read_at.is_none_or(|at| at.elapsed() >= LOCAL_REFRESH);
+        (local.by_claim.get(key).cloned(), stale)
+    }
+
+    /// This node's volume for the claim, re-reading the volume list on a miss (at most
+    /// every [`LOCAL_REFRESH`]).
+    async fn local_volume(&self, key: &Key) -> Result<Option<LocalVolume>, Error> {
+        match self.cached(key) {
+            (Some(found), _) => Ok(Some(found)),
+            (None, false) => Ok(None),
+            (None, true) => {
+                self.refresh_local().await?;
+                Ok(self.cached(key).0)
+            }
+        }
+    }
+
+    /// Every claim this node has a volume for.
+    async fn local_keys(&self) -> Result<Vec<Key>, Error> {
+        self.refresh_local().await?;
+        let local = self.local.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(local.by_claim.keys().cloned().collect())
+    }
+
+    /// Looks at one claim and does the next steps of its expansion.
+    pub async fn reconcile(&self, key: &Key) -> Result<Outcome, ResizerError> {
+        let (namespace, name) = key;
+        let Some(local) = self.local_volume(key).await? else {
+            return Ok(Outcome::Done);
+        };
+        let pvc = match self.status.get(namespace, name).await {
+            Ok(pvc) => pvc,
+            Err(StatusError::Api {
+                source: kube::Error::Api(s),
+                ..
+            }) if s.code == 404 => return Ok(Outcome::Done),
+            Err(e) => return Err(e.into()),
+        };
+        let spec = pvc.spec.clone().unwrap_or_default();
+        if !wants_attention(&pvc) {
+            return Ok(Outcome::Done);
+        }
+        let pv_name = spec.volume_name.clone().unwrap_or_default();
+        if local.pv_name.as_ref().is_some_and(|ours| *ours != pv_name) {
+            debug!(pvc = %format!("{namespace}/{name}"), "claim is bound to another volume than this node's");
+            return Ok(Outcome::Done);
+        }
+        let (Some(want), Some(have)) = (bytes(requested(&pvc)), bytes(status::capacity(&pvc))) else {
+            return Ok(Outcome::Done);
+        };
+        let current = status::resize_status(&pvc).map(str::to_string);
+        // A terminal failure at this size waits for the claim to ask for another one.
+        if current.as_deref().is_some_and(FailureNames::is_failure)
+            && bytes(status::allocated(&pvc)) == Some(want)
+        {
+            return Ok(Outcome::Done);
+        }
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pv = call(|| format!("get PersistentVolume {pv_name}"), pvs.get(&pv_name)).await?;
+        let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
+        if !csi.is_some_and(|c| c.driver == DRIVER_NAME && c.volume_handle == local.id.to_string()) {
+            debug!(pv = %pv_name, "volume is not this node's localvol volume");
+            return Ok(Outcome::Done);
+        }
+        let pv_size = pv_capacity(&pv).unwrap_or(0);
+        if want <= have {
+            // Nothing to grow. A controller state left from an attempt the claim no
+            // longer asks for is cleared; node states are kubelet's to finish.
+            let stale = current.as_deref().is_some_and(|v| {
+                v == status::CONTROLLER_RESIZE_IN_PROGRESS
+                    || v == status::CONTROLLER_RESIZE_FAILED
+                    || v == status::CONTROLLER_RESIZE_INFEASIBLE
+            });
+            if stale && pv_size <= have {
+                let capacity = status::capacity(&pvc).cloned().expect("checked above");
+                self.status.apply(pvc, &Transition::Finished { capacity }).await?;
+            }
+            return Ok(Outcome::Done);
+        }
+        if matches!(
+            current.as_deref(),
+            Some(status::NODE_RESIZE_PENDING | status::NODE_RESIZE_IN_PROGRESS)
+        ) && pv_size >= want
+        {
+            // The volume has grown; kubelet finishes on the node.
+            return Ok(Outcome::Done);
+        }
+        if !self.expansion_allowed(&spec).await? {
+            info!(pvc = %format!("{namespace}/{name}"), "StorageClass does not allow expansion; not resizing");
+            return Ok(Outcome::Done);
+        }
+        self.grow(pvc, &local, want, pv).await
+    }
+
+    async fn expansion_allowed(
+        &self,
+        spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
+    ) -> Result<bool, StatusError> {
+        let Some(class) = spec.storage_class_name.as_deref().filter(|c| !c.is_empty()) else {
+            return Ok(false);
+        };
+        let classes: Api<StorageClass> = Api::all(self.client.clone());
+        let sc = call(|| format!("get StorageClass {class}"), classes.get(class)).await?;
+        Ok(sc.allow_volume_expansion == Some(true))
+    }
+
+    /// The controller step and what follows it.
+    async fn grow(
+        &self,
+        pvc: PersistentVolumeClaim,
+        local: &LocalVolume,
+        want: u64,
+        pv: PersistentVolume,
+    ) -> Result<Outcome, ResizerError> {
+        let target = requested(&pvc)
+            .cloned()
+            .expect("wants_attention checked the request");
+        let starting = status::resize_status(&pvc) != Some(status::CONTROLLER_RESIZE_IN_PROGRESS);
+        let pvc = self
+            .status
+            .apply(
+                pvc,
+                &Transition::ControllerInProgress {
+                    target: target.clone(),
+                },
+            )
+            .await?;
+        if starting {
+            self.events
+                .normal(
+                    &pvc,
+                    events::RESIZING,
+                    &format!("localvol is growing volume {} to {}", local.id, target.0),
+                )
+                .await;
+        }
+        let expanded = {
+            let guard = self
+                .locks
+                .try_lock(&local.id.token, "NodeResizer")
+                .map_err(Error::from);
+            match guard {
+                Ok(guard) => {
+                    let req = ControllerExpandRequest {
+                        id: local.id.clone(),
+                        capacity: CapacityRange {
+                            required: want,
+                            limit: None,
+                        },
+                        capability: None,
+                    };
+                    self.volumes.expand(&guard, &req).await.map_err(Error::from)
+                }
+                Err(busy) => Err(busy),
+            }
+        };
+        let expanded = match expanded {
+            Ok(expanded) => expanded,
+            Err(error) => {
+                let message = full_message(&error);
+                return match classify(Cause::Operation(&error)) {
+                    Failure::Terminal => {
+                        let failed = Transition::ControllerFailed {
+                            message: format!("failed to expand the volume: {message}"),
+                        };
+                        let pvc = self.status.apply(pvc, &failed).await?;
+                        self.events
+                            .warning(&pvc, events::VOLUME_RESIZE_FAILED, &message)
+                            .await;
+                        Ok(Outcome::Done)
+                    }
+                    Failure::Transient => {
+                        self.events
+                            .warning(
+                                &pvc,
+                                events::VOLUME_RESIZE_RETRYING,
+                                &format!("will be retried: {message}"),
+                            )
+                            .await;
+                        Ok(Outcome::RetryAfter(RETRY))
+                    }
+                };
+            }
+        };
+        self.record_pv_size(pv, expanded.size_bytes).await?;
+        let size = quantity::format(expanded.size_bytes);
+        if expanded.node_expansion_required {
+            let pvc = self.status.apply(pvc, &Transition::NodePending).await?;
+            self.events
+                .normal(
+                    &pvc,
+                    events::FILE_SYSTEM_RESIZE_REQUIRED,
+                    &format!(
+                        "volume {} is now {}; its node finishes growing it when the claim is mounted",
+                        local.id, size.0
+                    ),
+                )
+                .await;
+        } else {
+            let pvc = self
+                .status
+                .apply(
+                    pvc,
+                    &Transition::Finished {
+                        capacity: size.clone(),
+                    },
+                )
+                .await?;
+            self.events
+                .normal(
+                    &pvc,
+                    events::VOLUME_RESIZE_SUCCESSFUL,
+                    &format!("volume {} is now {}", local.id, size.0),
+                )
+                .await;
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// Sets the PersistentVolume's capacity to `size` (never lowers it), replacing the
+    /// object read so the update lands only on that version; re-reads after a conflict.
+    async fn record_pv_size(&self, mut pv: PersistentVolume, size: u64) -> Result<(), StatusError> {
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        for attempt in 1..=ATTEMPTS {
+            if pv_capacity(&pv).is_some_and(|have| have >= size) {
+                return Ok(());
+            }
+            let spec = pv.spec.get_or_insert_with(Default::default);
+            spec.capacity
+                .get_or_insert_with(Default::default)
+                .insert(status::STORAGE.to_string(), quantity::format(size));
+            let result = call(
+                || format!("update PersistentVolume {name}"),
+                pvs.replace(&name, &params, &pv),
+            )
+            .await;
+            match result {
+                Ok(_) => return Ok(()),
+                Err(StatusError::Api {
+                    source: kube::Error::Api(s),
+                    ..
+                }) if s.code == 409 && attempt < ATTEMPTS => {
+                    pv = call(|| format!("get PersistentVolume {name}"), pvs.get(&name)).await?;
+                }
+                Err(StatusError::Api {
+                    source: kube::Error::Api(s),
+                    ..
+                }) if s.code == 409 => return Err(StatusError::Conflict { claim: name }),
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+}
+
+/// Runs the resizer until `shutdown` resolves: a watch of claims and a periodic look at
+/// this node's claims feed one queue, worked one claim at a time.
+pub async fn run(
+    resizer: Arc<NodeResizer>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Key>();
+    let watch = {
+        let resizer = Arc::clone(&resizer);
+        let tx = tx.clone();
+        async move {
+            let api: Api<PersistentVolumeClaim> = Api::all(resizer.client.clone());
+            let stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .filter(|item| item.as_ref().map_or(true, wants_attention));
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(pvc) => {
+                        let key = key_of(&pvc);
+                        match resizer.local_volume(&key).await {
+                            Ok(Some(_)) => {
+                                let _ = tx.send(key);
+                            }
+                            Ok(None) => {}
+                            Err(e) => warn!(error = %e, "cannot list this node's volumes"),
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "claim watch failed; retrying with backoff"),
+                }
+            }
+        }
+    };
+    let resync = {
+        let resizer = Arc::clone(&resizer);
+        let tx = tx.clone();
+        async move {
+            let mut tick = tokio::time::interval(RESYNC);
+            loop {
+                tick.tick().await;
+                match resizer.local_keys().await {
+                    Ok(keys) => keys.into_iter().for_each(|k| drop(tx.send(k))),
+                    Err(e) => warn!(error = %e, "cannot list this node's volumes"),
+                }
+            }
+        }
+    };
+    let work = {
+        let tx = tx.clone();
+        async move {
+            let mut queued: HashSet<Key> = HashSet::new();
+            let mut backlog = Vec::new();
+            while let Some(key) = rx.recv().await {
+                // Take everything waiting, once each.
+                backlog.push(key);
+                while let Ok(more) = rx.try_recv() {
+                    backlog.push(more);
+                }
+                for key in backlog.drain(..) {
+                    if !queued.insert(key.clone()) {
+                        continue;
+                    }
+                    let span = info_span!("resize", pvc = %format!("{}/{}", key.0, key.1));
+                    let outcome = resizer.reconcile(&key).instrument(span.clone()).await;
+                    let retry = match outcome {
+                        Ok(Outcome::Done) => None,
+                        Ok(Outcome::RetryAfter(after)) => Some(after),
+                        Err(e) => {
+                            let after = match e.failure() {
+                                Failure::Transient => RETRY,
+                                Failure::Terminal => SLOW_RETRY,
+                            };
+                            span.in_scope(|| warn!(error = %e, retry_in = ?after, "resize step failed"));
+                            Some(after)
+                        }
+                    };
+                    if let Some(after) = retry {
+                        let tx = tx.clone();
+                        let key = key.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(after).await;
+                            let _ = tx.send(key);
+                        });
+                    }
+                }
+                queued.clear();
+            }
+        }
+    };
+    info!("node resizer: expanding the claims of this node's volumes");
+    tokio::select! {
+        _ = watch => warn!("claim watch ended"),
+        _ = resync => {}
+        _ = work => {}
+        _ = shutdown => info!("node resizer stopped"),
+    }
+}

@@ -1,0 +1,684 @@
+//! A claim's resize status, written the way kubelet and external-resizer write it: a
+//! strategic merge patch of the `status` subresource that carries the claim's
+//! `metadata.resourceVersion`, so the write lands only on the object it was planned
+//! from. On 409 Conflict the claim is read again, the patch planned again, and sent
+//! again, a bounded number of times.
+//!
+//! Planning ([`plan`]) is pure: from the claim as read and the wanted transition to the
+//! patch, or to nothing when the claim already shows it (a repeated call writes
+//! nothing).
+//!
+//! Not server-side apply: the keys and conditions to remove were set by kubelet or
+//! external-resizer under their own field managers, and an apply only removes what its
+//! own manager set.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimCondition};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Map, Value, json};
+use tokio::sync::OnceCell;
+use tracing::{info, warn};
+
+use super::FailureValue;
+
+/// The resource whose status localvol reports.
+pub const STORAGE: &str = "storage";
+
+/// `status.allocatedResourceStatuses["storage"]` values (ClaimResourceStatus).
+pub const CONTROLLER_RESIZE_IN_PROGRESS: &str = "ControllerResizeInProgress";
+pub const NODE_RESIZE_PENDING: &str = "NodeResizePending";
+pub const NODE_RESIZE_IN_PROGRESS: &str = "NodeResizeInProgress";
+/// The failure values, by the name the API server accepts (see [`FailureNames`]).
+pub const NODE_RESIZE_INFEASIBLE: &str = "NodeResizeInfeasible";
+pub const NODE_RESIZE_FAILED: &str = "NodeResizeFailed";
+pub const CONTROLLER_RESIZE_INFEASIBLE: &str = "ControllerResizeInfeasible";
+pub const CONTROLLER_RESIZE_FAILED: &str = "ControllerResizeFailed";
+
+/// Condition types that belong to resizing; any other condition is left alone.
+pub const RESIZING: &str = "Resizing";
+pub const FILE_SYSTEM_RESIZE_PENDING: &str = "FileSystemResizePending";
+pub const CONTROLLER_RESIZE_ERROR: &str = "ControllerResizeError";
+pub const NODE_RESIZE_ERROR: &str = "NodeResizeError";
+const RESIZE_CONDITIONS: [&str; 4] = [
+    RESIZING,
+    FILE_SYSTEM_RESIZE_PENDING,
+    CONTROLLER_RESIZE_ERROR,
+    NODE_RESIZE_ERROR,
+];
+
+/// Field manager of every write localvol makes to claims and volumes.
+pub const FIELD_MANAGER: &str = "localvol";
+/// How long one API call may take.
+pub const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// Writes tried per transition before a run of conflicts is reported as an error.
+pub const ATTEMPTS: usize = 3;
+/// Condition messages and event notes are cut here (events allow 1 kB).
+pub const MAX_MESSAGE: usize = 1024;
+
+const FS_RESIZE_PENDING_MESSAGE: &str =
+    "The volume has grown; its node grows the filesystem when a pod mounts the claim.";
+
+/// Which names the API server accepts for the terminal failure values. Kubernetes 1.31
+/// renamed `NodeResizeFailed`/`ControllerResizeFailed` to `...Infeasible` (PR 126108,
+/// listed under the urgent upgrade notes of v1.31.0), and validates the value against
+/// the names it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureNames {
+    /// Before 1.31: `NodeResizeFailed`, `ControllerResizeFailed`.
+    Failed,
+    /// 1.31 on: `NodeResizeInfeasible`, `ControllerResizeInfeasible`.
+    Infeasible,
+}
+
+impl FailureNames {
+    pub fn node(self) -> &'static str {
+        match self {
+            FailureNames::Failed => NODE_RESIZE_FAILED,
+            FailureNames::Infeasible => NODE_RESIZE_INFEASIBLE,
+        }
+    }
+
+    pub fn controller(self) -> &'static str {
+        match self {
+            FailureNames::Failed => CONTROLLER_RESIZE_FAILED,
+            FailureNames::Infeasible => CONTROLLER_RESIZE_INFEASIBLE,
+        }
+    }
+
+    /// From `/version`'s major and minor, which some distributions suffix (`31+`).
+    pub fn for_version(major: &str, minor: &str) -> Option<Self> {
+        let number = |s: &str| -> Option<u32> {
+            let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        };
+        let (major, minor) = (number(major)?, number(minor)?);
+        Some(if (major, minor) < (1, 31) {
+            FailureNames::Failed
+        } else {
+            FailureNames::Infeasible
+        })
+    }
+
+    /// True for either name of a terminal failure value.
+    pub fn is_failure(value: &str) -> bool {
+        [
+            NODE_RESIZE_FAILED,
+            NODE_RESIZE_INFEASIBLE,
+            CONTROLLER_RESIZE_FAILED,
+            CONTROLLER_RESIZE_INFEASIBLE,
+        ]
+        .contains(&value)
+    }
+}
+
+/// A step of an expansion, as the claim's status shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transition {
+    /// The resizer starts growing the volume to `target` (`allocatedResources`).
+    ControllerInProgress { target: Quantity },
+    /// Growing the volume failed terminally.
+    ControllerFailed { message: String },
+    /// The volume has grown; its node still has to grow the device view or filesystem.
+    NodePending,
+    /// The node starts growing the volume.
+    NodeInProgress,
+    /// Growing on the node failed terminally.
+    NodeFailed { message: String },
+    /// Done: the claim's capacity is `capacity`.
+    Finished { capacity: Quantity },
+}
+
+impl Transition {
+    fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            Transition::ControllerFailed { .. } | Transition::NodeFailed { .. }
+        )
+    }
+}
+
+fn status_value(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.status
+        .as_ref()?
+        .allocated_resource_statuses
+        .as_ref()?
+        .get(STORAGE)
+        .map(String::as_str)
+}
+
+fn conditions(pvc: &PersistentVolumeClaim) -> &[PersistentVolumeClaimCondition] {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+}
+
+fn storage_of(map: Option<&std::collections::BTreeMap<String, Quantity>>) -> Option<&Quantity> {
+    map?.get(STORAGE)
+}
+
+pub fn capacity(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage_of(pvc.status.as_ref()?.capacity.as_ref())
+}
+
+pub fn allocated(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
+    storage_of(pvc.status.as_ref()?.allocated_resources.as_ref())
+}
+
+/// `status.allocatedResourceStatuses["storage"]`, if set.
+pub fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    status_value(pvc)
+}
+
+fn time_json(now: &Time) -> Value {
+    serde_json::to_value(now).expect("a timestamp serialises")
+}
+
+/// The patch that moves `pvc` to `transition`, or `None` when it already shows it.
+pub fn plan(
+    pvc: &PersistentVolumeClaim,
+    transition: &Transition,
+    names: FailureNames,
+    now: &Time,
+) -> Option<Value> {
+    let mut status = Map::new();
+    let mut set_value = |value: Option<&str>| {
+        if status_value(pvc) != value {
+            status.insert("allocatedResourceStatuses".to_string(), json!({ STORAGE: value }));
+        }
+    };
+    // (type, message) conditions to hold True, and types to remove.
+    let (upsert, remove): (Vec<(&str, Option<&str>)>, Vec<&str>) = match transition {
+        Transition::ControllerInProgress { target } => {
+            set_value(Some(CONTROLLER_RESIZE_IN_PROGRESS));
+            if allocated(pvc) != Some(target) {
+                status.insert("allocatedResources".to_string(), json!({ STORAGE: target }));
+            }
+            (
+                vec![(RESIZING, None)],
+                vec![
+                    FILE_SYSTEM_RESIZE_PENDING,
+                    CONTROLLER_RESIZE_ERROR,
+                    NODE_RESIZE_ERROR,
+                ],
+            )
+        }
+        Transition::ControllerFailed { message } => {
+            set_value(Some(names.controller()));
+            (vec![(CONTROLLER_RESIZE_ERROR, Some(message.as_str()))], vec![])
+        }
+        Transition::NodePending => {
+            set_value(Some(NODE_RESIZE_PENDING));
+            (
+                vec![(FILE_SYSTEM_RESIZE_PENDING, Some(FS_RESIZE_PENDING_MESSAGE))],
+                vec![RESIZING, CONTROLLER_RESIZE_ERROR],
+            )
+        }
+        Transition::NodeInProgress => {
+            set_value(Some(NODE_RESIZE_IN_PROGRESS));
+            (vec![], vec![])
+        }
+        Transition::NodeFailed { message } => {
+            set_value(Some(names.node()));
+            (vec![(NODE_RESIZE_ERROR, Some(message.as_str()))], vec![])
+        }
+        Transition::Finished { capacity: size } => {
+            set_value(None);
+            if capacity(pvc) != Some(size) {
+                status.insert("capacity".to_string(), json!({ STORAGE: size }));
+            }
+            (vec![], RESIZE_CONDITIONS.to_vec())
+        }
+    };
+    let existing = conditions(pvc);
+    let mut entries = Vec::new();
+    for (kind, message) in upsert {
+        let current = existing.iter().find(|c| c.type_ == kind);
+        let message = message.map(truncate);
+        if current.is_some_and(|c| c.status == "True" && c.message == message) {
+            continue;
+        }
+        // A condition that stays True keeps the time it became True.
+        let since = match current {
+            Some(c) if c.status == "True" => c
+                .last_transition_time
+                .as_ref()
+                .map_or_else(|| time_json(now), time_json),
+            _ => time_json(now),
+        };
+        let mut entry = json!({ "type": kind, "status": "True", "lastTransitionTime": since });
+        if let Some(message) = message {
+            entry["message"] = Value::String(message);
+        }
+        entries.push(entry);
+    }
+    for kind in remove {
+        if existing.iter().any(|c| c.type_ == kind) {
+            entries.push(json!({ "$patch": "delete", "type": kind }));
+        }
+    }
+    if !entries.is_empty() {
+        status.insert("conditions".to_string(), Value::Array(entries));
+    }
+    if status.is_empty() {
+        return None;
+    }
+    Some(json!({
+        "metadata": { "resourceVersion": pvc.metadata.resource_version },
+        "status": status,
+    }))
+}
+
+pub fn truncate(s: &str) -> String {
+    if s.len() <= MAX_MESSAGE {
+        return s.to_string();
+    }
+    let mut end = MAX_MESSAGE;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("Kubernetes API: {what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("Kubernetes API: {what}: no answer within {timeout:?}")]
+    Timeout { what: String, timeout: Duration },
+    #[error(
+        "PersistentVolumeClaim {claim} changed during each of {ATTEMPTS} attempts to write its resize status"
+    )]
+    Conflict { claim: String },
+}
+
+/// Runs one API call under [`API_TIMEOUT`].
+pub async fn call<T>(
+    what: impl FnOnce() -> String,
+    request: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, StatusError> {
+    match tokio::time::timeout(API_TIMEOUT, request).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(StatusError::Api { what: what(), source }),
+        Err(_) => Err(StatusError::Timeout {
+            what: what(),
+            timeout: API_TIMEOUT,
+        }),
+    }
+}
+
+/// Writes claims' resize status for one API server.
+pub struct ClaimStatus {
+    client: Client,
+    failure: FailureValue,
+    detected: OnceCell<FailureNames>,
+}
+
+impl std::fmt::Debug for ClaimStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimStatus")
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClaimStatus {
+    pub fn new(client: Client, failure: FailureValue) -> Self {
+        Self {
+            client,
+            failure,
+            detected: OnceCell::new(),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn api(&self, namespace: &str) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    pub async fn get(&self, namespace: &str, name: &str) -> Result<PersistentVolumeClaim, StatusError> {
+        call(
+            || format!("get PersistentVolumeClaim {namespace}/{name}"),
+            self.api(namespace).get(name),
+        )
+        .await
+    }
+
+    /// The failure value names: as forced by the flag, else from the server's version
+    /// (asked once; a failed ask is retried at the next failure, and this one uses the
+    /// current names).
+    pub async fn names(&self) -> FailureNames {
+        match self.failure {
+            FailureValue::NodeResizeFailed => FailureNames::Failed,
+            FailureValue::NodeResizeInfeasible => FailureNames::Infeasible,
+            FailureValue::Auto => {
+                let detected = self
+                    .detected
+                    .get_or_try_init(|| async {
+                        let info =
+                            call(|| "get /version".to_string(), self.client.apiserver_version()).await?;
+                        let names = FailureNames::for_version(&info.major, &info.minor);
+                        info!(
+                            server.version = %info.git_version,
+                            names = ?names,
+                            "resize failure value chosen from the API server's version"
+                        );
+                        Ok::<_, StatusError>(names.unwrap_or(FailureNames::Infeasible))
+                    })
+                    .await;
+                match detected {
+                    Ok(names) => *names,
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the API server's version; using NodeResizeInfeasible");
+                        FailureNames::Infeasible
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves the claim to `transition`, planned from `pvc` and guarded by its
+    /// resourceVersion; re-reads and re-plans after a conflict. Returns the claim as
+    /// last seen (unchanged when it already showed the transition).
+    pub async fn apply(
+        &self,
+        mut pvc: PersistentVolumeClaim,
+        transition: &Transition,
+    ) -> Result<PersistentVolumeClaim, StatusError> {
+        let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
+        let name = pvc.metadata.name.clone().unwrap_or_default();
+        let names = if transition.is_failure() {
+            self.names().await
+        } else {
+            FailureNames::Infeasible
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        for attempt in 1..=ATTEMPTS {
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            let Some(patch) = plan(&pvc, transition, names, &now) else {
+                return Ok(pvc);
+            };
+            let result = call(
+                || format!("patch PersistentVolumeClaim {namespace}/{name} status"),
+                self.api(&namespace)
+                    .patch_status(&name, &params, &Patch::Strategic(patch)),
+            )
+            .await;
+            match result {
+                Ok(updated) => return Ok(updated),
+                Err(StatusError::Api {
+                    source: kube::Error::Api(status),
+                    ..
+                }) if status.code == 409 && attempt < ATTEMPTS => {
+                    info!(pvc = %format!("{namespace}/{name}"), attempt, "claim changed meanwhile; reading it again");
+                    pvc = self.get(&namespace, &name).await?;
+                }
+                Err(StatusError::Api {
+                    source: kube::Error::Api(status),
+                    ..
+                }) if status.code == 409 => {
+                    return Err(StatusError::Conflict {
+                        claim: format!("{namespace}/{name}"),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::PersistentVolumeClaimStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn now() -> Time {
+        Time("2025-01-02T03:04:05Z".parse().unwrap())
+    }
+
+    fn earlier() -> Time {
+        Time("2024-12-31T00:00:00Z".parse().unwrap())
+    }
+
+    fn condition(kind: &str, message: Option<&str>) -> PersistentVolumeClaimCondition {
+        PersistentVolumeClaimCondition {
+            type_: kind.to_string(),
+            status: "True".to_string(),
+            message: message.map(str::to_string),
+            last_transition_time: Some(earlier()),
+            ..PersistentVolumeClaimCondition::default()
+        }
+    }
+
+    fn claim(
+        value: Option<&str>,
+        capacity: &str,
+        conditions: Vec<PersistentVolumeClaimCondition>,
+    ) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("data".into()),
+                namespace: Some("apps".into()),
+                resource_version: Some("41".into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: Some(PersistentVolumeClaimStatus {
+                capacity: Some(BTreeMap::from([(STORAGE.to_string(), Quantity(capacity.into()))])),
+                allocated_resource_statuses: value
+                    .map(|v| BTreeMap::from([(STORAGE.to_string(), v.to_string())])),
+                conditions: Some(conditions),
+                ..PersistentVolumeClaimStatus::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn node_in_progress_then_finished() {
+        let pvc = claim(None, "1Gi", vec![condition("Bound-ish", None)]);
+        assert_eq!(
+            plan(
+                &pvc,
+                &Transition::NodeInProgress,
+                FailureNames::Infeasible,
+                &now()
+            ),
+            Some(json!({
+                "metadata": {"resourceVersion": "41"},
+                "status": {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}}
+            }))
+        );
+        let pvc = claim(
+            Some(NODE_RESIZE_IN_PROGRESS),
+            "1Gi",
+            vec![
+                condition(FILE_SYSTEM_RESIZE_PENDING, Some("x")),
+                condition("Other", None),
+            ],
+        );
+        assert_eq!(
+            plan(
+                &pvc,
+                &Transition::Finished {
+                    capacity: Quantity("2Gi".into())
+                },
+                FailureNames::Infeasible,
+                &now()
+            ),
+            Some(json!({
+                "metadata": {"resourceVersion": "41"},
+                "status": {
+                    "allocatedResourceStatuses": {"storage": null},
+                    "capacity": {"storage": "2Gi"},
+                    "conditions": [{"$patch": "delete", "type": "FileSystemResizePending"}]
+                }
+            }))
+        );
+    }
+
+    #[test]
+    fn a_claim_that_already_shows_the_step_gets_no_patch() {
+        let pvc = claim(Some(NODE_RESIZE_IN_PROGRESS), "1Gi", vec![]);
+        assert_eq!(
+            plan(
+                &pvc,
+                &Transition::NodeInProgress,
+                FailureNames::Infeasible,
+                &now()
+            ),
+            None
+        );
+        let pvc = claim(None, "2Gi", vec![condition("Other", None)]);
+        let done = Transition::Finished {
+            capacity: Quantity("2Gi".into()),
+        };
+        assert_eq!(plan(&pvc, &done, FailureNames::Infeasible, &now()), None);
+        let failed = Transition::NodeFailed {
+            message: "full".into(),
+        };
+        let pvc = claim(
+            Some(NODE_RESIZE_INFEASIBLE),
+            "1Gi",
+            vec![condition(NODE_RESIZE_ERROR, Some("full"))],
+        );
+        assert_eq!(plan(&pvc, &failed, FailureNames::Infeasible, &now()), None);
+    }
+
+    #[test]
+    fn failures_use_the_names_the_server_knows() {
+        let pvc = claim(Some(NODE_RESIZE_IN_PROGRESS), "1Gi", vec![]);
+        let failed = Transition::NodeFailed {
+            message: "no space".into(),
+        };
+        for (names, value) in [
+            (FailureNames::Failed, "NodeResizeFailed"),
+            (FailureNames::Infeasible, "NodeResizeInfeasible"),
+        ] {
+            assert_eq!(
+                plan(&pvc, &failed, names, &now()),
+                Some(json!({
+                    "metadata": {"resourceVersion": "41"},
+                    "status": {
+                        "allocatedResourceStatuses": {"storage": value},
+                        "conditions": [{
+                            "type": "NodeResizeError",
+                            "status": "True",
+                            "lastTransitionTime": "2025-01-02T03:04:05Z",
+                            "message": "no space"
+                        }]
+                    }
+                }))
+            );
+        }
+        // A condition that stays True keeps its transition time; its message follows.
+        let pvc = claim(
+            Some(NODE_RESIZE_INFEASIBLE),
+            "1Gi",
+            vec![condition(NODE_RESIZE_ERROR, Some("old"))],
+        );
+        assert_eq!(
+            plan(&pvc, &failed, FailureNames::Infeasible, &now()).unwrap()["status"]["conditions"][0]["lastTransitionTime"],
+            "2024-12-31T00:00:00Z"
+        );
+    }
+
+    #[test]
+    fn controller_steps() {
+        let pvc = claim(None, "1Gi", vec![condition(NODE_RESIZE_ERROR, Some("old"))]);
+        assert_eq!(
+            plan(
+                &pvc,
+                &Transition::ControllerInProgress {
+                    target: Quantity("2Gi".into())
+                },
+                FailureNames::Infeasible,
+                &now()
+            ),
+            Some(json!({
+                "metadata": {"resourceVersion": "41"},
+                "status": {
+                    "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+                    "allocatedResources": {"storage": "2Gi"},
+                    "conditions": [
+                        {"type": "Resizing", "status": "True", "lastTransitionTime": "2025-01-02T03:04:05Z"},
+                        {"$patch": "delete", "type": "NodeResizeError"}
+                    ]
+                }
+            }))
+        );
+        let pvc = claim(
+            Some(CONTROLLER_RESIZE_IN_PROGRESS),
+            "1Gi",
+            vec![condition(RESIZING, None)],
+        );
+        assert_eq!(
+            plan(&pvc, &Transition::NodePending, FailureNames::Infeasible, &now()),
+            Some(json!({
+                "metadata": {"resourceVersion": "41"},
+                "status": {
+                    "allocatedResourceStatuses": {"storage": "NodeResizePending"},
+                    "conditions": [
+                        {
+                            "type": "FileSystemResizePending",
+                            "status": "True",
+                            "lastTransitionTime": "2025-01-02T03:04:05Z",
+                            "message": FS_RESIZE_PENDING_MESSAGE
+                        },
+                        {"$patch": "delete", "type": "Resizing"}
+                    ]
+                }
+            }))
+        );
+        assert_eq!(
+            plan(
+                &pvc,
+                &Transition::ControllerFailed {
+                    message: "VG full".into()
+                },
+                FailureNames::Failed,
+                &now()
+            )
+            .unwrap()["status"]["allocatedResourceStatuses"]["storage"],
+            "ControllerResizeFailed"
+        );
+    }
+
+    #[test]
+    fn versions_choose_the_failure_names() {
+        let cases = [
+            ("1", "30", Some(FailureNames::Failed)),
+            ("1", "29+", Some(FailureNames::Failed)),
+            ("1", "31", Some(FailureNames::Infeasible)),
+            ("1", "32", Some(FailureNames::Infeasible)),
+            ("1", "34+", Some(FailureNames::Infeasible)),
+            ("2", "0", Some(FailureNames::Infeasible)),
+            ("", "", None),
+        ];
+        for (major, minor, expected) in cases {
+            assert_eq!(
+                FailureNames::for_version(major, minor),
+                expected,
+                "{major}.{minor}"
+            );
+        }
+    }
+}
