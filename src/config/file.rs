@@ -1,0 +1,430 @@
+//! The configuration file: device classes (TopoLVM lvmd-style keys where they overlap)
+//! and this node's own reclaim schedules, parsed and validated at start-up.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+use crate::fs::FsType;
+use crate::model::ClassName;
+use crate::reclaim::policy::NodePolicy;
+use crate::reclaim::schedule::Schedule;
+
+/// The configuration file. Keys follow TopoLVM's lvmd where they overlap.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct FileConfig {
+    pub device_classes: Vec<DeviceClassConfig>,
+    #[serde(default)]
+    pub reclaim: Option<ReclaimFileConfig>,
+}
+
+/// `reclaim:` in the configuration file: this node's own schedules, below the cluster's
+/// csi-addons annotations.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ReclaimFileConfig {
+    /// Scheduled runs (default true). On-demand runs over --csi-addons-endpoint still work.
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+    /// For volumes no annotation or storage-classes entry names a schedule for.
+    #[serde(default)]
+    pub default_schedule: Option<String>,
+    /// StorageClass name to schedule.
+    #[serde(default)]
+    pub storage_classes: BTreeMap<String, String>,
+    /// Namespace of the csi-addons-config ConfigMap (default csi-addons-system).
+    #[serde(default)]
+    pub csi_addons_namespace: Option<String>,
+}
+
+fn enabled_by_default() -> bool {
+    true
+}
+
+/// Validated reclaim settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReclaimConfig {
+    pub policy: NodePolicy,
+    pub csi_addons_socket: Option<PathBuf>,
+    pub concurrency: usize,
+    pub timeout: Duration,
+}
+
+/// Parses the schedules now: a typo in the node's own file is a startup error, not a
+/// silent @weekly.
+pub fn validate_reclaim(file: Option<ReclaimFileConfig>) -> Result<NodePolicy, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(m);
+    let mut policy = NodePolicy::default();
+    let Some(file) = file else {
+        return Ok(policy);
+    };
+    policy.enabled = file.enabled;
+    if let Some(text) = &file.default_schedule {
+        policy.default_schedule =
+            Some(Schedule::parse(text).map_err(|e| invalid(format!("reclaim.default-schedule: {e}")))?);
+    }
+    for (class, text) in &file.storage_classes {
+        let schedule =
+            Schedule::parse(text).map_err(|e| invalid(format!("reclaim.storage-classes.{class}: {e}")))?;
+        policy.storage_classes.insert(class.clone(), schedule);
+    }
+    if let Some(ns) = file.csi_addons_namespace {
+        let label = !ns.is_empty()
+            && ns.len() <= 63
+            && ns
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !label {
+            return Err(invalid(format!(
+                "reclaim.csi-addons-namespace {ns:?} is not a namespace name"
+            )));
+        }
+        policy.csi_addons_namespace = ns;
+    }
+    Ok(policy)
+}
+
+// Unknown keys are rejected by the kind's variant: `flatten` hands it every key the
+// common fields did not take.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DeviceClassConfig {
+    pub name: String,
+    #[serde(flatten)]
+    pub kind: KindConfig,
+    #[serde(default)]
+    pub default: bool,
+    #[serde(default)]
+    pub fs_type: Option<FsType>,
+    #[serde(default)]
+    pub mount_options: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum KindConfig {
+    #[serde(rename_all = "kebab-case")]
+    Loop {
+        #[serde(default)]
+        directory: Option<PathBuf>,
+        #[serde(default)]
+        capacity_gb: Option<u64>,
+    },
+    #[serde(rename_all = "kebab-case")]
+    Lvm {
+        volume_group: String,
+        #[serde(default)]
+        spare_gb: Option<u64>,
+        #[serde(default)]
+        stripe: Option<u32>,
+        #[serde(default)]
+        stripe_size: Option<String>,
+        #[serde(default)]
+        lvcreate_options: Vec<String>,
+    },
+    #[serde(rename_all = "kebab-case")]
+    LvmThin {
+        volume_group: String,
+        thin_pool: ThinPoolConfig,
+        #[serde(default)]
+        lvcreate_options: Vec<String>,
+    },
+    #[serde(rename_all = "kebab-case")]
+    Pmem {
+        mode: PmemMode,
+        #[serde(default)]
+        region: Option<String>,
+        #[serde(default)]
+        volume_group: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ThinPoolConfig {
+    pub name: String,
+    #[serde(default = "default_overprovision")]
+    pub overprovision_ratio: f64,
+}
+
+fn default_overprovision() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PmemMode {
+    Direct,
+    Lvm,
+}
+
+/// One validated device class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceClass {
+    pub name: ClassName,
+    pub kind: KindConfig,
+    pub default: bool,
+    pub fs_type: Option<FsType>,
+    pub mount_options: Vec<String>,
+}
+
+/// The device classes from the configuration file, or without one the single loop
+/// class `default` under `data_dir`; validated.
+pub fn load_classes(
+    config: Option<&Path>,
+    data_dir: &Path,
+    loop_capacity: u64,
+) -> Result<Vec<DeviceClass>, ConfigError> {
+    validate_classes(load_file_config(config)?, data_dir, loop_capacity)
+}
+
+/// The configuration file, or without one a single loop class `default`.
+pub(super) fn load_file_config(config: Option<&Path>) -> Result<FileConfig, ConfigError> {
+    Ok(match config {
+        Some(path) => load_file(path)?,
+        None => FileConfig {
+            device_classes: vec![DeviceClassConfig {
+                name: "default".to_string(),
+                kind: KindConfig::Loop {
+                    directory: None,
+                    capacity_gb: None,
+                },
+                default: true,
+                fs_type: None,
+                mount_options: Vec::new(),
+            }],
+            reclaim: None,
+        },
+    })
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Checks names, defaults and each kind's settings; fills in loop defaults.
+pub fn validate_classes(
+    file: FileConfig,
+    data_dir: &Path,
+    loop_capacity: u64,
+) -> Result<Vec<DeviceClass>, ConfigError> {
+    let invalid = |m: String| ConfigError::Invalid(m);
+    if file.device_classes.is_empty() {
+        return Err(invalid("device-classes is empty".to_string()));
+    }
+    let mut names = BTreeSet::new();
+    let mut classes = Vec::new();
+    let only_one = file.device_classes.len() == 1;
+    for c in file.device_classes {
+        let name = ClassName::parse(&c.name).map_err(invalid)?;
+        if !names.insert(name.clone()) {
+            return Err(invalid(format!("device class {name} is defined twice")));
+        }
+        crate::mount::MountOptions::parse(&c.mount_options)
+            .map_err(|e| invalid(format!("device class {name}: mount-options: {e}")))?;
+        let kind = match c.kind {
+            KindConfig::Loop {
+                directory,
+                capacity_gb,
+            } => {
+                let directory = directory.unwrap_or_else(|| data_dir.join("loop").join(name.as_str()));
+                if !directory.is_absolute() {
+                    return Err(invalid(format!(
+                        "device class {name}: directory must be absolute"
+                    )));
+                }
+                KindConfig::Loop {
+                    directory: Some(directory),
+                    capacity_gb: Some(capacity_gb.unwrap_or(loop_capacity >> 30)),
+                }
+            }
+            KindConfig::Lvm { ref volume_group, .. } | KindConfig::LvmThin { ref volume_group, .. }
+                if volume_group.is_empty() =>
+            {
+                return Err(invalid(format!("device class {name}: volume-group is required")));
+            }
+            KindConfig::LvmThin { ref thin_pool, .. }
+                if thin_pool.name.is_empty()
+                    || thin_pool.overprovision_ratio.is_nan()
+                    || thin_pool.overprovision_ratio < 1.0 =>
+            {
+                return Err(invalid(format!(
+                    "device class {name}: thin-pool needs a name and an overprovision-ratio of at least 1.0"
+                )));
+            }
+            KindConfig::Pmem {
+                mode: PmemMode::Direct,
+                ref region,
+                ..
+            } if region.is_none() => {
+                return Err(invalid(format!(
+                    "device class {name}: pmem mode direct needs a region"
+                )));
+            }
+            KindConfig::Pmem {
+                mode: PmemMode::Lvm,
+                ref volume_group,
+                ..
+            } if volume_group.is_none() => {
+                return Err(invalid(format!(
+                    "device class {name}: pmem mode lvm needs a volume-group"
+                )));
+            }
+            other => other,
+        };
+        classes.push(DeviceClass {
+            name,
+            kind,
+            default: c.default || only_one,
+            fs_type: c.fs_type,
+            mount_options: c.mount_options,
+        });
+    }
+    match classes.iter().filter(|c| c.default).count() {
+        1 => Ok(classes),
+        0 => Err(invalid("no device class is marked default: true".to_string())),
+        _ => Err(invalid(
+            "more than one device class is marked default: true".to_string(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<Vec<DeviceClass>, ConfigError> {
+        let file: FileConfig = serde_yaml::from_str(yaml).map_err(|source| ConfigError::Parse {
+            path: "test.yaml".into(),
+            source,
+        })?;
+        validate_classes(file, Path::new("/var/lib/localvol"), 100 << 30)
+    }
+
+    fn reclaim(yaml: &str) -> Result<NodePolicy, ConfigError> {
+        let file: FileConfig = serde_yaml::from_str(yaml).map_err(|source| ConfigError::Parse {
+            path: "test.yaml".into(),
+            source,
+        })?;
+        validate_reclaim(file.reclaim)
+    }
+
+    #[test]
+    fn reclaim_settings_validate() {
+        let classes = "device-classes: [{name: a, kind: loop}]\n";
+        assert_eq!(reclaim(classes).unwrap(), NodePolicy::default());
+        let policy = reclaim(&format!(
+            "{classes}reclaim:\n  enabled: false\n  default-schedule: '@weekly'\n  storage-classes: {{fast: '30 2 * * *'}}\n  csi-addons-namespace: storage\n"
+        ))
+        .unwrap();
+        assert!(!policy.enabled);
+        assert_eq!(policy.default_schedule, Some(Schedule::Weekly));
+        assert_eq!(policy.storage_classes["fast"].to_string(), "30 2 * * *");
+        assert_eq!(policy.csi_addons_namespace, "storage");
+        assert!(reclaim(&format!("{classes}reclaim: {{}}\n")).unwrap().enabled);
+        for (yaml, expected) in [
+            (
+                "reclaim: {default-schedule: '@often'}",
+                "reclaim.default-schedule",
+            ),
+            (
+                "reclaim: {storage-classes: {fast: '61 * * * *'}}",
+                "reclaim.storage-classes.fast",
+            ),
+            ("reclaim: {csi-addons-namespace: 'Bad_NS'}", "not a namespace"),
+            ("reclaim: {schedule: '@daily'}", "unknown field"),
+        ] {
+            let err = reclaim(&format!("{classes}{yaml}\n")).unwrap_err().to_string();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_kind_parses() {
+        let classes = parse(
+            r#"
+device-classes:
+  - name: scratch
+    kind: loop
+    capacity-gb: 20
+  - name: ssd
+    kind: lvm
+    volume-group: vg-ssd
+    default: true
+    spare-gb: 10
+    stripe: 2
+    stripe-size: 64k
+  - name: thin
+    kind: lvm-thin
+    volume-group: vg-ssd
+    thin-pool: {name: pool0, overprovision-ratio: 5.0}
+    fs-type: xfs
+  - name: pmem
+    kind: pmem
+    mode: direct
+    region: region0
+"#,
+        )
+        .unwrap();
+        assert_eq!(classes.len(), 4);
+        assert_eq!(
+            classes[0].kind,
+            KindConfig::Loop {
+                directory: Some("/var/lib/localvol/loop/scratch".into()),
+                capacity_gb: Some(20)
+            }
+        );
+        assert!(classes[1].default);
+        assert_eq!(classes[2].fs_type, Some(FsType::Xfs));
+    }
+
+    #[test]
+    fn mistakes_are_reported_clearly() {
+        let cases = [
+            ("device-classes: []", "empty"),
+            (
+                "device-classes: [{name: a, kind: loop}, {name: a, kind: loop, default: true}]",
+                "twice",
+            ),
+            (
+                "device-classes: [{name: a, kind: loop}, {name: b, kind: loop}]",
+                "no device class is marked",
+            ),
+            ("device-classes: [{name: A, kind: loop}]", "must be 1-32"),
+            (
+                "device-classes: [{name: t, kind: lvm-thin, volume-group: vg, thin-pool: {name: p, overprovision-ratio: 0.5}}]",
+                "at least 1.0",
+            ),
+            (
+                "device-classes: [{name: p, kind: pmem, mode: direct}]",
+                "needs a region",
+            ),
+            ("device-classes: [{name: a, kind: zfs}]", "unknown variant"),
+            (
+                "device-classes: [{name: a, kind: loop, mount-options: [bind]}]",
+                "not allowed",
+            ),
+            (
+                "device-classes: [{name: a, kind: loop, colour: red}]",
+                "unknown field",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let err = parse(yaml).unwrap_err().to_string();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
+    }
+}
