@@ -83,13 +83,18 @@ struct Process {
     pgid: i32,
 }
 
+/// The daemon's log, outside the test directory so that it survives a failure.
+fn log_path(seed: u64) -> PathBuf {
+    std::env::temp_dir().join(format!("localvol-crash-{seed:x}.log"))
+}
+
 impl Process {
-    async fn start(dir: &Path) -> (Self, Channel) {
+    async fn start(dir: &Path, seed: u64) -> (Self, Channel) {
         let socket = dir.join("csi.sock");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(dir.join("daemon.log"))
+            .open(log_path(seed))
             .unwrap();
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
             .args(["serve", "--node-id", "crash", "--kube", "off"])
@@ -118,7 +123,7 @@ impl Process {
             if let Some(status) = process.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
                     "the daemon exited during start-up: {status}; see {}",
-                    dir.join("daemon.log").display()
+                    log_path(seed).display()
                 );
             }
             assert!(
@@ -411,7 +416,7 @@ impl Run {
             let _ = tokio::time::timeout(Duration::from_secs(10), inflight)
                 .await
                 .expect("an interrupted call returns once the daemon is gone");
-            let (process, channel) = Process::start(&self.dir).await;
+            let (process, channel) = Process::start(&self.dir, self.seed).await;
             self.process = process;
             self.channel = channel;
             self.counts.replays += 1;
@@ -445,7 +450,7 @@ impl Run {
                     v.name,
                     s.code(),
                     s.message(),
-                    self.dir.join("daemon.log").display()
+                    log_path(self.seed).display()
                 ),
             }
         }
@@ -465,7 +470,11 @@ async fn sigkill_at_random_points_loses_nothing() {
         })
         .unwrap_or(DEFAULT_SEED);
     let rounds: usize = env_or("LOCALVOL_CRASH_ROUNDS", DEFAULT_ROUNDS);
-    eprintln!("crash test: LOCALVOL_CRASH_SEED={seed:#x} LOCALVOL_CRASH_ROUNDS={rounds}");
+    eprintln!(
+        "crash test: LOCALVOL_CRASH_SEED={seed:#x} LOCALVOL_CRASH_ROUNDS={rounds}, daemon log {}",
+        log_path(seed).display()
+    );
+    let _ = std::fs::remove_file(log_path(seed));
     let ext4_grows = has_cap_sys_resource();
     if !ext4_grows {
         eprintln!(
@@ -485,7 +494,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         mounts: Vec::new(),
         data: data.clone(),
     };
-    let (process, channel) = Process::start(&dir).await;
+    let (process, channel) = Process::start(&dir, seed).await;
     let mut run = Run {
         dir: dir.clone(),
         seed,
