@@ -17,6 +17,8 @@
 //! Seeded and reproducible: `LOCALVOL_CRASH_SEED` (default fixed; printed first),
 //! `LOCALVOL_CRASH_ROUNDS` lifecycles (default sized for about a minute on two cores).
 //! Soak: `LOCALVOL_CRASH_ROUNDS=500 cargo test --test crash -- --nocapture`.
+//! `LOCALVOL_CRASH_KILL=process` kills the daemon alone instead of its process group,
+//! so an interrupted tool (mkfs, losetup) runs on while the next daemon replays.
 
 mod common;
 
@@ -136,12 +138,23 @@ impl Process {
 
     /// SIGKILL to the whole process group, then reap the daemon.
     async fn kill(&mut self) {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(self.pgid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        self.kill_daemon(true).await;
+    }
+
+    /// SIGKILL to the daemon only (`whole_group` false): the tools it was running live
+    /// on as orphans while the next daemon starts, as after a crash of the process alone.
+    async fn kill_daemon(&mut self, whole_group: bool) {
+        let pid = nix::unistd::Pid::from_raw(self.pgid);
+        let _ = if whole_group {
+            nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL)
+        } else {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
+        };
         if let Some(mut child) = self.child.take() {
             child.wait().await.unwrap();
+        }
+        if !whole_group {
+            return;
         }
         // The tools it ran were in the group too: wait until none is left.
         for _ in 0..500 {
@@ -391,6 +404,8 @@ struct Run {
     channel: Channel,
     counts: Counts,
     timings: Timings,
+    /// Kill the daemon's whole process group (a container restart) or the daemon alone.
+    kill_group: bool,
 }
 
 impl Run {
@@ -407,7 +422,7 @@ impl Run {
             let inflight = tokio::spawn(async move { call(channel, step, &vol).await });
             tokio::time::sleep(delay).await;
             let was_running = !inflight.is_finished();
-            self.process.kill().await;
+            self.process.kill_daemon(self.kill_group).await;
             self.counts.kills += 1;
             if was_running {
                 self.counts.inside_call += 1;
@@ -470,6 +485,11 @@ async fn sigkill_at_random_points_loses_nothing() {
         })
         .unwrap_or(DEFAULT_SEED);
     let rounds: usize = env_or("LOCALVOL_CRASH_ROUNDS", DEFAULT_ROUNDS);
+    let kill_group = match std::env::var("LOCALVOL_CRASH_KILL").as_deref() {
+        Err(_) | Ok("group") => true,
+        Ok("process") => false,
+        Ok(other) => panic!("LOCALVOL_CRASH_KILL={other:?}: group or process"),
+    };
     eprintln!(
         "crash test: LOCALVOL_CRASH_SEED={seed:#x} LOCALVOL_CRASH_ROUNDS={rounds}, daemon log {}",
         log_path(seed).display()
@@ -503,6 +523,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         channel,
         counts: Counts::default(),
         timings: Timings::default(),
+        kill_group,
     };
     let started = Instant::now();
     for round in 0..rounds {
