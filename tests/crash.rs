@@ -90,6 +90,14 @@ fn log_path(seed: u64) -> PathBuf {
     std::env::temp_dir().join(format!("localvol-crash-{seed:x}.log"))
 }
 
+/// The last lines of the daemon's log, for a failure message (the next run replaces
+/// the file).
+fn log_tail(seed: u64) -> String {
+    let text = std::fs::read_to_string(log_path(seed)).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
 impl Process {
     async fn start(dir: &Path, seed: u64) -> (Self, Channel) {
         let socket = dir.join("csi.sock");
@@ -460,12 +468,13 @@ impl Run {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(s) => panic!(
-                    "seed {:#x}: {step:?} of {} failed: {:?} {}; daemon log: {}",
+                    "seed {:#x}: {step:?} of {} failed: {:?} {}; daemon log {}, last lines:\n{}",
                     self.seed,
                     v.name,
                     s.code(),
                     s.message(),
-                    log_path(self.seed).display()
+                    log_path(self.seed).display(),
+                    log_tail(self.seed)
                 ),
             }
         }
