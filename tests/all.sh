@@ -23,7 +23,15 @@ step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
 
-step "unit and privileged tests (host)"
+# Soak mode, on demand: LOCALVOL_SOAK=1 bash tests/all.sh runs 500 crash lifecycles
+# and fuzzes each target for 10 minutes (both can also be set one by one).
+if [ "${LOCALVOL_SOAK:-0}" = 1 ]; then
+  export LOCALVOL_CRASH_ROUNDS=${LOCALVOL_CRASH_ROUNDS:-500}
+  LOCALVOL_FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-600}
+fi
+
+step "unit, privileged, crash, load, fault and hostile-input tests (host)"
+# tests/crash.rs prints its seed first: LOCALVOL_CRASH_SEED=<hex> reproduces a failure.
 cargo test --locked -- --test-threads=2
 
 step "deploy manifests"
@@ -40,6 +48,10 @@ if [ -n "${KUBECONFIG:-}" ]; then
 else
   echo "deploy server-side dry run: NOT RUN (no KUBECONFIG)"
 fi
+
+step "fuzz: request conversion and parsers (${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
+command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
 
 step "VM: device-mapper and NVDIMM smoke test"
 tests/vm/smoke.sh

@@ -356,7 +356,17 @@ impl LoopBackend {
     }
 
     pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {
-        for device in self.devices_of(token).await? {
+        // Also the devices still holding an image that was deleted under them (the
+        // kernel reports `<path> (deleted)`): nothing else would ever detach them.
+        let image = self.image_path(token);
+        let mut deleted = image.clone().into_os_string();
+        deleted.push(" (deleted)");
+        let devices = self.host.syscalls.loop_devices().await?;
+        let devices = devices
+            .into_iter()
+            .filter(|d| d.backing_file == image || d.backing_file.as_os_str() == deleted)
+            .map(|d| d.device);
+        for device in devices {
             let result = self
                 .host
                 .commands

@@ -132,3 +132,27 @@ async fn corrupt_records_are_reported_not_ignored() {
     let err = b.get(&Token::for_name("pvc-a")).await.unwrap_err();
     assert!(matches!(err, BackendError::CorruptRecord { .. }), "{err}");
 }
+
+#[tokio::test]
+async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let commands = Arc::new(FakeCommands::default());
+    commands.ok("losetup", "");
+    let syscalls = Arc::new(FakeSyscalls::default());
+    let b = LoopBackend::new(
+        ClassName::parse("default").unwrap(),
+        dir.path().join("c"),
+        1 << 30,
+        Host {
+            commands: commands.clone(),
+            syscalls: syscalls.clone(),
+        },
+    );
+    let image = b.directory().join("pvc-a.img");
+    syscalls.attach_loop("/dev/loop7", format!("{} (deleted)", image.display()));
+    syscalls.attach_loop("/dev/loop8", b.directory().join("pvc-b.img (deleted)"));
+    // Not this volume's device, even though the image's device is gone.
+    assert_eq!(b.device(&Token::for_name("pvc-a")).await.unwrap(), None);
+    b.detach(&Token::for_name("pvc-a")).await.unwrap();
+    assert_eq!(commands.calls_of("losetup"), vec!["losetup --detach /dev/loop7"]);
+}

@@ -1,0 +1,109 @@
+//! Arbitrary bytes, decoded as a CSI request the way tonic decodes one off the wire,
+//! then converted into localvol's typed request. Nothing may panic, and whatever is
+//! accepted must hold the invariants the rest of the daemon relies on.
+#![no_main]
+
+use std::path::{Component, Path};
+
+use libfuzzer_sys::fuzz_target;
+use localvol::proto::csi::v1 as csi;
+use localvol::request::{
+    ControllerExpandRequest, CreateRequest, HostPath, NodeExpandRequest, PublishRequest, StageRequest,
+    StatsRequest, UnpublishRequest, UnstageRequest,
+};
+use prost::Message;
+
+/// An accepted kubelet path names exactly one place: absolute, no `.`/`..`, no NUL.
+fn check_path(path: &HostPath) {
+    let p: &Path = path.as_path();
+    assert!(p.is_absolute(), "{p:?}");
+    assert!(
+        p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_))),
+        "{p:?}"
+    );
+    assert!(!p.as_os_str().as_encoded_bytes().contains(&0), "{p:?}");
+}
+
+/// An accepted volume id prints back to itself and parses again to the same id.
+fn check_id(id: &localvol::model::VolumeId) {
+    let text = id.to_string();
+    assert_eq!(localvol::model::VolumeId::parse(&text).as_ref(), Ok(id));
+}
+
+fn decode<M: Message + Default>(bytes: &[u8]) -> Option<M> {
+    M::decode(bytes).ok()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&selector, bytes)) = data.split_first() else {
+        return;
+    };
+    match selector % 8 {
+        0 => {
+            if let Some(raw) = decode::<csi::CreateVolumeRequest>(bytes)
+                && let Ok(req) = CreateRequest::try_from(&raw)
+            {
+                let _ = format!("{req:?}");
+            }
+        }
+        1 => {
+            if let Some(raw) = decode::<csi::ControllerExpandVolumeRequest>(bytes)
+                && let Ok(req) = ControllerExpandRequest::try_from(&raw)
+            {
+                check_id(&req.id);
+            }
+        }
+        2 => {
+            if let Some(raw) = decode::<csi::NodeStageVolumeRequest>(bytes)
+                && let Ok(req) = StageRequest::try_from(&raw)
+            {
+                check_id(&req.id);
+                check_path(&req.staging_path);
+            }
+        }
+        3 => {
+            if let Some(raw) = decode::<csi::NodeUnstageVolumeRequest>(bytes)
+                && let Ok(req) = UnstageRequest::try_from(&raw)
+            {
+                check_id(&req.id);
+                check_path(&req.staging_path);
+            }
+        }
+        4 => {
+            if let Some(raw) = decode::<csi::NodePublishVolumeRequest>(bytes)
+                && let Ok(req) = PublishRequest::try_from(&raw)
+            {
+                check_id(&req.id);
+                check_path(&req.staging_path);
+                check_path(&req.target_path);
+            }
+        }
+        5 => {
+            if let Some(raw) = decode::<csi::NodeUnpublishVolumeRequest>(bytes)
+                && let Ok(req) = UnpublishRequest::try_from(&raw)
+            {
+                check_id(&req.id);
+                check_path(&req.target_path);
+            }
+        }
+        6 => {
+            if let Some(raw) = decode::<csi::NodeGetVolumeStatsRequest>(bytes)
+                && let Ok(req) = StatsRequest::try_from(&raw)
+            {
+                check_id(&req.id);
+            }
+        }
+        _ => {
+            if let Some(raw) = decode::<csi::NodeExpandVolumeRequest>(bytes)
+                && let Ok(req) = NodeExpandRequest::try_from(&raw)
+            {
+                check_id(&req.id);
+                check_path(&req.volume_path);
+                if let Some(staging) = &req.staging_path {
+                    check_path(staging);
+                }
+            }
+        }
+    }
+});

@@ -1,0 +1,644 @@
+//! Crash consistency (root): the real daemon binary is killed with SIGKILL at random
+//! points of many volume lifecycles, restarted, and each interrupted call is replayed
+//! the way kubelet and external-provisioner would (the same call again until it
+//! succeeds; ABORTED and UNAVAILABLE are retryable, any other error fails the test).
+//!
+//! Each lifecycle: create → stage → publish → write data → controller expand → node
+//! expand → unpublish → unstage → stage → publish → check data → unpublish → unstage →
+//! delete. The daemon runs in its own process group and the whole group is killed, as
+//! a container runtime kills a restarting container: a tool it was running (mkfs,
+//! losetup, xfs_growfs) dies with it.
+//!
+//! Checked: written data survives every crash; the filesystem UUID seen at every stage
+//! is the one of the first stage (no second mkfs); a volume is never attached to two
+//! loop devices; at the end no loop device is backed by the test's files, nothing is
+//! mounted below the test directory, and the data directory holds no file.
+//!
+//! Seeded and reproducible: `LOCALVOL_CRASH_SEED` (default fixed; printed first),
+//! `LOCALVOL_CRASH_ROUNDS` lifecycles (default sized for about a minute on two cores).
+//! Soak: `LOCALVOL_CRASH_ROUNDS=500 cargo test --test crash -- --nocapture`.
+//! `LOCALVOL_CRASH_KILL=process` kills the daemon alone instead of its process group,
+//! so an interrupted tool (mkfs, losetup) runs on while the next daemon replays.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Cleanup, kubelet_paths, loops_under, mounts_under, privileged};
+use localvol::proto::csi::v1 as csi;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const MIB: i64 = 1 << 20;
+/// mkfs.xfs refuses filesystems below 300 MiB.
+const SIZE: i64 = 320 * MIB;
+const GROWN: i64 = 384 * MIB;
+const DEFAULT_SEED: u64 = 0x10ca_1b01;
+const DEFAULT_ROUNDS: usize = 48;
+/// How long one step may keep failing with a retryable code before the test gives up.
+const STEP_DEADLINE: Duration = Duration::from_secs(90);
+
+/// xorshift64*: tiny, deterministic, good enough to pick steps and delays.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
+fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
+}
+
+/// The daemon binary as a child process in its own process group.
+struct Process {
+    child: Option<tokio::process::Child>,
+    pgid: i32,
+}
+
+/// The daemon's log, outside the test directory so that it survives a failure.
+fn log_path(seed: u64) -> PathBuf {
+    std::env::temp_dir().join(format!("localvol-crash-{seed:x}.log"))
+}
+
+/// The last lines of the daemon's log, for a failure message (the next run replaces
+/// the file).
+fn log_tail(seed: u64) -> String {
+    let text = std::fs::read_to_string(log_path(seed)).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+impl Process {
+    async fn start(dir: &Path, seed: u64) -> (Self, Channel) {
+        let socket = dir.join("csi.sock");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path(seed))
+            .unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
+            .args(["serve", "--node-id", "crash", "--kube", "off"])
+            .args(["--kubelet-registration", "external"])
+            .args(["--metrics-addr", "127.0.0.1:0", "--loop-capacity", "8Gi"])
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id().unwrap() as i32;
+        let mut process = Self {
+            child: Some(child),
+            pgid,
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(channel) = localvol::csi::socket::connect(&socket).await {
+                return (process, channel);
+            }
+            if let Some(status) = process.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "the daemon exited during start-up: {status}; see {}",
+                    log_path(seed).display()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the daemon did not start within 30s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL to the whole process group, then reap the daemon.
+    async fn kill(&mut self) {
+        self.kill_daemon(true).await;
+    }
+
+    /// SIGKILL to the daemon only (`whole_group` false): the tools it was running live
+    /// on as orphans while the next daemon starts, as after a crash of the process alone.
+    async fn kill_daemon(&mut self, whole_group: bool) {
+        let pid = nix::unistd::Pid::from_raw(self.pgid);
+        let _ = if whole_group {
+            nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL)
+        } else {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
+        };
+        if let Some(mut child) = self.child.take() {
+            child.wait().await.unwrap();
+        }
+        if !whole_group {
+            return;
+        }
+        // The tools it ran were in the group too: wait until none is left.
+        for _ in 0..500 {
+            if nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pgid), None).is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("processes of group {} survived SIGKILL for 5s", self.pgid);
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Create,
+    Stage,
+    Publish,
+    ControllerExpand,
+    NodeExpand,
+    Unpublish,
+    Unstage,
+    Delete,
+}
+
+impl Step {
+    /// Until a step has been timed: a guess at how long it takes.
+    fn first_guess(self) -> Duration {
+        match self {
+            Step::Stage | Step::NodeExpand => Duration::from_millis(300),
+            _ => Duration::from_millis(10),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Volume {
+    name: String,
+    id: String,
+    cap: csi::VolumeCapability,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+fn mount_cap(fs: &str) -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// One CSI call of a step. Create returns the volume id.
+async fn call(channel: Channel, step: Step, v: &Volume) -> Result<Option<String>, tonic::Status> {
+    let mut controller = csi::controller_client::ControllerClient::new(channel.clone());
+    let mut node = csi::node_client::NodeClient::new(channel);
+    let staging = v.staging.display().to_string();
+    let target = v.target.display().to_string();
+    match step {
+        Step::Create => {
+            let volume = controller
+                .create_volume(csi::CreateVolumeRequest {
+                    name: v.name.clone(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: SIZE,
+                        limit_bytes: 0,
+                    }),
+                    volume_capabilities: vec![v.cap.clone()],
+                    ..Default::default()
+                })
+                .await?
+                .into_inner()
+                .volume
+                .unwrap();
+            assert_eq!(volume.capacity_bytes, SIZE);
+            return Ok(Some(volume.volume_id));
+        }
+        Step::Stage => {
+            node.node_stage_volume(csi::NodeStageVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: staging,
+                volume_capability: Some(v.cap.clone()),
+                ..Default::default()
+            })
+            .await?;
+        }
+        Step::Publish => {
+            node.node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: staging,
+                target_path: target,
+                volume_capability: Some(v.cap.clone()),
+                ..Default::default()
+            })
+            .await?;
+        }
+        Step::ControllerExpand => {
+            let grown = controller
+                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                    volume_id: v.id.clone(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: GROWN,
+                        limit_bytes: 0,
+                    }),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            assert_eq!(grown.capacity_bytes, GROWN);
+        }
+        Step::NodeExpand => {
+            let grown = node
+                .node_expand_volume(csi::NodeExpandVolumeRequest {
+                    volume_id: v.id.clone(),
+                    volume_path: target,
+                    staging_target_path: staging,
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: GROWN,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(v.cap.clone()),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            assert_eq!(grown.capacity_bytes, GROWN);
+        }
+        Step::Unpublish => {
+            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: v.id.clone(),
+                target_path: target,
+            })
+            .await?;
+        }
+        Step::Unstage => {
+            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: staging,
+            })
+            .await?;
+        }
+        Step::Delete => {
+            controller
+                .delete_volume(csi::DeleteVolumeRequest {
+                    volume_id: v.id.clone(),
+                    ..Default::default()
+                })
+                .await?;
+        }
+    }
+    Ok(None)
+}
+
+/// The UUID of the filesystem on the one loop device backed by `data`, read from the
+/// device itself (`blkid -p` bypasses blkid's cache).
+fn filesystem_uuid(data: &Path) -> String {
+    let loops = loops_under(data);
+    assert_eq!(loops.len(), 1, "one volume, one loop device: {loops:?}");
+    let out = std::process::Command::new("blkid")
+        .args(["-p", "-s", "UUID", "-o", "value"])
+        .arg(Path::new("/dev").join(&loops[0]))
+        .output()
+        .unwrap();
+    let uuid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(!uuid.is_empty(), "a staged volume has a filesystem UUID");
+    uuid
+}
+
+/// Regular files below `dir` (the data directory must hold none once all is deleted).
+fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            found.extend(files_below(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[derive(Default, Debug)]
+struct Counts {
+    lifecycles: usize,
+    kills: usize,
+    /// Kills that landed while the interrupted call was still running.
+    inside_call: usize,
+    replays: usize,
+    retryable_errors: usize,
+}
+
+/// How long each step took when it was not interrupted (a running average).
+#[derive(Default)]
+struct Timings(std::collections::HashMap<&'static str, Duration>);
+
+impl Timings {
+    fn key(step: Step) -> &'static str {
+        match step {
+            Step::Create => "create",
+            Step::Stage => "stage",
+            Step::Publish => "publish",
+            Step::ControllerExpand => "controller-expand",
+            Step::NodeExpand => "node-expand",
+            Step::Unpublish => "unpublish",
+            Step::Unstage => "unstage",
+            Step::Delete => "delete",
+        }
+    }
+
+    fn typical(&self, step: Step) -> Duration {
+        self.0
+            .get(Self::key(step))
+            .copied()
+            .unwrap_or_else(|| step.first_guess())
+    }
+
+    fn record(&mut self, step: Step, took: Duration) {
+        let avg = self.0.entry(Self::key(step)).or_insert(took);
+        *avg = (*avg * 3 + took) / 4;
+    }
+}
+
+struct Run {
+    dir: PathBuf,
+    seed: u64,
+    rng: Rng,
+    process: Process,
+    channel: Channel,
+    counts: Counts,
+    timings: Timings,
+    /// Kill the daemon's whole process group (a container restart) or the daemon alone.
+    kill_group: bool,
+}
+
+impl Run {
+    /// Runs `step`, killing the daemon after a random delay when `kill` is set, then
+    /// replays the step against the restarted daemon until it succeeds.
+    async fn step(&mut self, step: Step, v: &mut Volume, kill: bool) {
+        if kill {
+            // Uniform over 0..1.25x the step's usual duration: most kills land inside
+            // the call (inside mkfs, losetup, growfs), some just after it returned.
+            let window = self.timings.typical(step).as_micros() as u64 * 5 / 4;
+            let delay = Duration::from_micros(self.rng.below(window.max(1000)));
+            let channel = self.channel.clone();
+            let vol = v.clone();
+            let inflight = tokio::spawn(async move { call(channel, step, &vol).await });
+            tokio::time::sleep(delay).await;
+            let was_running = !inflight.is_finished();
+            self.process.kill_daemon(self.kill_group).await;
+            self.counts.kills += 1;
+            if was_running {
+                self.counts.inside_call += 1;
+            }
+            // The interrupted call ends one way or the other; its answer is not trusted.
+            let _ = tokio::time::timeout(Duration::from_secs(10), inflight)
+                .await
+                .expect("an interrupted call returns once the daemon is gone");
+            let (process, channel) = Process::start(&self.dir, self.seed).await;
+            self.process = process;
+            self.channel = channel;
+            self.counts.replays += 1;
+        }
+        let started = Instant::now();
+        loop {
+            match call(self.channel.clone(), step, v).await {
+                Ok(id) => {
+                    if !kill {
+                        self.timings.record(step, started.elapsed());
+                    }
+                    if let Some(id) = id {
+                        assert!(v.id.is_empty() || v.id == id, "create returned another id");
+                        v.id = id;
+                    }
+                    return;
+                }
+                Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable) => {
+                    self.counts.retryable_errors += 1;
+                    assert!(
+                        started.elapsed() < STEP_DEADLINE,
+                        "seed {:#x}: {step:?} of {} still failing after {STEP_DEADLINE:?}: {s:?}",
+                        self.seed,
+                        v.name
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(s) => panic!(
+                    "seed {:#x}: {step:?} of {} failed: {:?} {}; daemon log {}, last lines:\n{}",
+                    self.seed,
+                    v.name,
+                    s.code(),
+                    s.message(),
+                    log_path(self.seed).display(),
+                    log_tail(self.seed)
+                ),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_points_loses_nothing() {
+    if !privileged() {
+        return;
+    }
+    let seed: u64 = std::env::var("LOCALVOL_CRASH_SEED")
+        .ok()
+        .map(|s| {
+            let s = s.trim_start_matches("0x");
+            u64::from_str_radix(s, 16).unwrap_or_else(|_| panic!("LOCALVOL_CRASH_SEED={s:?}: hex"))
+        })
+        .unwrap_or(DEFAULT_SEED);
+    let rounds: usize = env_or("LOCALVOL_CRASH_ROUNDS", DEFAULT_ROUNDS);
+    let kill_group = match std::env::var("LOCALVOL_CRASH_KILL").as_deref() {
+        Err(_) | Ok("group") => true,
+        Ok("process") => false,
+        Ok(other) => panic!("LOCALVOL_CRASH_KILL={other:?}: group or process"),
+    };
+    eprintln!(
+        "crash test: LOCALVOL_CRASH_SEED={seed:#x} LOCALVOL_CRASH_ROUNDS={rounds}, daemon log {}",
+        log_path(seed).display()
+    );
+    let _ = std::fs::remove_file(log_path(seed));
+    let ext4_grows = has_cap_sys_resource();
+    if !ext4_grows {
+        eprintln!(
+            "NOTE: no CAP_SYS_RESOURCE: ext4 volumes skip the node-expand step (the kernel refuses \
+             ext4 online resize); xfs volumes run it"
+        );
+    }
+
+    let tmp = tempfile::Builder::new()
+        .prefix("localvol-crash-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
+    let data = dir.join("data");
+    let kubelet = dir.join("kubelet");
+    let mut cleanup = Cleanup {
+        mounts: Vec::new(),
+        data: data.clone(),
+    };
+    let (process, channel) = Process::start(&dir, seed).await;
+    let mut run = Run {
+        dir: dir.clone(),
+        seed,
+        rng: Rng::new(seed),
+        process,
+        channel,
+        counts: Counts::default(),
+        timings: Timings::default(),
+        kill_group,
+    };
+    let started = Instant::now();
+    for round in 0..rounds {
+        let fs = if run.rng.below(2) == 0 { "ext4" } else { "xfs" };
+        let (staging, target) = kubelet_paths(&kubelet, &format!("pv-{round}"), &format!("pod-{round}"));
+        cleanup.mounts.extend([staging.clone(), target.clone()]);
+        let mut v = Volume {
+            name: format!("pvc-crash-{round}"),
+            id: String::new(),
+            cap: mount_cap(fs),
+            staging,
+            target,
+        };
+        let mut plan = vec![
+            Step::Create,
+            Step::Stage,
+            Step::Publish,
+            Step::ControllerExpand,
+            Step::NodeExpand,
+            Step::Unpublish,
+            Step::Unstage,
+            Step::Stage,
+            Step::Publish,
+            Step::Unpublish,
+            Step::Unstage,
+            Step::Delete,
+        ];
+        if fs == "ext4" && !ext4_grows {
+            plan.retain(|s| *s != Step::NodeExpand);
+        }
+        // One or two kills per lifecycle, at random steps.
+        let kills: Vec<usize> = (0..1 + run.rng.below(2))
+            .map(|_| run.rng.below(plan.len() as u64) as usize)
+            .collect();
+        let content: Vec<u8> = (0..64 * 1024)
+            .map(|i| (i as u64 ^ seed ^ round as u64) as u8)
+            .collect();
+        let mut uuid: Option<String> = None;
+        let mut publishes = 0;
+        for (i, step) in plan.iter().copied().enumerate() {
+            run.step(step, &mut v, kills.contains(&i)).await;
+            match step {
+                Step::Stage => {
+                    let now = filesystem_uuid(&data);
+                    match &uuid {
+                        None => uuid = Some(now),
+                        Some(first) => assert_eq!(
+                            first, &now,
+                            "seed {seed:#x}: {} was formatted again (round {round}, {fs})",
+                            v.name
+                        ),
+                    }
+                }
+                Step::Publish => {
+                    publishes += 1;
+                    let file = v.target.join("data");
+                    if publishes == 1 {
+                        std::fs::write(&file, &content).unwrap();
+                        std::fs::File::open(&file).unwrap().sync_all().unwrap();
+                        std::fs::File::open(&v.target).unwrap().sync_all().unwrap();
+                    } else {
+                        let back = std::fs::read(&file).unwrap_or_else(|e| {
+                            panic!("seed {seed:#x}: {} lost its data (round {round}): {e}", v.name)
+                        });
+                        assert!(
+                            back == content,
+                            "seed {seed:#x}: {} data differs (round {round})",
+                            v.name
+                        );
+                    }
+                }
+                Step::Unpublish => assert!(!v.target.exists(), "unpublish removes the target"),
+                _ => {}
+            }
+        }
+        assert!(
+            mounts_under(&dir).is_empty(),
+            "round {round}: {:?}",
+            mounts_under(&dir)
+        );
+        assert!(
+            loops_under(&data).is_empty(),
+            "round {round}: {:?}",
+            loops_under(&data)
+        );
+        run.counts.lifecycles += 1;
+    }
+    let elapsed = started.elapsed();
+    run.process.kill().await;
+    let leftovers = files_below(&data);
+    assert!(
+        leftovers.is_empty(),
+        "seed {seed:#x}: files left behind: {leftovers:?}"
+    );
+    assert!(mounts_under(&dir).is_empty(), "{:?}", mounts_under(&dir));
+    assert!(loops_under(&data).is_empty(), "{:?}", loops_under(&data));
+    let c = &run.counts;
+    eprintln!(
+        "crash test: seed {seed:#x}: {} lifecycles, {} SIGKILLs ({} inside a running call), \
+         {} replays recovered, {} retryable errors, nothing lost, in {:.1}s",
+        c.lifecycles,
+        c.kills,
+        c.inside_call,
+        c.replays,
+        c.retryable_errors,
+        elapsed.as_secs_f64()
+    );
+    drop(cleanup);
+}

@@ -1,0 +1,370 @@
+//! Faults: the storage under a volume disappears, the class runs out of space, a
+//! storage tool hangs. Each case checks the answer's code and that the daemon cleans
+//! up, stays responsive and lets the volume be retried. (The API server going away is
+//! covered by the mock-apiserver tests in src/k8s/tests.rs.)
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{
+    Cleanup, Daemon, create_request, kubelet_paths, loops_under, mount_capability, mounts_under, privileged,
+};
+use localvol::proto::csi::v1 as csi;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const MIB: i64 = 1 << 20;
+
+fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().unwrap().is_dir() {
+            found.extend(files_below(&entry.path()));
+        } else {
+            found.push(entry.path());
+        }
+    }
+    found
+}
+
+fn stage_request(id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(mount_capability()),
+        ..Default::default()
+    }
+}
+
+async fn create(
+    controller: &mut csi::controller_client::ControllerClient<Channel>,
+    name: &str,
+    bytes: i64,
+) -> String {
+    controller
+        .create_volume(create_request(name, bytes, ("faults", name)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id
+}
+
+/// The backing file of a staged and published volume is deleted: stats report the
+/// volume abnormal, and unpublish, unstage and delete still clean up everything,
+/// including the loop device still holding the deleted file.
+#[tokio::test]
+async fn backing_file_deleted_under_a_mounted_volume() {
+    if !privileged() {
+        return;
+    }
+    let d = Daemon::start(&[]).await;
+    let (mut controller, mut node) = (d.controller().await, d.node().await);
+    let (staging, target) = kubelet_paths(&d.path("kubelet"), "pv-gone", "pod-gone");
+    let _cleanup = Cleanup {
+        mounts: vec![staging.clone(), target.clone()],
+        data: d.data_dir(),
+    };
+    let id = create(&mut controller, "pvc-gone", 32 * MIB).await;
+    node.node_stage_volume(stage_request(&id, &staging))
+        .await
+        .unwrap();
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_capability()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    std::fs::write(target.join("data"), b"before the fault").unwrap();
+    let stats = |node: &mut csi::node_client::NodeClient<Channel>| {
+        let req = csi::NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        };
+        let mut node = node.clone();
+        async move { node.node_get_volume_stats(req).await.unwrap().into_inner() }
+    };
+    assert!(!stats(&mut node).await.volume_condition.unwrap().abnormal);
+
+    let images: Vec<PathBuf> = files_below(&d.data_dir())
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "img"))
+        .collect();
+    assert_eq!(images.len(), 1, "{images:?}");
+    std::fs::remove_file(&images[0]).unwrap();
+
+    let condition = stats(&mut node).await.volume_condition.unwrap();
+    assert!(
+        condition.abnormal,
+        "a volume whose storage is gone is abnormal: {condition:?}"
+    );
+    assert!(!condition.message.is_empty());
+
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(
+        mounts_under(d.dir.path()).is_empty(),
+        "{:?}",
+        mounts_under(d.dir.path())
+    );
+    assert!(
+        loops_under(&d.data_dir()).is_empty(),
+        "unstage leaves no loop device behind: {:?}",
+        loops_under(&d.data_dir())
+    );
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        files_below(&d.data_dir()).is_empty(),
+        "{:?}",
+        files_below(&d.data_dir())
+    );
+    d.stop().await;
+}
+
+/// A full class: create and expand are RESOURCE_EXHAUSTED and leave nothing behind;
+/// the volumes that fit are untouched and space freed by a delete can be used again.
+#[tokio::test]
+async fn full_capacity_is_resource_exhausted_and_leaves_nothing() {
+    // The test daemon's loop class promises at most 2 GiB (sparse files).
+    let d = Daemon::start(&[]).await;
+    let mut controller = d.controller().await;
+    let a = create(&mut controller, "pvc-a", 1280 * MIB).await;
+    let b = create(&mut controller, "pvc-b", 768 * MIB).await;
+    let before = files_below(&d.data_dir());
+    assert_eq!(before.len(), 4, "two images and two records: {before:?}");
+
+    let full = controller
+        .create_volume(create_request("pvc-c", MIB, ("faults", "pvc-c")))
+        .await
+        .unwrap_err();
+    assert_eq!(full.code(), Code::ResourceExhausted, "{}", full.message());
+    let grow = controller
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: a.clone(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 1281 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(grow.code(), Code::ResourceExhausted, "{}", grow.message());
+    assert_eq!(
+        files_below(&d.data_dir()),
+        before,
+        "a refused call creates nothing"
+    );
+    let sizes: Vec<i64> = controller
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .map(|e| e.volume.unwrap().capacity_bytes)
+        .collect();
+    assert_eq!(sizes.iter().sum::<i64>(), 2048 * MIB, "{sizes:?}");
+
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: b,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    create(&mut controller, "pvc-c", 768 * MIB).await;
+    d.stop().await;
+}
+
+/// The daemon binary, with `dir/bin` first in its PATH (where a test puts a fake tool).
+struct Process {
+    child: tokio::process::Child,
+    channel: Channel,
+}
+
+impl Process {
+    async fn start(dir: &Path) -> Self {
+        let socket = dir.join("csi.sock");
+        let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap());
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
+            .args(["serve", "--node-id", "faults", "--kube", "off"])
+            .args(["--kubelet-registration", "external"])
+            .args(["--metrics-addr", "127.0.0.1:0", "--loop-capacity", "1Gi"])
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .env("PATH", path)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut child = child;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(60) {
+            if let Ok(channel) = localvol::csi::socket::connect(&socket).await {
+                return Self { child, channel };
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the daemon exited during start-up: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the daemon did not start within 60s");
+    }
+}
+
+/// Processes whose command line contains `needle` (to see the hung tool die).
+fn processes_with(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// A storage tool that hangs (blkid, run by every filesystem stage): the call fails
+/// with DEADLINE_EXCEEDED when the daemon's timeout (30s for blkid) kills the tool;
+/// meanwhile the daemon answers other calls at once and the same volume is ABORTED, not
+/// queued; afterwards the lock is free and the retried stage succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
+    if !privileged() {
+        return;
+    }
+    let tmp = tempfile::Builder::new()
+        .prefix("localvol-hang-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
+    // A sleep long enough to hang, with a duration no other process has.
+    let marker = format!("1000.{}", std::process::id());
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    let fake = dir.join("bin/blkid");
+    // `exec`, so the process the daemon kills is the one that hangs.
+    std::fs::write(&fake, format!("#!/bin/sh\nexec sleep {marker}\n")).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (staging, _) = kubelet_paths(&dir.join("kubelet"), "pv-hang", "pod-hang");
+    let _cleanup = Cleanup {
+        mounts: vec![staging.clone()],
+        data: dir.join("data"),
+    };
+    let mut daemon = Process::start(dir).await;
+    let mut controller = csi::controller_client::ControllerClient::new(daemon.channel.clone());
+    let mut node = csi::node_client::NodeClient::new(daemon.channel.clone());
+    let id = create(&mut controller, "pvc-hang", 32 * MIB).await;
+
+    let started = Instant::now();
+    let hung = {
+        let mut node = node.clone();
+        let req = stage_request(&id, &staging);
+        tokio::spawn(async move { node.node_stage_volume(req).await })
+    };
+    // Wait until the tool is really hanging.
+    while processes_with(&marker) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "blkid never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Responsive meanwhile: other volumes and lock-free calls are answered at once.
+    let quick = Instant::now();
+    let other = create(&mut controller, "pvc-other", 16 * MIB).await;
+    controller
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await
+        .unwrap();
+    node.node_get_capabilities(csi::NodeGetCapabilitiesRequest::default())
+        .await
+        .unwrap();
+    assert!(
+        quick.elapsed() < Duration::from_secs(5),
+        "answered while a tool hangs: {:?}",
+        quick.elapsed()
+    );
+    let busy = node
+        .node_stage_volume(stage_request(&id, &staging))
+        .await
+        .unwrap_err();
+    assert_eq!(busy.code(), Code::Aborted, "{}", busy.message());
+
+    let timed_out = tokio::time::timeout(Duration::from_secs(60), hung)
+        .await
+        .expect("the hung call is answered within blkid's timeout")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        timed_out.code(),
+        Code::DeadlineExceeded,
+        "{}",
+        timed_out.message()
+    );
+    assert!(timed_out.message().contains("blkid"), "{}", timed_out.message());
+    eprintln!(
+        "hung blkid answered after {:?}: {}",
+        started.elapsed(),
+        timed_out.message()
+    );
+    for _ in 0..100 {
+        if processes_with(&marker) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(processes_with(&marker), 0, "the hung tool was killed");
+
+    // The tool works again: the same stage succeeds (the lock was released).
+    std::fs::remove_file(&fake).unwrap();
+    node.node_stage_volume(stage_request(&id, &staging))
+        .await
+        .unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    for vol in [id, other] {
+        controller
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: vol,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(loops_under(&dir.join("data")).is_empty());
+    daemon.child.kill().await.unwrap();
+}

@@ -1,0 +1,316 @@
+//! Hostile input at the socket: symlink tricks in staging and target paths, mount
+//! option and volume id injection, volume context that tries to steer the daemon, and
+//! the permissions of what the daemon creates. Every refusal must change nothing.
+//! (`..` in paths, a symlinked staging path and the raw-block previous-tenant check are
+//! in tests/privileged.rs.)
+
+mod common;
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use common::{Cleanup, Daemon, create_request, loops_under, mount_capability, mounts_under, privileged};
+use localvol::proto::csi::v1 as csi;
+use tonic::Code;
+
+const MIB: i64 = 1 << 20;
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+fn cap_with_flags(flags: &[&str]) -> csi::VolumeCapability {
+    let mut cap = mount_capability();
+    if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
+        m.mount_flags = flags.iter().map(|f| f.to_string()).collect();
+    }
+    cap
+}
+
+fn stage(id: &str, staging: &Path, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn publish(id: &str, staging: &Path, target: &Path) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_capability()),
+        ..Default::default()
+    }
+}
+
+fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        found.push(entry.path());
+        if entry.file_type().unwrap().is_dir() {
+            found.extend(files_below(&entry.path()));
+        }
+    }
+    found
+}
+
+/// Ids that try to reach outside the class directory or into a command line are
+/// INVALID_ARGUMENT (or NOT_FOUND for a well-formed id of no volume), and create nothing.
+#[tokio::test]
+async fn injected_volume_ids_are_refused() {
+    let d = Daemon::start(&[]).await;
+    let mut node = d.node().await;
+    let mut controller = d.controller().await;
+    let before = files_below(d.dir.path());
+    let staging = d.path("stage");
+    for id in [
+        "default.../../../etc/passwd",
+        "default./etc/passwd",
+        "default.--help",
+        "default.-rf",
+        "default.a;touch /tmp/localvol-pwned",
+        "default.$(id)",
+        "../default.x",
+        "default.x\0y",
+        "default.x\ny",
+        "default. x",
+    ] {
+        let status = node
+            .node_stage_volume(stage(id, &staging, mount_capability()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(status.code(), Code::InvalidArgument | Code::NotFound),
+            "stage {id:?}: {status:?}"
+        );
+        let status = controller
+            .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                volume_id: id.to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: MIB,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(status.code(), Code::InvalidArgument | Code::NotFound),
+            "expand {id:?}: {status:?}"
+        );
+    }
+    assert!(!Path::new("/tmp/localvol-pwned").exists());
+    assert_eq!(files_below(d.dir.path()), before, "refused calls create nothing");
+    d.stop().await;
+}
+
+/// The socket is 0600 in a directory without world access; volume files are 0600 in a 0700 class
+/// directory; staging and target directories are not world-accessible.
+#[tokio::test]
+async fn created_paths_have_tight_permissions() {
+    let d = Daemon::start(&[]).await;
+    assert_eq!(mode(&d.socket), 0o600, "CSI socket");
+    assert_eq!(
+        mode(d.socket.parent().unwrap()) & 0o007,
+        0,
+        "socket directory: no world access"
+    );
+    let mut controller = d.controller().await;
+    controller
+        .create_volume(create_request("pvc-perm", 16 * MIB, ("ns", "perm")))
+        .await
+        .unwrap();
+    let files: Vec<PathBuf> = files_below(&d.data_dir())
+        .into_iter()
+        .filter(|p| p.is_file())
+        .collect();
+    assert_eq!(files.len(), 2, "image and record: {files:?}");
+    for file in &files {
+        assert_eq!(mode(file), 0o600, "{}", file.display());
+        assert_eq!(
+            mode(file.parent().unwrap()),
+            0o700,
+            "{}",
+            file.parent().unwrap().display()
+        );
+    }
+    if privileged() {
+        let id = controller
+            .create_volume(create_request("pvc-perm", 16 * MIB, ("ns", "perm")))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        let (staging, target) = common::kubelet_paths(&d.path("kubelet"), "pv-perm", "pod-perm");
+        let _cleanup = Cleanup {
+            mounts: vec![staging.clone(), target.clone()],
+            data: d.data_dir(),
+        };
+        let mut node = d.node().await;
+        node.node_stage_volume(stage(&id, &staging, mount_capability()))
+            .await
+            .unwrap();
+        node.node_publish_volume(publish(&id, &staging, &target))
+            .await
+            .unwrap();
+        for created in [staging.parent().unwrap(), target.parent().unwrap()] {
+            assert_eq!(
+                mode(created) & 0o007,
+                0,
+                "{} is not world-accessible",
+                created.display()
+            );
+        }
+        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
+    }
+    d.stop().await;
+}
+
+/// Symlinks planted in kubelet's directories, mount options that try to change the
+/// mount's topology or smuggle in arguments, and volume context that tries to steer
+/// the daemon: refused (or ignored) with nothing mounted where it should not be.
+#[tokio::test]
+async fn symlinks_mount_option_and_context_injection() {
+    if !privileged() {
+        return;
+    }
+    let d = Daemon::start(&[]).await;
+    let mut controller = d.controller().await;
+    let mut node = d.node().await;
+    let id = controller
+        .create_volume(create_request("pvc-hostile", 32 * MIB, ("ns", "hostile")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let staging = d.path("kubelet/stage/globalmount");
+    let victim = d.path("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    let _cleanup = Cleanup {
+        mounts: vec![staging.clone(), victim.clone(), d.path("kubelet/pods/a/mount")],
+        data: d.data_dir(),
+    };
+
+    // Mount options: topology changes, option-like and shell-like strings.
+    for flags in [
+        &["bind"][..],
+        &["remount,rw"],
+        &["rshared"],
+        &["-o", "exec"],
+        &["--bind"],
+        &["ro,x=$(id)"],
+        &["nosuid;rm -rf /"],
+        &["noatime ro"],
+        &["context=\"system_u\""],
+    ] {
+        let status = node
+            .node_stage_volume(stage(&id, &staging, cap_with_flags(flags)))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{flags:?}: {}",
+            status.message()
+        );
+    }
+    assert!(mounts_under(d.dir.path()).is_empty());
+    assert!(loops_under(&d.data_dir()).is_empty(), "refused before attaching");
+
+    // Volume context cannot steer the daemon: unknown keys and values shaped like
+    // options are carried as data, never as arguments. The stage succeeds as ext4.
+    let mut req = stage(&id, &staging, mount_capability());
+    req.volume_context = HashMap::from(
+        [
+            ("fsType", "xfs -f"),
+            ("localvol.csi.dev/device-class", "../../etc"),
+            ("csi.storage.k8s.io/pod.name", "--help"),
+            ("csi.storage.k8s.io/pod.namespace", "$(touch /tmp/localvol-pwned)"),
+            ("csi.storage.k8s.io/pod.uid", "; reboot"),
+            ("mkfsOptions", "-E root_owner=0:0"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    node.node_stage_volume(req).await.unwrap();
+    let mounted: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(staging.to_str().unwrap()))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(mounted.len(), 1, "{mounted:?}");
+    assert!(
+        mounted[0].contains(" - ext4 "),
+        "the capability decides: {}",
+        mounted[0]
+    );
+    assert!(!Path::new("/tmp/localvol-pwned").exists());
+
+    // A target whose parent is a symlink to somewhere else: refused, nothing mounted
+    // at the symlink's destination.
+    std::fs::create_dir_all(d.path("kubelet/pods")).unwrap();
+    std::os::unix::fs::symlink(&victim, d.path("kubelet/pods/a")).unwrap();
+    let status = node
+        .node_publish_volume(publish(&id, &staging, &d.path("kubelet/pods/a/mount")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(
+        !victim.join("mount").exists(),
+        "nothing created through the symlink"
+    );
+
+    // A target that is itself a symlink to the staging mount: unpublish must not
+    // unmount the staged volume through it.
+    std::os::unix::fs::symlink(&staging, d.path("kubelet/pods/b")).unwrap();
+    let status = node
+        .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: d.path("kubelet/pods/b").display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert_eq!(mounts_under(d.dir.path()), vec![staging.display().to_string()]);
+
+    // Unstage through a staging path with a symlinked parent: refused, still staged.
+    std::os::unix::fs::symlink(d.path("kubelet/stage"), d.path("kubelet/alias")).unwrap();
+    let status = node
+        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: d.path("kubelet/alias/globalmount").display().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert_eq!(mounts_under(d.dir.path()), vec![staging.display().to_string()]);
+
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(mounts_under(d.dir.path()).is_empty());
+    assert!(loops_under(&d.data_dir()).is_empty());
+    d.stop().await;
+}
