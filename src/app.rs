@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
-use crate::backend::{Backend, LoopBackend};
-use crate::config::{Config, KindConfig};
+use crate::backend::Opener;
+use crate::config::Config;
 use crate::csi::{self, Driver};
 use crate::health::Health;
 use crate::host::Host;
@@ -20,34 +20,17 @@ use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
 pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volumes> {
+    let mut opener = Opener::new(host.clone(), config.data_dir.clone());
     let mut backends = Vec::new();
     let mut default_fs = BTreeMap::new();
     for class in &config.device_classes {
         if let Some(fs) = class.fs_type {
             default_fs.insert(class.name.clone(), fs);
         }
-        let backend = match &class.kind {
-            KindConfig::Loop {
-                directory,
-                capacity_gb,
-            } => {
-                let directory = directory.clone().expect("validated config fills the directory");
-                let limit = capacity_gb.expect("validated config fills the capacity") << 30;
-                let backend = LoopBackend::new(class.name.clone(), directory, limit, host.clone());
-                backend
-                    .prepare()
-                    .await
-                    .with_context(|| format!("preparing device class {}", class.name))?;
-                Backend::Loop(backend)
-            }
-            KindConfig::Lvm { .. } | KindConfig::LvmThin { .. } | KindConfig::Pmem { .. } => {
-                bail!(
-                    "device class {}: this build of localvol serves only the loop kind; \
-                     lvm, lvm-thin and pmem classes are not available yet",
-                    class.name
-                )
-            }
-        };
+        let backend = opener
+            .open(class)
+            .await
+            .with_context(|| format!("preparing device class {}", class.name))?;
         backends.push(backend);
     }
     Ok(Volumes::new(

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use super::files::{self, sync_dir};
 use super::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::{CommandSpec, Host};
@@ -78,13 +79,7 @@ impl LoopBackend {
 
     /// Creates the class directory with owner-only access.
     pub async fn prepare(&self) -> Result<(), BackendError> {
-        use std::os::unix::fs::PermissionsExt;
-        tokio::fs::create_dir_all(&self.dir)
-            .await
-            .map_err(BackendError::io("mkdir", &self.dir))?;
-        tokio::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
-            .await
-            .map_err(BackendError::io("chmod", &self.dir))
+        files::create_private_dir(&self.dir).await
     }
 
     fn to_record(&self, token: Token, file: RecordFile) -> VolumeRecord {
@@ -118,29 +113,8 @@ impl LoopBackend {
             })
     }
 
-    /// Writes a file atomically: temporary file, fsync, rename, fsync of the directory.
     async fn write_atomically(&self, path: &Path, contents: Vec<u8>) -> Result<(), BackendError> {
-        let path = path.to_path_buf();
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let tmp = path.with_extension("json.tmp");
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(BackendError::io("create", &tmp))?;
-            file.write_all(&contents)
-                .map_err(BackendError::io("write", &tmp))?;
-            file.sync_all().map_err(BackendError::io("fsync", &tmp))?;
-            std::fs::rename(&tmp, &path).map_err(BackendError::io("rename", &path))?;
-            sync_dir(&dir)
-        })
-        .await
-        .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))?
+        files::write_atomically(&self.dir, path, contents).await
     }
 
     pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
@@ -404,12 +378,6 @@ impl LoopBackend {
         }
         Ok(())
     }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), BackendError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(BackendError::io("fsync", dir))
 }
 
 #[cfg(test)]

@@ -251,7 +251,7 @@ impl Volumes {
             path: path.to_path_buf(),
         })?;
         if req.capacity.required > record.size_bytes {
-            let size = req.capacity.size_for(backend.alignment())?;
+            let size = backend.size_for(&req.capacity)?;
             backend.expand(&req.id.token, size).await?;
         }
         let device = backend.attach(&req.id.token).await?;
