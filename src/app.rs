@@ -23,23 +23,27 @@ pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volume
     let mut opener = Opener::new(host.clone(), config.data_dir.clone());
     let mut backends = Vec::new();
     let mut default_fs = BTreeMap::new();
+    let mut mount_options = BTreeMap::new();
     for class in &config.device_classes {
         if let Some(fs) = class.fs_type {
             default_fs.insert(class.name.clone(), fs);
         }
+        mount_options.insert(class.name.clone(), class.mount_options.clone());
         let backend = opener
             .open(class)
             .await
             .with_context(|| format!("preparing device class {}", class.name))?;
         backends.push(backend);
     }
-    Ok(Volumes::new(
+    let mut volumes = Volumes::new(
         backends,
         config.default_class().name.clone(),
         default_fs,
         host,
         config.node_id.clone(),
-    ))
+    );
+    volumes.set_class_mount_options(mount_options);
+    Ok(volumes)
 }
 
 /// Resolves on SIGTERM or SIGINT.

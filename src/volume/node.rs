@@ -122,7 +122,12 @@ impl Volumes {
             }
         }
         create_dir(staging).await?;
-        let mut options = MountOptions::parse(mount_flags).map_err(VolumeError::Mount)?;
+        let class_options = self
+            .mount_options
+            .get(&req.id.class)
+            .map_or(&[][..], Vec::as_slice);
+        let mut options =
+            MountOptions::parse(&[class_options, mount_flags].concat()).map_err(VolumeError::Mount)?;
         for data in backend.mount_data() {
             options = options.with_data(data);
         }
