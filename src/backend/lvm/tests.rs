@@ -844,3 +844,45 @@ fn lvm_error_text_is_classified() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_hung_lvs_costs_one_timeout_not_one_per_call() {
+    let commands = Arc::new(FakeCommands::default());
+    commands.on("lvs", |cmd| {
+        Err(CommandError::TimedOut {
+            program: cmd.program,
+            args: cmd.args_display(),
+            timeout: cmd.timeout,
+        })
+    });
+    let host = Host {
+        commands: commands.clone(),
+        syscalls: Arc::new(FakeSyscalls::default()),
+    };
+    let group = VolumeGroup::new("vg1".into(), host);
+    let first = group.state().await.unwrap_err();
+    assert!(
+        matches!(&first, BackendError::Lvm(LvmError::Command { source, .. }) if source.is_timeout()),
+        "{first}"
+    );
+    assert!(
+        first.to_string().starts_with("lvs vg1: lvs --reportformat json"),
+        "{first}"
+    );
+    for _ in 0..5 {
+        let again = group.state().await.unwrap_err();
+        assert!(
+            matches!(&again, BackendError::Lvm(LvmError::ReportUnavailable { .. })),
+            "{again}"
+        );
+    }
+    assert_eq!(
+        commands.calls_of("lvs").len(),
+        1,
+        "waiters get the failure, not a new scan"
+    );
+    assert_eq!(
+        crate::error::Error::from(crate::volume::VolumeError::Backend(first)).code(),
+        tonic::Code::DeadlineExceeded
+    );
+}
