@@ -45,13 +45,27 @@ impl Daemon {
     }
 
     pub async fn start_in(dir: tempfile::TempDir, node_id: &str, loop_capacity: u64) -> Self {
+        Self::start_with(dir, node_id, loop_capacity, None).await
+    }
+
+    /// Starts the daemon with the device classes of the YAML file `config`.
+    pub async fn start_with_config(dir: tempfile::TempDir, node_id: &str, config: &Path) -> Self {
+        Self::start_with(dir, node_id, 1 << 30, Some(config.to_path_buf())).await
+    }
+
+    async fn start_with(
+        dir: tempfile::TempDir,
+        node_id: &str,
+        loop_capacity: u64,
+        config_file: Option<PathBuf>,
+    ) -> Self {
         let socket = dir.path().join("csi.sock");
         let args = ServeArgs {
             endpoint: format!("unix://{}", socket.display()),
             node_id: Some(node_id.to_string()),
             data_dir: dir.path().join("data"),
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
-            config: None,
+            config: config_file,
             loop_capacity,
             log_format: LogFormat::Text,
         };
@@ -60,11 +74,15 @@ impl Daemon {
         let task = tokio::spawn(localvol::app::serve(config, async move {
             let _ = stopped.await;
         }));
-        for _ in 0..200 {
-            if socket.exists() {
+        // Opening LVM and PMEM classes runs lvs/vgs/ndctl first: slow in an emulated VM.
+        for _ in 0..6000 {
+            if socket.exists() || task.is_finished() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if task.is_finished() && !socket.exists() {
+            panic!("daemon did not start: {:?}", task.await);
         }
         assert!(socket.exists(), "daemon did not create its socket");
         Self {
