@@ -36,10 +36,10 @@ artifact() {  # artifact KIND NAME: the executable cargo reported for that targe
   grep -o "\"kind\":\[\"$1\"\],[^}]*\"name\":\"$2\".*\"executable\":\"[^\"]*\"" "$run_dir/build.json" |
     sed 's/.*"executable":"\([^"]*\)"/\1/' | tail -n 1
 }
-for a in "test vm_backends" "test privileged" "bin localvol"; do
-  exe=$(artifact $a)
+for a in test:vm_backends test:privileged bin:localvol; do
+  exe=$(artifact "${a%:*}" "${a#*:}")
   [ -x "$exe" ] || { cat "$build_log" >&2; echo "tests/vm/backends.sh: FAIL: no executable for $a" >&2; exit 1; }
-  cp "$exe" "$run_dir/${a#* }"
+  cp "$exe" "$run_dir/${a#*:}"
 done
 echo "tests/vm/backends.sh: built vm_backends, privileged, localvol ($(elapsed)s)"
 privileged=$run_dir/privileged
@@ -47,6 +47,7 @@ privileged=$run_dir/privileged
 
 run_log=$run_dir/run.log
 set +e
+# shellcheck disable=SC2016  # expanded by the guest's bash, not here
 LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} "$HERE/run.sh" "${VERBOSE[@]}" \
   --disks 2 --disk-size 4G --pmem-size 2G --mem 1G --timeout 1800 \
   -- bash -c '"$1" --test-threads=1 && shift && exec "$@"' backends.sh \
