@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/vm/backends.sh - the LVM and PMEM backend suite (tests/vm_backends.rs) on
 # real device-mapper and an emulated NVDIMM: builds the test binaries on the host,
-# runs them in one tests/vm guest (two 4G disks, a 2G NVDIMM), and prints the wall
+# runs them in one tests/vm guest (three 4G disks, a 2G NVDIMM), and prints the wall
 # time of each lifecycle step per device class. The loop backend's privileged tests
 # (tests/privileged.rs) run first in the same guest, with all capabilities.
 #
@@ -46,12 +46,23 @@ privileged=$run_dir/privileged
 [ $# -gt 0 ] && privileged=true   # a filter selects vm_backends tests only
 
 run_log=$run_dir/run.log
+# In the guest: privileged.rs on a scratch ext4 (/dev/vdc; the guest's /tmp is a
+# small tmpfs), then vm_backends.rs, which takes /dev/vda, /dev/vdb and the NVDIMM.
+cat >"$run_dir/guest.sh" <<'GUEST'
+set -e
+privileged=$1; shift
+if [ "$privileged" != true ]; then
+  mkfs.ext4 -q /dev/vdc && mkdir -p /mnt/scratch && mount /dev/vdc /mnt/scratch
+  TMPDIR=/mnt/scratch "$privileged" --test-threads=1
+  umount /mnt/scratch
+fi
+exec "$@"
+GUEST
 set +e
-# shellcheck disable=SC2016  # expanded by the guest's bash, not here
 LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} "$HERE/run.sh" "${VERBOSE[@]}" \
-  --disks 2 --disk-size 4G --pmem-size 2G --mem 1G --timeout 1800 \
-  -- bash -c '"$1" --test-threads=1 && shift && exec "$@"' backends.sh \
-  "$privileged" "$run_dir/vm_backends" --test-threads=1 --nocapture "$@" 2>&1 | tee "$run_log"
+  --disks 3 --disk-size 4G --pmem-size 2G --mem 1G --timeout 1800 \
+  -- bash "$run_dir/guest.sh" "$privileged" "$run_dir/vm_backends" --test-threads=1 --nocapture "$@" \
+  2>&1 | tee "$run_log"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" = 0 ] && { ! grep -q '^test result: ok\. [1-9]' "$run_log" || grep -q '^test result: FAILED' "$run_log"; }; then

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use tokio::sync::MutexGuard;
 use tracing::{info, warn};
 
 use super::vg::{REPORT_TIMEOUT, VgState, stderr};
@@ -60,7 +61,7 @@ impl LvmBackend {
     }
 
     pub async fn create(&self, spec: &CreateSpec) -> Result<VolumeRecord, BackendError> {
-        let _allocation = self.vg.allocation.lock().await;
+        let allocation = self.vg.allocation.lock().await;
         let lv = tags::lv_name(&spec.token, self.vg_name());
         let state = self.vg.state().await?;
         match self.lookup(&state, &spec.token)? {
@@ -78,18 +79,22 @@ impl LvmBackend {
                 self.remove_lv(&lv, &spec.token).await?;
                 // Read again: the removal freed space.
                 let state = self.vg.state().await?;
-                return self.create_checked(spec, &lv, &state).await;
+                return self.create_checked(spec, &lv, &state, allocation).await;
             }
             Lookup::Absent => {}
         }
-        self.create_checked(spec, &lv, &state).await
+        self.create_checked(spec, &lv, &state, allocation).await
     }
 
+    /// Checks space and creates the LV under the VG's allocation lock, which it releases
+    /// once the LV holds its extents: zeroing a large volume never holds up other
+    /// creates.
     async fn create_checked(
         &self,
         spec: &CreateSpec,
         lv: &str,
         state: &VgState,
+        allocation: MutexGuard<'_, ()>,
     ) -> Result<VolumeRecord, BackendError> {
         let available = self.capacity_of(state)?.available;
         if spec.size_bytes > available {
@@ -128,6 +133,7 @@ impl LvmBackend {
                 self.failed("lvcreate", lv, e)
             });
         }
+        drop(allocation);
         if self.is_thick()
             && let Err(e) = self.finish_thick(spec, lv).await
         {
@@ -183,7 +189,7 @@ impl LvmBackend {
     }
 
     pub async fn expand(&self, token: &Token, size_bytes: u64) -> Result<u64, BackendError> {
-        let _allocation = self.vg.allocation.lock().await;
+        let mut allocation = self.vg.allocation.lock().await;
         let state = self.vg.state().await?;
         let Lookup::Ready(lv, record) = self.lookup(&state, token)? else {
             return Err(BackendError::NotFound {
@@ -204,9 +210,15 @@ impl LvmBackend {
             .arg(format!("{size_bytes}b"))
             .arg(self.target(&lv.name));
         if self.is_thick() && record.mode == VolumeMode::Block {
-            cmd = cmd.args(self.zeroed_extents(&state, token, &lv.name, growth).await?);
+            let ranges;
+            (ranges, allocation) = self
+                .zeroed_extents(&state, token, &lv.name, growth, allocation)
+                .await?;
+            cmd = cmd.args(ranges);
         }
-        if let Err(e) = self.vg.change(cmd).await {
+        let result = self.vg.change(cmd).await;
+        drop(allocation);
+        if let Err(e) = result {
             return Err(if stderr::is_no_space(e.stderr()) {
                 self.no_space(growth, available)
             } else {
@@ -217,15 +229,18 @@ impl LvmBackend {
     }
 
     /// Takes `growth` bytes of free extents in a temporary LV, zeroes them and frees
-    /// them again; returns their `PV:first-last` ranges for lvextend to use exactly.
-    /// The allocation lock keeps other creates of this daemon off them meanwhile.
-    async fn zeroed_extents(
-        &self,
+    /// them again; returns their `PV:first-last` ranges for lvextend to use exactly,
+    /// and the allocation lock, held again from their release on so that no other
+    /// allocation of this daemon takes them first. The zeroing runs without the lock:
+    /// the temporary LV holds the extents meanwhile.
+    async fn zeroed_extents<'a>(
+        &'a self,
         state: &VgState,
         token: &Token,
         lv: &str,
         growth: u64,
-    ) -> Result<Vec<String>, BackendError> {
+        allocation: MutexGuard<'a, ()>,
+    ) -> Result<(Vec<String>, MutexGuard<'a, ()>), BackendError> {
         let tmp = tags::zeroing_lv_name(lv);
         if state.lv(&tmp).is_some() {
             self.remove_lv(&tmp, token).await?;
@@ -242,7 +257,14 @@ impl LvmBackend {
                 self.failed("lvcreate", &tmp, e)
             });
         }
-        let result = self.zero_and_free(&tmp, token, growth).await;
+        drop(allocation);
+        let result = match self.zero_tmp(&tmp, growth).await {
+            Ok(ranges) => {
+                let allocation = self.vg.allocation.lock().await;
+                self.remove_lv(&tmp, token).await.map(|()| (ranges, allocation))
+            }
+            Err(e) => Err(e),
+        };
         if result.is_err()
             && let Err(cleanup) = self.remove_lv(&tmp, token).await
         {
@@ -251,12 +273,8 @@ impl LvmBackend {
         result
     }
 
-    async fn zero_and_free(
-        &self,
-        tmp: &str,
-        token: &Token,
-        growth: u64,
-    ) -> Result<Vec<String>, BackendError> {
+    /// The extent ranges of the temporary LV, after zeroing it.
+    async fn zero_tmp(&self, tmp: &str, growth: u64) -> Result<Vec<String>, BackendError> {
         let cmd = CommandSpec::new("lvs")
             .args([
                 "--reportformat",
@@ -291,7 +309,6 @@ impl LvmBackend {
         }
         let device = PathBuf::from(format!("/dev/{}/{tmp}", self.vg.name));
         self.zero_device(&device, growth).await?;
-        self.remove_lv(tmp, token).await?;
         Ok(ranges)
     }
 }
