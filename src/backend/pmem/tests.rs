@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use crate::backend::CreateSpec;
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandError, CommandOutput};
 
