@@ -71,7 +71,8 @@ fi
 
 echo
 echo "==== step timings (wall, emulated guest)"
-grep '^vm-step ' "$run_log" | sed 's/^vm-step //' || true
+# (the test harness prints a test's first line after its "test NAME ... ")
+grep -o 'vm-step .*' "$run_log" | sed 's/^vm-step //' || true
 echo "==== test results:"
 grep '^test result:' "$run_log" || echo 'no test result'
 echo "==== total wall time $(elapsed)s (build, boot, tests)"
