@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
-use crate::backend::{Backend, LoopBackend};
-use crate::config::{Config, DeviceClass, KindConfig, RegistrationConfig};
+use crate::backend::Opener;
+use crate::config::{Config, DeviceClass, RegistrationConfig};
 use crate::csi::{self, Driver};
 use crate::health::Health;
 use crate::host::Host;
@@ -25,61 +25,42 @@ use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
 pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volumes> {
-    let volumes = open_volumes(&config.device_classes, &config.node_id, host)?;
-    for backend in volumes.backends() {
-        backend
-            .prepare()
-            .await
-            .with_context(|| format!("preparing device class {}", backend.class()))?;
-    }
-    Ok(volumes)
+    open_volumes(&config.device_classes, &config.data_dir, &config.node_id, host).await
 }
 
-/// One backend per device class, opened without changing anything on the machine (no
-/// directory made, nothing attached): enough for read-only lookups such as
-/// `localvol status` does beside a running daemon.
-pub fn open_volumes(classes: &[DeviceClass], node_id: &str, host: Host) -> anyhow::Result<Volumes> {
+/// One backend per device class. Opening a class checks that its storage is there (the
+/// volume group, the region) and makes the loop directory if missing; it changes no
+/// volume, so `localvol status` uses it too beside a running daemon.
+pub async fn open_volumes(
+    classes: &[DeviceClass],
+    data_dir: &std::path::Path,
+    node_id: &str,
+    host: Host,
+) -> anyhow::Result<Volumes> {
+    let mut opener = Opener::new(host.clone(), data_dir.to_path_buf());
     let mut backends = Vec::new();
     let mut default_fs = BTreeMap::new();
+    let mut mount_options = BTreeMap::new();
     for class in classes {
         if let Some(fs) = class.fs_type {
             default_fs.insert(class.name.clone(), fs);
         }
-        let backend = match &class.kind {
-            KindConfig::Loop {
-                directory,
-                capacity_gb,
-            } => {
-                let directory = directory.clone().expect("validated config fills the directory");
-                let limit = capacity_gb.expect("validated config fills the capacity") << 30;
-                Backend::Loop(LoopBackend::new(
-                    class.name.clone(),
-                    directory,
-                    limit,
-                    host.clone(),
-                ))
-            }
-            KindConfig::Lvm { .. } | KindConfig::LvmThin { .. } | KindConfig::Pmem { .. } => {
-                bail!(
-                    "device class {}: this build of localvol serves only the loop kind; \
-                     lvm, lvm-thin and pmem classes are not available yet",
-                    class.name
-                )
-            }
-        };
+        mount_options.insert(class.name.clone(), class.mount_options.clone());
+        let backend = opener
+            .open(class)
+            .await
+            .with_context(|| format!("preparing device class {}", class.name))?;
         backends.push(backend);
     }
     let default_class = classes
         .iter()
         .find(|c| c.default)
-        .context("no default device class")?;
-    Ok(Volumes::new(
-        backends,
-        default_class.name.clone(),
-        default_fs,
-        host,
-        node_id.to_string(),
-    ))
+        .context("no default device class")?
+        .name
+        .clone();
+    let mut volumes = Volumes::new(backends, default_class, default_fs, host, node_id.to_string());
+    volumes.set_class_mount_options(mount_options);
+    Ok(volumes)
 }
 
 /// Installs the SIGTERM and SIGINT handlers now, so that a signal arriving any time

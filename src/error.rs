@@ -6,7 +6,7 @@ use std::error::Error as StdError;
 
 use tonic::{Code, Status};
 
-use crate::backend::BackendError;
+use crate::backend::{BackendError, LvmError, PmemError};
 use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
 use crate::k8s::OwnerError;
@@ -144,8 +144,35 @@ fn backend_code(e: &BackendError) -> Code {
         BackendError::InUse { .. } => Code::FailedPrecondition,
         BackendError::Unavailable { .. } => Code::Unavailable,
         BackendError::CorruptRecord { .. } | BackendError::Io { .. } => Code::Internal,
+        BackendError::Lvm(l) => lvm_code(l),
+        BackendError::Pmem(p) => pmem_code(p),
         BackendError::Command(c) => command_code(c),
         BackendError::Syscall(s) => syscall_code(s),
+    }
+}
+
+fn lvm_code(e: &LvmError) -> Code {
+    match e {
+        // The class cannot serve until an administrator acts (or lvm answers again).
+        LvmError::VgNotFound { .. }
+        | LvmError::PoolNotFound { .. }
+        | LvmError::ReportUnavailable { .. }
+        | LvmError::Locked { .. } => Code::Unavailable,
+        LvmError::PoolNotZeroing { .. } => Code::FailedPrecondition,
+        LvmError::NameTaken { .. } => Code::AlreadyExists,
+        LvmError::Report { .. } | LvmError::Extension { .. } => Code::Internal,
+        LvmError::Command { source, .. } => command_code(source),
+    }
+}
+
+fn pmem_code(e: &PmemError) -> Code {
+    match e {
+        PmemError::RegionNotFound { .. } | PmemError::ReportUnavailable { .. } => Code::Unavailable,
+        // CSI: a capacity range the plugin cannot honour.
+        PmemError::FixedSize { .. } => Code::OutOfRange,
+        PmemError::NameTaken { .. } => Code::AlreadyExists,
+        PmemError::Duplicate { .. } | PmemError::TooSmall { .. } | PmemError::Report { .. } => Code::Internal,
+        PmemError::Command { source, .. } => command_code(source),
     }
 }
 
@@ -248,6 +275,33 @@ mod tests {
                 }
                 .into(),
                 Code::FailedPrecondition,
+            ),
+            (
+                VolumeError::Backend(LvmError::VgNotFound { vg: "vg1".into() }.into()).into(),
+                Code::Unavailable,
+            ),
+            (
+                VolumeError::Backend(
+                    LvmError::PoolNotZeroing {
+                        vg: "vg1".into(),
+                        pool: "pool0".into(),
+                    }
+                    .into(),
+                )
+                .into(),
+                Code::FailedPrecondition,
+            ),
+            (
+                VolumeError::Backend(
+                    PmemError::FixedSize {
+                        token: Token::for_name("pvc-1"),
+                        size: 1,
+                        requested: 2,
+                    }
+                    .into(),
+                )
+                .into(),
+                Code::OutOfRange,
             ),
             (
                 VolumeError::PathInUse {

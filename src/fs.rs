@@ -111,7 +111,8 @@ pub async fn probe(host: &Host, device: &Path) -> Result<Signature, FsError> {
 /// Extra knobs for mkfs that depend on the device class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FormatOptions {
-    /// DAX needs xfs without reflink (the two are exclusive in the kernel).
+    /// For DAX: xfs without reflink (the two are exclusive in the kernel), ext4 with
+    /// 4 KiB blocks (the page size).
     pub dax: bool,
 }
 
@@ -119,7 +120,18 @@ pub fn mkfs_command(fs_type: FsType, device: &Path, options: FormatOptions) -> C
     let cmd = match fs_type {
         // Lazy init keeps mkfs fast on large volumes; the kernel finishes in the background.
         FsType::Ext4 => {
-            CommandSpec::new("mkfs.ext4").args(["-F", "-q", "-E", "lazy_itable_init=1,lazy_journal_init=1"])
+            let cmd = CommandSpec::new("mkfs.ext4").args([
+                "-F",
+                "-q",
+                "-E",
+                "lazy_itable_init=1,lazy_journal_init=1",
+            ]);
+            // DAX needs the block size to be the page size; small devices default to 1K.
+            if options.dax {
+                cmd.args(["-b", "4096"])
+            } else {
+                cmd
+            }
         }
         FsType::Xfs if options.dax => CommandSpec::new("mkfs.xfs").args(["-f", "-q", "-m", "reflink=0"]),
         FsType::Xfs => CommandSpec::new("mkfs.xfs").args(["-f", "-q"]),
@@ -198,6 +210,12 @@ mod tests {
         assert_eq!(cmd.args_display(), "-f -q -m reflink=0 /dev/pmem0");
         let cmd = mkfs_command(FsType::Ext4, Path::new("/dev/loop1"), FormatOptions::default());
         assert_eq!(cmd.args.last().unwrap(), "/dev/loop1");
+        assert!(!cmd.args_display().contains("-b"));
+        let cmd = mkfs_command(FsType::Ext4, Path::new("/dev/pmem0"), FormatOptions { dax: true });
+        assert_eq!(
+            cmd.args_display(),
+            "-F -q -E lazy_itable_init=1,lazy_journal_init=1 -b 4096 /dev/pmem0"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use super::files::{self, sync_dir};
 use super::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::{CommandSpec, Host};
@@ -38,6 +39,11 @@ struct RecordFile {
     pvc_namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pv_name: Option<String>,
+    /// For filesystem volumes: false from create until mkfs finished, so a stage that
+    /// was killed mid-mkfs is told apart from a real filesystem. Absent in records
+    /// written before this field existed: blkid alone decides for those.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    formatted: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -80,13 +86,7 @@ impl LoopBackend {
 
     /// Creates the class directory with owner-only access.
     pub async fn prepare(&self) -> Result<(), BackendError> {
-        use std::os::unix::fs::PermissionsExt;
-        tokio::fs::create_dir_all(&self.dir)
-            .await
-            .map_err(BackendError::io("mkdir", &self.dir))?;
-        tokio::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
-            .await
-            .map_err(BackendError::io("chmod", &self.dir))
+        files::create_private_dir(&self.dir).await
     }
 
     fn to_record(&self, token: Token, file: RecordFile) -> VolumeRecord {
@@ -120,29 +120,8 @@ impl LoopBackend {
             })
     }
 
-    /// Writes a file atomically: temporary file, fsync, rename, fsync of the directory.
     async fn write_atomically(&self, path: &Path, contents: Vec<u8>) -> Result<(), BackendError> {
-        let path = path.to_path_buf();
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let tmp = path.with_extension("json.tmp");
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(BackendError::io("create", &tmp))?;
-            file.write_all(&contents)
-                .map_err(BackendError::io("write", &tmp))?;
-            file.sync_all().map_err(BackendError::io("fsync", &tmp))?;
-            std::fs::rename(&tmp, &path).map_err(BackendError::io("rename", &path))?;
-            sync_dir(&dir)
-        })
-        .await
-        .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))?
+        files::write_atomically(&self.dir, path, contents).await
     }
 
     pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
@@ -255,6 +234,7 @@ impl LoopBackend {
             pvc_name: spec.claim.pvc_name.clone(),
             pvc_namespace: spec.claim.pvc_namespace.clone(),
             pv_name: spec.claim.pv_name.clone(),
+            formatted: (spec.mode == VolumeMode::Filesystem).then_some(false),
         };
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         self.write_atomically(&self.record_path(&spec.token), json)
@@ -438,6 +418,30 @@ impl LoopBackend {
         Ok(meta.blocks() * 512)
     }
 
+    /// True when the record says a format was never finished (see `RecordFile`).
+    pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
+        Ok(self
+            .read_record(token)
+            .await?
+            .is_some_and(|r| r.formatted == Some(false)))
+    }
+
+    /// Records that mkfs completed, before the volume is first mounted.
+    pub async fn mark_formatted(&self, token: &Token) -> Result<(), BackendError> {
+        let Some(mut file) = self.read_record(token).await? else {
+            return Err(BackendError::NotFound {
+                class: self.class.clone(),
+                token: token.clone(),
+            });
+        };
+        if file.formatted != Some(false) {
+            return Ok(());
+        }
+        file.formatted = Some(true);
+        let json = serde_json::to_vec_pretty(&file).expect("record serialises");
+        self.write_atomically(&self.record_path(token), json).await
+    }
+
     pub async fn check_health(&self) -> Result<(), BackendError> {
         let meta = tokio::fs::metadata(&self.dir)
             .await
@@ -453,12 +457,6 @@ impl LoopBackend {
         }
         Ok(())
     }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), BackendError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(BackendError::io("fsync", dir))
 }
 
 #[cfg(test)]

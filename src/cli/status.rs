@@ -116,7 +116,9 @@ pub async fn run(args: &StatusArgs, out: &mut dyn Write, err: &mut dyn Write) ->
 pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), StatusError> {
     let classes = load_classes(args.config.as_deref(), &args.data_dir, args.loop_capacity)?;
     let host = Host::system();
-    let volumes = crate::app::open_volumes(&classes, "", host.clone()).map_err(StatusError::Classes)?;
+    let volumes = crate::app::open_volumes(&classes, &args.data_dir, "", host.clone())
+        .await
+        .map_err(StatusError::Classes)?;
     let path = socket::endpoint_path(&args.endpoint)?;
     let channel = socket::connect(&path)
         .await

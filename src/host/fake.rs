@@ -181,6 +181,17 @@ impl FakeSyscalls {
         self.state.lock().unwrap().calls.clone()
     }
 
+    /// The mount(2) calls whose mounts are still in place, oldest first.
+    pub fn mounts(&self) -> Vec<MountCall> {
+        self.state
+            .lock()
+            .unwrap()
+            .mounts
+            .iter()
+            .map(|m| m.call.clone())
+            .collect()
+    }
+
     pub fn mount_points(&self) -> Vec<PathBuf> {
         self.state
             .lock()

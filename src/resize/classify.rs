@@ -13,6 +13,8 @@
 use std::io;
 
 use crate::backend::BackendError;
+use crate::backend::lvm::LvmError;
+use crate::backend::pmem::PmemError;
 use crate::error::Error;
 use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
@@ -120,6 +122,25 @@ fn backend(e: &BackendError) -> Failure {
         BackendError::Io { source, .. } => io_error(source),
         BackendError::Command(c) => command(c),
         BackendError::Syscall(s) => syscall(s),
+        BackendError::Lvm(l) => match l {
+            // The VG, pool or lvm itself may come back (an administrator, a lock holder).
+            LvmError::VgNotFound { .. }
+            | LvmError::PoolNotFound { .. }
+            | LvmError::ReportUnavailable { .. }
+            | LvmError::Locked { .. } => Failure::Transient,
+            LvmError::PoolNotZeroing { .. } | LvmError::NameTaken { .. } => Failure::Terminal,
+            // Unexpected report or extension state: unrecognised, so retried.
+            LvmError::Report { .. } | LvmError::Extension { .. } => Failure::Transient,
+            LvmError::Command { source, .. } => command(source),
+        },
+        BackendError::Pmem(p) => match p {
+            PmemError::RegionNotFound { .. } | PmemError::ReportUnavailable { .. } => Failure::Transient,
+            // fsdax namespaces cannot grow in place; the same size asked again fails again.
+            PmemError::FixedSize { .. } | PmemError::TooSmall { .. } => Failure::Terminal,
+            PmemError::NameTaken { .. } | PmemError::Duplicate { .. } => Failure::Terminal,
+            PmemError::Report { .. } => Failure::Transient,
+            PmemError::Command { source, .. } => command(source),
+        },
     }
 }
 

@@ -112,7 +112,7 @@ impl Volumes {
             }
             return Ok(CreatedVolume { record: existing });
         }
-        let size_bytes = req.capacity.size_for(backend.alignment())?;
+        let size_bytes = backend.size_for(&req.capacity)?;
         let spec = CreateSpec {
             token: req.token.clone(),
             name: req.name.clone(),
@@ -142,7 +142,7 @@ impl Volumes {
     ) -> Result<ExpandedVolume, VolumeError> {
         guard_matches(guard, &req.id);
         let (backend, record) = self.record(&req.id).await?;
-        let wanted = req.capacity.size_for(backend.alignment())?;
+        let wanted = backend.size_for(&req.capacity)?;
         let size_bytes = backend.expand(&req.id.token, wanted).await?;
         // A filesystem must be grown on the node; so must a loop device's view of its file.
         let node_expansion_required = record.mode == VolumeMode::Filesystem || backend.kind() == "loop";

@@ -89,6 +89,8 @@ pub struct Volumes {
     backends: BTreeMap<ClassName, Backend>,
     default_class: ClassName,
     default_fs: BTreeMap<ClassName, FsType>,
+    /// Mount options each class adds before the request's own.
+    mount_options: BTreeMap<ClassName, Vec<String>>,
     host: Host,
     node_id: String,
 }
@@ -111,9 +113,16 @@ impl Volumes {
             backends,
             default_class,
             default_fs,
+            mount_options: BTreeMap::new(),
             host,
             node_id,
         }
+    }
+
+    /// The device classes' `mount-options`, applied before a request's mount flags
+    /// (so a request can still override one, `atime` after a class's `noatime`).
+    pub fn set_class_mount_options(&mut self, options: BTreeMap<ClassName, Vec<String>>) {
+        self.mount_options = options;
     }
 
     pub fn node_id(&self) -> &str {

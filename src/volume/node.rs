@@ -107,12 +107,21 @@ impl Volumes {
         let fs_type = fs_type
             .or(record.fs_type)
             .unwrap_or_else(|| self.default_fs(&req.id.class));
+        // A format this node began and never finished (killed mid-mkfs) can leave a
+        // valid-looking but broken signature; such a volume never held data, so it is
+        // formatted again. Any other signature is left alone.
+        let interrupted = backend.format_unfinished(&req.id.token).await?;
         match fs::probe(&self.host, &device).await? {
-            Signature::Empty => {
+            signature if signature == Signature::Empty || interrupted => {
+                if signature != Signature::Empty {
+                    warn!(volume.id = %req.id, ?signature, "an earlier format was interrupted; formatting again");
+                }
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
                 fs::format(&self.host, fs_type, &device, backend.format_options()).await?;
+                backend.mark_formatted(&req.id.token).await?;
             }
             Signature::Filesystem(found) if found == fs_type.as_str() => {}
+            Signature::Empty => unreachable!("an empty device is formatted by the first arm"),
             Signature::Filesystem(found) | Signature::Other(found) => {
                 return Err(VolumeError::WrongFilesystem {
                     device,
@@ -122,7 +131,12 @@ impl Volumes {
             }
         }
         create_dir(staging).await?;
-        let mut options = MountOptions::parse(mount_flags).map_err(VolumeError::Mount)?;
+        let class_options = self
+            .mount_options
+            .get(&req.id.class)
+            .map_or(&[][..], Vec::as_slice);
+        let mut options =
+            MountOptions::parse(&[class_options, mount_flags].concat()).map_err(VolumeError::Mount)?;
         for data in backend.mount_data() {
             options = options.with_data(data);
         }
@@ -251,7 +265,7 @@ impl Volumes {
             path: path.to_path_buf(),
         })?;
         if req.capacity.required > record.size_bytes {
-            let size = req.capacity.size_for(backend.alignment())?;
+            let size = backend.size_for(&req.capacity)?;
             backend.expand(&req.id.token, size).await?;
         }
         let device = backend.attach(&req.id.token).await?;

@@ -203,6 +203,33 @@ async fn stage_formats_once_and_repeats_are_no_ops() {
 }
 
 #[tokio::test]
+async fn class_mount_options_come_before_the_request_flags() {
+    let mut f = Fixture::new();
+    let class = ClassName::parse("default").unwrap();
+    f.volumes.set_class_mount_options(
+        [(
+            class,
+            vec![
+                "nodiratime".to_string(),
+                "atime".to_string(),
+                "discard".to_string(),
+            ],
+        )]
+        .into(),
+    );
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    let mount = f.syscalls.mounts().pop().unwrap();
+    use nix::mount::MsFlags;
+    assert!(mount.flags.contains(MsFlags::MS_NODIRATIME), "class option");
+    assert!(
+        mount.flags.contains(MsFlags::MS_NOATIME),
+        "the request's noatime wins over the class's atime"
+    );
+    assert_eq!(mount.data.as_deref(), Some("discard"));
+}
+
+#[tokio::test]
 async fn stage_never_formats_over_another_filesystem() {
     let f = Fixture::new();
     let id = f.create("pvc-1", ext4()).await;

@@ -58,6 +58,16 @@ impl Daemon {
 
     /// Like [`Daemon::start`], on an existing directory: a restart after [`Daemon::stop`].
     pub async fn start_in(dir: tempfile::TempDir, extra_args: &[&str]) -> Self {
+        Self::launch(dir, "test-node", extra_args).await
+    }
+
+    /// Starts the daemon as node `node_id` with the device classes of the YAML file
+    /// `config`.
+    pub async fn start_with_config(dir: tempfile::TempDir, node_id: &str, config: &Path) -> Self {
+        Self::launch(dir, node_id, &["--config", config.to_str().unwrap()]).await
+    }
+
+    async fn launch(dir: tempfile::TempDir, node_id: &str, extra_args: &[&str]) -> Self {
         let socket = dir.path().join("csi/csi.sock");
         let addons_socket = dir.path().join("csi/csi-addons.sock");
         let addons_endpoint = format!("unix://{}", addons_socket.display());
@@ -72,7 +82,7 @@ impl Daemon {
             "localvol",
             "serve",
             "--node-id",
-            "test-node",
+            node_id,
             "--endpoint",
             &endpoint,
             "--data-dir",
@@ -99,13 +109,17 @@ impl Daemon {
         let task = tokio::spawn(localvol::app::serve(config, async {
             let _ = stopped.await;
         }));
-        for _ in 0..200 {
-            if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+        // Opening LVM and PMEM classes runs lvs/vgs/ndctl first: slow in an emulated VM.
+        for _ in 0..6000 {
+            if tokio::net::UnixStream::connect(&socket).await.is_ok() || task.is_finished() {
                 break;
             }
-            assert!(!task.is_finished(), "the daemon exited during start-up");
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+        if task.is_finished() {
+            panic!("the daemon exited during start-up: {:?}", task.await);
+        }
+        assert!(socket.exists(), "daemon did not create its socket");
         Self {
             registration_socket: registry.join("localvol.csi.dev-reg.sock"),
             addons_socket,

@@ -1,0 +1,314 @@
+//! LVM backends: kind `lvm` (a thick LV per volume), kind `lvm-thin` (a thin LV per
+//! volume, in one thin pool) and kind `pmem` in `lvm` mode (thick LVs in a VG built on
+//! fsdax namespaces, formatted and mounted for DAX).
+//!
+//! **State** is read from one `lvs` and one `vgs` JSON report per refresh, cached per
+//! VG and shared by every class on it ([`VolumeGroup`]); our own changes invalidate
+//! the cache. The LV tags are the record of each volume (see [`tags`]).
+//!
+//! **Crash ordering.** A thick LV is created with the tag `state=zeroing` and becomes
+//! a volume only when that tag is removed, after lvcreate has wiped its start
+//! (`-Wy -Zy`) and, for a raw block volume, after the whole LV has been zeroed. A
+//! create that finds such a pending LV (the daemon or lvcreate died) removes it and
+//! starts again; a delete removes it too. Thin LVs read zeros until written, so they
+//! are volumes as soon as lvcreate returns.
+//!
+//! **Raw block volumes never show old bytes.** Thick: the LV is zeroed before it
+//! becomes a volume, and an extension is made only of extents zeroed beforehand (a
+//! temporary LV takes them, is zeroed and removed, and lvextend is limited to exactly
+//! those extents). Thin: the pool must zero new blocks (`lvchange -Zy`), else block
+//! volumes are refused.
+
+mod provision;
+pub mod report;
+pub mod tags;
+#[cfg(test)]
+mod tests;
+mod vg;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tracing::{info, warn};
+
+use self::report::Lv;
+use self::tags::Ownership;
+pub use self::vg::{LvmError, VgState, VolumeGroup};
+use super::{BackendError, ClassCapacity, VolumeRecord};
+use crate::host::{CommandError, CommandSpec, Host};
+use crate::model::{ClassName, Token};
+
+/// How a class lays its volumes out in the VG.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layout {
+    Thick {
+        /// Bytes of the VG never handed out (TopoLVM's `spare-gb`).
+        spare_bytes: u64,
+        stripes: Option<u32>,
+        stripe_size: Option<String>,
+    },
+    Thin {
+        pool: String,
+        /// Thin volumes may promise up to pool size × this ratio.
+        overprovision_ratio: f64,
+    },
+}
+
+/// A class's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LvmSettings {
+    /// The configured kind, for logs and metrics: `lvm`, `lvm-thin` or `pmem`.
+    pub kind: &'static str,
+    pub layout: Layout,
+    pub lvcreate_options: Vec<String>,
+    /// The VG is on PMEM: format and mount for DAX.
+    pub dax: bool,
+}
+
+#[derive(Debug)]
+pub struct LvmBackend {
+    class: ClassName,
+    settings: LvmSettings,
+    vg: Arc<VolumeGroup>,
+    host: Host,
+    alignment: u64,
+}
+
+/// What a class finds under a volume's LV name.
+enum Lookup<'a> {
+    Absent,
+    Foreign,
+    Pending,
+    Ready(&'a Lv, VolumeRecord),
+}
+
+fn align_down(bytes: u64, alignment: u64) -> u64 {
+    bytes / alignment * alignment
+}
+
+impl LvmBackend {
+    /// Checks the VG (and thin pool) exist and learns the extent size.
+    pub async fn open(
+        class: ClassName,
+        settings: LvmSettings,
+        vg: Arc<VolumeGroup>,
+        host: Host,
+    ) -> Result<Self, BackendError> {
+        let state = vg.state().await?;
+        let stripes =
+            match &settings.layout {
+                Layout::Thick { stripes, .. } => u64::from(stripes.unwrap_or(1).max(1)),
+                Layout::Thin { pool, .. } => {
+                    let found = state.lv(pool).filter(|l| l.is_thin_pool()).ok_or_else(|| {
+                        LvmError::PoolNotFound {
+                            vg: vg.name.clone(),
+                            pool: pool.clone(),
+                        }
+                    })?;
+                    if !found.zeroes_new_blocks() {
+                        warn!(
+                            class = %class, pool = %pool,
+                            "thin pool does not zero new blocks: raw block volumes will be refused"
+                        );
+                    }
+                    1
+                }
+            };
+        let alignment = state.vg.extent_size.max(512) * stripes;
+        info!(class = %class, vg = %vg.name, kind = settings.kind, alignment, "LVM device class ready");
+        Ok(Self {
+            class,
+            settings,
+            vg,
+            host,
+            alignment,
+        })
+    }
+
+    pub fn class(&self) -> &ClassName {
+        &self.class
+    }
+
+    pub fn kind(&self) -> &'static str {
+        self.settings.kind
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    pub fn dax(&self) -> bool {
+        self.settings.dax
+    }
+
+    fn vg_name(&self) -> &str {
+        &self.vg.name
+    }
+
+    fn target(&self, lv: &str) -> String {
+        format!("{}/{lv}", self.vg.name)
+    }
+
+    fn device_path(&self, lv: &Lv) -> PathBuf {
+        lv.path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("/dev/{}/{}", self.vg.name, lv.name)))
+    }
+
+    fn lookup<'a>(&self, state: &'a VgState, token: &Token) -> Result<Lookup<'a>, BackendError> {
+        let name = tags::lv_name(token, self.vg_name());
+        let Some(lv) = state.lv(&name) else {
+            return Ok(Lookup::Absent);
+        };
+        match tags::ownership(&self.class, self.vg_name(), lv) {
+            Ownership::Foreign => Ok(Lookup::Foreign),
+            Ownership::Ours { pending: true, .. } => Ok(Lookup::Pending),
+            Ownership::Ours { record, .. } => Ok(Lookup::Ready(lv, record)),
+            Ownership::Corrupt(reason) => Err(BackendError::CorruptRecord {
+                token: token.to_string(),
+                path: self.device_path(lv),
+                reason,
+            }),
+        }
+    }
+
+    fn failed(&self, op: &'static str, lv: &str, e: CommandError) -> BackendError {
+        self.vg.error(op, self.target(lv), e).into()
+    }
+
+    fn no_space(&self, requested: u64, available: u64) -> BackendError {
+        BackendError::NoSpace {
+            class: self.class.clone(),
+            requested,
+            available,
+        }
+    }
+
+    pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
+        let state = self.vg.state().await?;
+        Ok(match self.lookup(&state, token)? {
+            Lookup::Ready(_, record) => Some(record),
+            Lookup::Absent | Lookup::Foreign | Lookup::Pending => None,
+        })
+    }
+
+    pub async fn list(&self) -> Result<Vec<VolumeRecord>, BackendError> {
+        let state = self.vg.state().await?;
+        let mut records = Vec::new();
+        for lv in &state.lvs {
+            match tags::ownership(&self.class, self.vg_name(), lv) {
+                Ownership::Ours {
+                    record,
+                    pending: false,
+                } => records.push(record),
+                Ownership::Corrupt(reason) => warn!(class = %self.class, %reason, "skipping an LV"),
+                Ownership::Ours { .. } | Ownership::Foreign => {}
+            }
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(records)
+    }
+
+    fn capacity_of(&self, state: &VgState) -> Result<ClassCapacity, BackendError> {
+        let (total, available) =
+            match &self.settings.layout {
+                Layout::Thick { spare_bytes, .. } => (
+                    state.vg.size.saturating_sub(*spare_bytes),
+                    state.vg.free.saturating_sub(*spare_bytes),
+                ),
+                Layout::Thin {
+                    pool,
+                    overprovision_ratio,
+                } => {
+                    let pool_lv = state.lv(pool).filter(|l| l.is_thin_pool()).ok_or_else(|| {
+                        LvmError::PoolNotFound {
+                            vg: self.vg.name.clone(),
+                            pool: pool.clone(),
+                        }
+                    })?;
+                    let promised: u64 = state
+                        .lvs
+                        .iter()
+                        .filter(|l| l.pool.as_deref() == Some(pool.as_str()))
+                        .map(|l| l.size)
+                        .sum();
+                    let limit = (pool_lv.size as f64 * overprovision_ratio) as u64;
+                    (limit, limit.saturating_sub(promised))
+                }
+            };
+        let available = align_down(available, self.alignment);
+        Ok(ClassCapacity {
+            available,
+            total,
+            max_volume: available,
+        })
+    }
+
+    pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
+        self.capacity_of(&*self.vg.state().await?)
+    }
+
+    fn is_thick(&self) -> bool {
+        matches!(self.settings.layout, Layout::Thick { .. })
+    }
+
+    fn stripe_args(&self, cmd: CommandSpec) -> CommandSpec {
+        match &self.settings.layout {
+            Layout::Thick {
+                stripes, stripe_size, ..
+            } => {
+                let mut cmd = cmd;
+                if let Some(n) = stripes.filter(|n| *n > 1) {
+                    cmd = cmd.arg("-i").arg(n.to_string());
+                    if let Some(size) = stripe_size {
+                        cmd = cmd.arg("-I").arg(size);
+                    }
+                }
+                cmd
+            }
+            Layout::Thin { .. } => cmd,
+        }
+    }
+
+    pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
+        let state = self.vg.state().await?;
+        Ok(match self.lookup(&state, token)? {
+            Lookup::Ready(lv, _) if lv.is_active() => Some(self.device_path(lv)),
+            _ => None,
+        })
+    }
+
+    pub async fn attach(&self, token: &Token) -> Result<PathBuf, BackendError> {
+        let state = self.vg.state().await?;
+        let Lookup::Ready(lv, _) = self.lookup(&state, token)? else {
+            return Err(BackendError::NotFound {
+                class: self.class.clone(),
+                token: token.clone(),
+            });
+        };
+        if !lv.is_active() {
+            let cmd = CommandSpec::new("lvchange").arg("-ay").arg(self.target(&lv.name));
+            self.vg
+                .change(cmd)
+                .await
+                .map_err(|e| self.failed("lvchange -ay", &lv.name, e))?;
+        }
+        Ok(self.device_path(lv))
+    }
+
+    /// LVs stay active after unstage: deactivating buys nothing on a node-local VG and
+    /// would race with an LV another stage is about to use.
+    pub async fn detach(&self, _token: &Token) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// lvextend resizes the active device itself.
+    pub async fn refresh_device(&self, _token: &Token) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    pub async fn check_health(&self) -> Result<(), BackendError> {
+        let state = self.vg.state().await?;
+        self.capacity_of(&state).map(drop)
+    }
+}

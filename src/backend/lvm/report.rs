@@ -1,0 +1,326 @@
+//! Pure parsers of lvm's JSON reports, as produced by
+//! `lvs|vgs --reportformat json --units b --nosuffix -o <FIELDS>`.
+//!
+//! Every value in these reports is a string, sizes included; a field that does not
+//! apply to a row is `""`. Tags are one comma-separated string. See
+//! `tests/fixtures/README.md` for the captured outputs these parsers are tested on.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The LV fields localvol reads (the fixture captures use the same list).
+pub const LV_FIELDS: &str = "lv_name,lv_uuid,vg_name,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,lv_path,lv_dm_path";
+/// The VG fields localvol reads.
+pub const VG_FIELDS: &str =
+    "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size,vg_extent_count,vg_free_count,vg_tags";
+/// The segment fields read for placing a zeroed extension (`lvs --segments`).
+pub const SEG_FIELDS: &str = "lv_name,seg_pe_ranges";
+
+/// One logical volume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lv {
+    pub name: String,
+    pub vg: String,
+    pub size: u64,
+    /// The ten `lv_attr` characters (`-wi-a-----`).
+    pub attr: String,
+    pub tags: Vec<String>,
+    /// The thin pool of a thin volume.
+    pub pool: Option<String>,
+    pub data_percent: Option<f64>,
+    /// `/dev/VG/LV`, when lvm reports one (not for pools and hidden LVs).
+    pub path: Option<PathBuf>,
+}
+
+impl Lv {
+    fn attr_at(&self, i: usize) -> char {
+        self.attr.chars().nth(i).unwrap_or('-')
+    }
+
+    pub fn is_thin_pool(&self) -> bool {
+        self.attr_at(0) == 't'
+    }
+
+    pub fn is_thin_volume(&self) -> bool {
+        self.attr_at(0) == 'V'
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.attr_at(4) == 'a'
+    }
+
+    /// For a thin pool: newly provisioned blocks are zeroed before use.
+    pub fn zeroes_new_blocks(&self) -> bool {
+        self.attr_at(7) == 'z'
+    }
+
+    pub fn has_tag(&self, tag: &str) -> bool {
+        self.tags.iter().any(|t| t == tag)
+    }
+}
+
+/// One volume group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vg {
+    pub name: String,
+    pub size: u64,
+    pub free: u64,
+    pub extent_size: u64,
+    pub tags: Vec<String>,
+}
+
+/// One segment of an LV and the physical extents it occupies (`/dev/vda:16-31`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub lv: String,
+    pub pe_ranges: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Report<T> {
+    report: Vec<T>,
+}
+
+#[derive(Deserialize)]
+struct LvSection {
+    #[serde(default)]
+    lv: Vec<RawLv>,
+}
+
+#[derive(Deserialize)]
+struct VgSection {
+    #[serde(default)]
+    vg: Vec<RawVg>,
+}
+
+#[derive(Deserialize)]
+struct SegSection {
+    #[serde(default)]
+    seg: Vec<RawSeg>,
+}
+
+#[derive(Deserialize)]
+struct RawLv {
+    lv_name: String,
+    #[serde(default)]
+    vg_name: String,
+    lv_size: String,
+    lv_attr: String,
+    #[serde(default)]
+    lv_tags: String,
+    #[serde(default)]
+    pool_lv: String,
+    #[serde(default)]
+    data_percent: String,
+    #[serde(default)]
+    lv_path: String,
+}
+
+#[derive(Deserialize)]
+struct RawVg {
+    vg_name: String,
+    vg_size: String,
+    vg_free: String,
+    vg_extent_size: String,
+    #[serde(default)]
+    vg_tags: String,
+}
+
+#[derive(Deserialize)]
+struct RawSeg {
+    lv_name: String,
+    #[serde(default)]
+    seg_pe_ranges: String,
+}
+
+fn number(field: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{field} {value:?} is not a byte count"))
+}
+
+fn non_empty(value: String) -> Option<String> {
+    (!value.is_empty()).then_some(value)
+}
+
+fn tags(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn sections<T: for<'de> Deserialize<'de>>(json: &[u8]) -> Result<Vec<T>, String> {
+    serde_json::from_slice::<Report<T>>(json)
+        .map(|r| r.report)
+        .map_err(|e| e.to_string())
+}
+
+pub fn parse_lvs(json: &[u8]) -> Result<Vec<Lv>, String> {
+    let mut lvs = Vec::new();
+    for section in sections::<LvSection>(json)? {
+        for raw in section.lv {
+            lvs.push(Lv {
+                size: number("lv_size", &raw.lv_size)?,
+                data_percent: match raw.data_percent.as_str() {
+                    "" => None,
+                    p => Some(
+                        p.parse()
+                            .map_err(|_| format!("data_percent {p:?} is not a number"))?,
+                    ),
+                },
+                name: raw.lv_name,
+                vg: raw.vg_name,
+                attr: raw.lv_attr,
+                tags: tags(&raw.lv_tags),
+                pool: non_empty(raw.pool_lv),
+                path: non_empty(raw.lv_path).map(PathBuf::from),
+            });
+        }
+    }
+    Ok(lvs)
+}
+
+pub fn parse_vgs(json: &[u8]) -> Result<Vec<Vg>, String> {
+    let mut vgs = Vec::new();
+    for section in sections::<VgSection>(json)? {
+        for raw in section.vg {
+            vgs.push(Vg {
+                size: number("vg_size", &raw.vg_size)?,
+                free: number("vg_free", &raw.vg_free)?,
+                extent_size: number("vg_extent_size", &raw.vg_extent_size)?,
+                tags: tags(&raw.vg_tags),
+                name: raw.vg_name,
+            });
+        }
+    }
+    Ok(vgs)
+}
+
+pub fn parse_segments(json: &[u8]) -> Result<Vec<Segment>, String> {
+    let mut segments = Vec::new();
+    for section in sections::<SegSection>(json)? {
+        for raw in section.seg {
+            segments.push(Segment {
+                pe_ranges: raw.seg_pe_ranges.split_whitespace().map(str::to_string).collect(),
+                lv: raw.lv_name,
+            });
+        }
+    }
+    Ok(segments)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    macro_rules! fixture {
+        ($name:literal) => {
+            include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/lvm/",
+                $name
+            ))
+        };
+    }
+
+    #[test]
+    fn lvs_report_of_a_vg_with_thick_thin_and_pool() {
+        let lvs = parse_lvs(fixture!("lvs.json")).unwrap();
+        let names: Vec<_> = lvs.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["pool0", "thick1", "thin1", "thin2"]);
+
+        let pool = &lvs[0];
+        assert!(pool.is_thin_pool() && pool.zeroes_new_blocks() && pool.is_active());
+        assert_eq!(pool.size, 1 << 30);
+        assert_eq!(pool.path, None, "pools have no /dev/VG/LV");
+        assert_eq!(pool.data_percent, Some(6.25));
+
+        let thick = &lvs[1];
+        assert_eq!(thick.vg, "vg1");
+        assert_eq!(thick.size, 256 << 20);
+        assert!(!thick.is_thin_pool() && !thick.is_thin_volume() && thick.is_active());
+        assert_eq!(
+            thick.tags,
+            [
+                "localvol.csi.dev/name=pvc-1234",
+                "localvol.csi.dev/namespace=default"
+            ]
+        );
+        assert!(thick.has_tag("localvol.csi.dev/name=pvc-1234"));
+        assert_eq!(thick.pool, None);
+        assert_eq!(thick.data_percent, None, "\"\" for thick LVs");
+        assert_eq!(
+            thick.path.as_deref(),
+            Some(std::path::Path::new("/dev/vg1/thick1"))
+        );
+
+        let thin = &lvs[2];
+        assert!(thin.is_thin_volume());
+        assert_eq!(thin.pool.as_deref(), Some("pool0"));
+        assert_eq!(thin.size, 512 << 20);
+        assert_eq!(thin.data_percent, Some(12.5));
+        assert!(lvs[3].tags.is_empty());
+    }
+
+    #[test]
+    fn hidden_lvs_are_reported_with_brackets() {
+        let lvs = parse_lvs(fixture!("lvs-a.json")).unwrap();
+        assert_eq!(lvs.len(), 7);
+        let hidden: Vec<_> = lvs.iter().filter(|l| l.name.starts_with('[')).collect();
+        assert_eq!(hidden.len(), 3);
+        assert!(hidden.iter().all(|l| l.path.is_none()));
+    }
+
+    #[test]
+    fn empty_and_missing_vg_reports_have_no_lvs() {
+        assert_eq!(parse_lvs(fixture!("lvs-empty.json")).unwrap(), []);
+        // lvs still prints an empty report on stdout when the VG does not exist; the
+        // exit status (5) is what tells the two apart.
+        assert_eq!(parse_lvs(fixture!("lvs-missing-vg.stdout")).unwrap(), []);
+    }
+
+    #[test]
+    fn vgs_report() {
+        let vgs = parse_vgs(fixture!("vgs.json")).unwrap();
+        assert_eq!(vgs.len(), 2);
+        assert_eq!(
+            vgs[0],
+            Vg {
+                name: "vg1".into(),
+                size: 4290772992,
+                free: 2940207104,
+                extent_size: 4 << 20,
+                tags: vec!["localvol.csi.dev/node=node-1".into()],
+            }
+        );
+        assert_eq!(vgs[1].free, vgs[1].size);
+        assert!(vgs[1].tags.is_empty());
+    }
+
+    #[test]
+    fn segments_report() {
+        let segs = parse_segments(fixture!("lvs-segments.json")).unwrap();
+        assert!(!segs.is_empty());
+        for seg in &segs {
+            assert!(!seg.pe_ranges.is_empty(), "{seg:?}");
+            for range in &seg.pe_ranges {
+                let (pv, extents) = range.rsplit_once(':').unwrap();
+                assert!(pv.starts_with("/dev/"), "{range}");
+                let (start, end) = extents.split_once('-').unwrap();
+                assert!(start.parse::<u64>().unwrap() <= end.parse::<u64>().unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_reports_are_errors_not_empty_lists() {
+        assert!(parse_lvs(b"").is_err());
+        assert!(parse_lvs(b"{\"report\": [{\"lv\": [{\"lv_name\": \"a\"}]}]}").is_err());
+        let bad_size = br#"{"report":[{"lv":[{"lv_name":"a","lv_size":"12.5","lv_attr":"-wi-a-----"}]}]}"#;
+        assert!(parse_lvs(bad_size).unwrap_err().contains("lv_size"));
+        assert!(parse_vgs(b"[]").is_err());
+    }
+}

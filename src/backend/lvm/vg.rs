@@ -1,0 +1,212 @@
+//! One volume group as localvol sees it: lvm's error text, the cached `lvs`+`vgs`
+//! report shared by every class on the VG, and the lock over allocations in it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use super::report::{self, Lv, Vg};
+use crate::backend::BackendError;
+use crate::backend::cache::{DEFAULT_TTL, ReportCache};
+use crate::host::{CommandError, CommandSpec, Host};
+use crate::model::ClassName;
+
+pub(super) const REPORT_TIMEOUT: Duration = Duration::from_secs(60);
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LvmError {
+    #[error("volume group {vg} does not exist on this node")]
+    VgNotFound { vg: String },
+    #[error("thin pool {vg}/{pool} does not exist")]
+    PoolNotFound { vg: String, pool: String },
+    #[error(
+        "thin pool {vg}/{pool} does not zero new blocks, so a raw block volume could show data of a \
+         deleted volume; enable zeroing (lvchange -Zy {vg}/{pool}) or use filesystem volumes"
+    )]
+    PoolNotZeroing { vg: String, pool: String },
+    #[error("logical volume {vg}/{lv} exists and is not a volume of device class {class}")]
+    NameTaken {
+        vg: String,
+        lv: String,
+        class: ClassName,
+    },
+    #[error("reading volume group {vg} failed moments ago; not retried yet: {reason}")]
+    ReportUnavailable { vg: String, reason: String },
+    #[error("cannot parse the {what} report of volume group {vg}: {reason}")]
+    Report {
+        vg: String,
+        what: &'static str,
+        reason: String,
+    },
+    #[error("cannot pre-zero the extension of {vg}/{lv}: {reason}")]
+    Extension { vg: String, lv: String, reason: String },
+    #[error("{op} {target}: another lvm command holds the lock: {source}")]
+    Locked {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: CommandError,
+    },
+    #[error("{op} {target}: {source}")]
+    Command {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: CommandError,
+    },
+}
+
+/// Classifiers of lvm's error text (LC_ALL=C; see `tests/fixtures/lvm/*.txt`).
+pub mod stderr {
+    pub fn is_vg_not_found(s: &str) -> bool {
+        s.contains("Volume group \"") && s.contains("\" not found")
+    }
+
+    pub fn is_lv_not_found(s: &str) -> bool {
+        s.contains("Failed to find logical volume")
+    }
+
+    pub fn is_pool_not_found(s: &str) -> bool {
+        s.contains("Pool ") && s.contains(" not found in Volume group")
+    }
+
+    pub fn is_no_space(s: &str) -> bool {
+        s.to_ascii_lowercase().contains("insufficient free space")
+    }
+
+    pub fn is_in_use(s: &str) -> bool {
+        s.contains(" in use")
+    }
+
+    pub fn is_name_taken(s: &str) -> bool {
+        s.contains("already exists in volume group")
+    }
+
+    pub fn is_lock_failure(s: &str) -> bool {
+        s.contains("Can't get lock") || s.contains("Failed to lock")
+    }
+}
+
+/// What lvm reports about one VG.
+#[derive(Debug)]
+pub struct VgState {
+    pub vg: Vg,
+    pub lvs: Vec<Lv>,
+}
+
+impl VgState {
+    pub fn lv(&self, name: &str) -> Option<&Lv> {
+        self.lvs.iter().find(|l| l.name == name)
+    }
+}
+
+/// One VG as the classes on it see it: a cached report and the lock that serialises
+/// allocations in it (so two creates cannot both take the last free extents).
+#[derive(Debug)]
+pub struct VolumeGroup {
+    pub(super) name: String,
+    host: Host,
+    cache: ReportCache<VgState>,
+    pub(super) allocation: Mutex<()>,
+}
+
+impl VolumeGroup {
+    pub fn new(name: String, host: Host) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            host,
+            cache: ReportCache::new(DEFAULT_TTL),
+            allocation: Mutex::new(()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The cached report, or a fresh one (`lvs` then `vgs`).
+    pub async fn state(&self) -> Result<Arc<VgState>, BackendError> {
+        self.cache
+            .get(
+                || self.read(),
+                |reason| LvmError::ReportUnavailable {
+                    vg: self.name.clone(),
+                    reason,
+                },
+            )
+            .await
+            .map_err(BackendError::from)
+    }
+
+    pub fn invalidate(&self) {
+        self.cache.invalidate();
+    }
+
+    async fn report(&self, program: &'static str, fields: &str) -> Result<Vec<u8>, LvmError> {
+        let cmd = CommandSpec::new(program)
+            .args([
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                fields,
+            ])
+            .arg(&self.name)
+            .timeout(REPORT_TIMEOUT);
+        match self.host.commands.run(cmd).await {
+            Ok(out) => Ok(out.stdout),
+            Err(e) => Err(self.error(program, self.name.clone(), e)),
+        }
+    }
+
+    async fn read(&self) -> Result<VgState, LvmError> {
+        let parse_error = |what, reason| LvmError::Report {
+            vg: self.name.clone(),
+            what,
+            reason,
+        };
+        let lvs = report::parse_lvs(&self.report("lvs", report::LV_FIELDS).await?)
+            .map_err(|r| parse_error("lvs", r))?;
+        let vg = report::parse_vgs(&self.report("vgs", report::VG_FIELDS).await?)
+            .map_err(|r| parse_error("vgs", r))?
+            .into_iter()
+            .find(|v| v.name == self.name)
+            .ok_or_else(|| LvmError::VgNotFound {
+                vg: self.name.clone(),
+            })?;
+        Ok(VgState { vg, lvs })
+    }
+
+    /// The error of a failed lvm command, classified by its message.
+    pub(super) fn error(&self, op: &'static str, target: String, e: CommandError) -> LvmError {
+        let s = e.stderr();
+        if stderr::is_vg_not_found(s) {
+            LvmError::VgNotFound {
+                vg: self.name.clone(),
+            }
+        } else if stderr::is_lock_failure(s) {
+            LvmError::Locked {
+                op,
+                target,
+                source: e,
+            }
+        } else {
+            LvmError::Command {
+                op,
+                target,
+                source: e,
+            }
+        }
+    }
+
+    /// Runs a changing lvm command; the cache is invalidated whatever the outcome.
+    pub(super) async fn change(&self, cmd: CommandSpec) -> Result<(), CommandError> {
+        let result = self.host.commands.run(cmd.timeout(CHANGE_TIMEOUT)).await;
+        self.invalidate();
+        result.map(drop)
+    }
+}

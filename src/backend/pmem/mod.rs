@@ -1,0 +1,428 @@
+//! PMEM in direct mode: one fsdax namespace per volume, carved from one region with
+//! ndctl. (PMEM in lvm mode is an LVM backend on a VG of fsdax namespaces.)
+//!
+//! **Sizes are never shrunk.** A namespace's size must be a multiple of the region
+//! alignment (16 MiB), and an fsdax namespace loses a reserve (info block and struct
+//! pages) to its metadata. A volume gets the smallest namespace whose *usable* size is
+//! at least the request; when that exceeds the request's limit the request is refused
+//! (OUT_OF_RANGE). A namespace cannot grow in place, so expansion is refused too.
+//!
+//! **Records.** A namespace has only a name, so the rest of a volume's record (the
+//! CreateVolume name, mode, filesystem, claim) is a JSON file per volume under the
+//! data directory. The record is written first, marked pending, then the namespace is
+//! made and cleared, then the record is marked done: a volume exists when both do and
+//! the record is done. A retry that finds a pending record destroys the namespace it
+//! names and starts again; a namespace with our name but no record of ours is never
+//! touched.
+//!
+//! **No old bytes.** A new namespace shows whatever an earlier one left in the same
+//! place (captured in the fixtures). Raw block volumes are zeroed whole before they
+//! become volumes; filesystem volumes have every signature wiped, so nothing old is
+//! mounted and the new filesystem's files read only what was written to them.
+
+pub mod ndctl;
+mod provision;
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use self::ndctl::{Namespace, Region};
+use super::cache::{DEFAULT_TTL, ReportCache};
+use super::files;
+use super::{BackendError, ClassCapacity, VolumeRecord};
+use crate::fs::FsType;
+use crate::host::{CommandError, CommandSpec, Host};
+use crate::model::{ClassName, Token, VolumeId, VolumeMode};
+use crate::request::{CapacityRange, ClaimRef, DEFAULT_VOLUME_BYTES, ValidationError};
+
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
+/// ndctl keeps namespace names in a 64-byte label field.
+const MAX_NAMESPACE_NAME: usize = 63;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PmemError {
+    #[error("PMEM region {region} does not exist on this node")]
+    RegionNotFound { region: String },
+    #[error(
+        "volume {token} is an fsdax namespace of {size} bytes, and a namespace cannot grow in place \
+         ({requested} bytes requested); use a pmem class in lvm mode for volumes that grow"
+    )]
+    FixedSize { token: Token, size: u64, requested: u64 },
+    #[error(
+        "region {region} already has a namespace named {name} that is not a volume of device class {class}"
+    )]
+    NameTaken {
+        region: String,
+        name: String,
+        class: ClassName,
+    },
+    #[error("region {region} has {count} namespaces named {name}")]
+    Duplicate {
+        region: String,
+        name: String,
+        count: usize,
+    },
+    #[error("namespace {name} offers {got} bytes, less than the {wanted} required")]
+    TooSmall { name: String, wanted: u64, got: u64 },
+    #[error("cannot parse ndctl's output for region {region}: {reason}")]
+    Report { region: String, reason: String },
+    #[error("listing region {region} failed moments ago; not retried yet: {reason}")]
+    ReportUnavailable { region: String, reason: String },
+    #[error("{op} {target}: {source}")]
+    Command {
+        op: &'static str,
+        target: String,
+        #[source]
+        source: CommandError,
+    },
+}
+
+/// The record file's contents. Field names are a stable on-disk format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct RecordFile {
+    name: String,
+    /// The usable bytes of the namespace.
+    size_bytes: u64,
+    mode: VolumeMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    fs_type: Option<FsType>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pvc_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pvc_namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pv_name: Option<String>,
+    /// The namespace's name in the region.
+    namespace: String,
+    /// True until the namespace exists and has been cleared.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pending: bool,
+}
+
+/// The namespace name of a volume: its token, or `n+` and a digest of it when the
+/// token is longer than a namespace label allows.
+pub fn namespace_name(token: &Token) -> String {
+    let t = token.as_str();
+    if t.len() <= MAX_NAMESPACE_NAME {
+        t.to_string()
+    } else {
+        let digest = Sha256::digest(t.as_bytes());
+        format!("n+{}", hex::encode(&digest[..16]))
+    }
+}
+
+#[derive(Debug)]
+pub struct PmemBackend {
+    class: ClassName,
+    region: String,
+    dir: PathBuf,
+    host: Host,
+    align: u64,
+    cache: ReportCache<Region>,
+    /// Serialises the space check and the allocation of creates in this class.
+    allocation: Mutex<()>,
+}
+
+fn zero_timeout(bytes: u64) -> Duration {
+    Duration::from_secs(120 + bytes / (32 << 20))
+}
+
+impl PmemBackend {
+    /// Checks the region exists, learns its alignment, prepares the record directory.
+    pub async fn open(
+        class: ClassName,
+        region: String,
+        dir: PathBuf,
+        host: Host,
+    ) -> Result<Self, BackendError> {
+        let mut backend = Self {
+            class,
+            region,
+            dir,
+            host,
+            align: 0,
+            cache: ReportCache::new(DEFAULT_TTL),
+            allocation: Mutex::new(()),
+        };
+        files::create_private_dir(&backend.dir).await?;
+        let region = backend.state().await?;
+        backend.align = region.align.max(ndctl::FSDAX_ALIGN);
+        if region.available_size == 0
+            && region
+                .namespaces
+                .iter()
+                .any(|n| n.mode == "raw" && n.size == region.size)
+        {
+            warn!(
+                class = %backend.class, region = %backend.region,
+                "region has no free space: its label area looks uninitialised (one raw namespace \
+                 covers it); see `ndctl init-labels`"
+            );
+        }
+        info!(class = %backend.class, region = %backend.region, align = backend.align, "PMEM device class ready");
+        Ok(backend)
+    }
+
+    pub fn class(&self) -> &ClassName {
+        &self.class
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.align
+    }
+
+    async fn state(&self) -> Result<Arc<Region>, BackendError> {
+        self.cache
+            .get(
+                || self.read(),
+                |reason| {
+                    BackendError::from(PmemError::ReportUnavailable {
+                        region: self.region.clone(),
+                        reason,
+                    })
+                },
+            )
+            .await
+    }
+
+    async fn read(&self) -> Result<Region, BackendError> {
+        let cmd = CommandSpec::new("ndctl")
+            .args(["list", "-R", "-N", "-i", "-r", &self.region])
+            .timeout(LIST_TIMEOUT);
+        let out = self
+            .host
+            .commands
+            .run(cmd)
+            .await
+            .map_err(|source| self.command_error("ndctl list", self.region.clone(), source))?;
+        let regions = ndctl::parse_regions(&out.stdout).map_err(|reason| PmemError::Report {
+            region: self.region.clone(),
+            reason,
+        })?;
+        Ok(regions
+            .into_iter()
+            .find(|r| r.dev == self.region)
+            .ok_or_else(|| PmemError::RegionNotFound {
+                region: self.region.clone(),
+            })?)
+    }
+
+    fn command_error(&self, op: &'static str, target: String, source: CommandError) -> BackendError {
+        PmemError::Command { op, target, source }.into()
+    }
+
+    fn record_path(&self, token: &Token) -> PathBuf {
+        self.dir.join(format!("{token}.json"))
+    }
+
+    async fn read_record(&self, token: &Token) -> Result<Option<RecordFile>, BackendError> {
+        let path = self.record_path(token);
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(BackendError::io("read", path)(e)),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| BackendError::CorruptRecord {
+                token: token.to_string(),
+                path,
+                reason: e.to_string(),
+            })
+    }
+
+    async fn write_record(&self, token: &Token, record: &RecordFile) -> Result<(), BackendError> {
+        let json = serde_json::to_vec_pretty(record).expect("record serialises");
+        files::write_atomically(&self.dir, &self.record_path(token), json).await
+    }
+
+    /// The namespace named `name`, if any; two of them is an error.
+    fn namespace<'a>(&self, region: &'a Region, name: &str) -> Result<Option<&'a Namespace>, BackendError> {
+        let mut found = region
+            .namespaces
+            .iter()
+            .filter(|n| n.name.as_deref() == Some(name));
+        let first = found.next();
+        let more = found.count();
+        if more > 0 {
+            return Err(PmemError::Duplicate {
+                region: self.region.clone(),
+                name: name.to_string(),
+                count: more + 1,
+            }
+            .into());
+        }
+        Ok(first)
+    }
+
+    fn to_record(&self, token: Token, file: RecordFile, namespace: &Namespace) -> VolumeRecord {
+        let size_bytes = if namespace.blockdev.is_some() {
+            namespace.size
+        } else {
+            file.size_bytes
+        };
+        VolumeRecord {
+            id: VolumeId::new(self.class.clone(), token),
+            name: file.name,
+            size_bytes,
+            mode: file.mode,
+            fs_type: file.fs_type,
+            claim: ClaimRef {
+                pvc_name: file.pvc_name,
+                pvc_namespace: file.pvc_namespace,
+                pv_name: file.pv_name,
+            },
+        }
+    }
+
+    /// A finished volume: its done record and its namespace.
+    async fn volume(&self, token: &Token) -> Result<Option<(VolumeRecord, Namespace)>, BackendError> {
+        let Some(file) = self.read_record(token).await?.filter(|f| !f.pending) else {
+            return Ok(None);
+        };
+        let region = self.state().await?;
+        match self.namespace(&region, &file.namespace)? {
+            Some(ns) => Ok(Some((self.to_record(token.clone(), file, ns), ns.clone()))),
+            None => {
+                warn!(class = %self.class, volume = %token, namespace = %file.namespace, "the record names a namespace that is gone");
+                Ok(None)
+            }
+        }
+    }
+
+    pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
+        Ok(self.volume(token).await?.map(|(record, _)| record))
+    }
+
+    pub async fn list(&self) -> Result<Vec<VolumeRecord>, BackendError> {
+        let mut entries = tokio::fs::read_dir(&self.dir)
+            .await
+            .map_err(BackendError::io("readdir", &self.dir))?;
+        let mut records = Vec::new();
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(BackendError::io("readdir", &self.dir))?
+        {
+            let name = entry.file_name();
+            let Some(token) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(Token::parse)
+            else {
+                continue;
+            };
+            if let Some(record) = self.get(&token).await? {
+                records.push(record);
+            }
+        }
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(records)
+    }
+
+    /// The usable size to give a request: the smallest namespace that holds
+    /// `required` (or the default size, within the limit), refused when it would
+    /// exceed the limit. Never less than asked.
+    pub fn size_for(&self, capacity: &CapacityRange) -> Result<u64, ValidationError> {
+        let raw = if capacity.required == 0 {
+            let wanted = capacity
+                .limit
+                .map_or(DEFAULT_VOLUME_BYTES, |l| l.min(DEFAULT_VOLUME_BYTES));
+            ndctl::raw_within(wanted, self.align).unwrap_or_else(|| ndctl::raw_for_usable(1, self.align))
+        } else {
+            ndctl::raw_for_usable(capacity.required, self.align)
+        };
+        let usable = ndctl::fsdax_usable(raw);
+        match capacity.limit {
+            Some(limit) if usable > limit => Err(ValidationError::OutOfRange(format!(
+                "an fsdax namespace holding {} bytes needs {raw} bytes of the region ({} alignment) and \
+                 offers {usable} bytes, above the limit of {limit}",
+                capacity.required, self.align
+            ))),
+            _ => Ok(usable),
+        }
+    }
+
+    fn capacity_of(&self, region: &Region) -> ClassCapacity {
+        let usable = |raw: u64| ndctl::fsdax_usable(raw / self.align * self.align);
+        ClassCapacity {
+            available: usable(region.available_size),
+            total: region.size,
+            max_volume: usable(region.max_available_extent),
+        }
+    }
+
+    pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
+        Ok(self.capacity_of(&*self.state().await?))
+    }
+
+    fn device_of(&self, ns: &Namespace) -> Option<PathBuf> {
+        ns.blockdev.as_ref().map(|b| Path::new("/dev").join(b))
+    }
+
+    pub async fn expand(&self, token: &Token, size_bytes: u64) -> Result<u64, BackendError> {
+        let (record, _) = self.volume(token).await?.ok_or_else(|| BackendError::NotFound {
+            class: self.class.clone(),
+            token: token.clone(),
+        })?;
+        if size_bytes <= record.size_bytes {
+            return Ok(record.size_bytes);
+        }
+        Err(PmemError::FixedSize {
+            token: token.clone(),
+            size: record.size_bytes,
+            requested: size_bytes,
+        }
+        .into())
+    }
+
+    pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
+        Ok(self.volume(token).await?.and_then(|(_, ns)| self.device_of(&ns)))
+    }
+
+    /// The namespace's block device, enabling the namespace if it was disabled.
+    pub async fn attach(&self, token: &Token) -> Result<PathBuf, BackendError> {
+        let (_, ns) = self.volume(token).await?.ok_or_else(|| BackendError::NotFound {
+            class: self.class.clone(),
+            token: token.clone(),
+        })?;
+        if let Some(device) = self.device_of(&ns) {
+            return Ok(device);
+        }
+        let cmd = CommandSpec::new("ndctl")
+            .args(["enable-namespace", &ns.dev])
+            .timeout(CHANGE_TIMEOUT);
+        let result = self.host.commands.run(cmd).await;
+        self.cache.invalidate();
+        result.map_err(|e| self.command_error("ndctl enable-namespace", ns.dev.clone(), e))?;
+        self.device(token).await?.ok_or_else(|| {
+            PmemError::Report {
+                region: self.region.clone(),
+                reason: format!("namespace {} has no block device after enabling it", ns.dev),
+            }
+            .into()
+        })
+    }
+
+    /// Namespaces stay enabled: there is nothing to undo per stage.
+    pub async fn detach(&self, _token: &Token) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    pub async fn refresh_device(&self, _token: &Token) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    pub async fn check_health(&self) -> Result<(), BackendError> {
+        self.state().await.map(drop)
+    }
+}

@@ -1,0 +1,491 @@
+//! PMEM direct mode against a simulated ndctl: a region that answers `list -R -N -i`,
+//! `create-namespace`, `destroy-namespace` and `enable-namespace` in ndctl 76's JSON
+//! and error text (tests/fixtures/ndctl), and a real temporary record directory.
+
+use std::sync::{Arc, Mutex};
+
+use super::*;
+use crate::backend::CreateSpec;
+use crate::host::fake::{FakeCommands, FakeSyscalls};
+use crate::host::{CommandError, CommandOutput};
+
+const MIB: u64 = 1 << 20;
+const ALIGN: u64 = 16 * MIB;
+
+#[derive(Debug, Clone)]
+struct FakeNs {
+    dev: String,
+    blockdev: String,
+    raw: u64,
+    name: Option<String>,
+    busy: bool,
+    enabled: bool,
+}
+
+#[derive(Debug, Default)]
+struct FakeRegion {
+    size: u64,
+    namespaces: Vec<FakeNs>,
+    next: usize,
+    fail: Vec<(&'static str, String)>,
+}
+
+impl FakeRegion {
+    fn available(&self) -> u64 {
+        self.size - self.namespaces.iter().map(|n| n.raw).sum::<u64>()
+    }
+
+    fn json(&self) -> String {
+        let namespaces: Vec<String> = self
+            .namespaces
+            .iter()
+            .map(|n| {
+                let name = n.name.as_ref().map(|v| format!(r#","name":"{v}""#)).unwrap_or_default();
+                if n.enabled {
+                    format!(
+                        r#"{{"dev":"{}","mode":"fsdax","map":"dev","size":{},"align":2097152,"blockdev":"{}"{name}}}"#,
+                        n.dev,
+                        ndctl::fsdax_usable(n.raw),
+                        n.blockdev
+                    )
+                } else {
+                    format!(r#"{{"dev":"{}","mode":"raw","size":{},"state":"disabled"{name}}}"#, n.dev, n.raw)
+                }
+            })
+            .collect();
+        format!(
+            r#"{{"regions":[{{"dev":"region0","size":{},"align":{ALIGN},"available_size":{a},"max_available_extent":{a},"type":"pmem","namespaces":[{}]}}]}}"#,
+            self.size,
+            namespaces.join(","),
+            a = self.available()
+        )
+    }
+}
+
+type Shared = Arc<Mutex<FakeRegion>>;
+
+fn failed(cmd: &CommandSpec, code: i32, stderr: impl Into<String>) -> Result<CommandOutput, CommandError> {
+    Err(CommandError::Failed {
+        program: cmd.program,
+        args: cmd.args_display(),
+        exit_code: Some(code),
+        stdout: String::new(),
+        stderr: stderr.into(),
+    })
+}
+
+fn ok(stdout: String) -> Result<CommandOutput, CommandError> {
+    Ok(CommandOutput {
+        stdout: stdout.into_bytes(),
+        stderr: String::new(),
+    })
+}
+
+fn simulate(commands: &FakeCommands, region: &Shared) {
+    let failing = |region: &Shared, program: &'static str| {
+        let mut r = region.lock().unwrap();
+        r.fail
+            .iter()
+            .position(|(p, _)| *p == program)
+            .map(|i| r.fail.remove(i).1)
+    };
+    {
+        let region = Arc::clone(region);
+        commands.on("ndctl", move |cmd| {
+            let a: Vec<String> = cmd.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+            let mut r = region.lock().unwrap();
+            let flag = |name: &str| a.iter().position(|x| x == name).map(|i| a[i + 1].clone());
+            match a[0].as_str() {
+                "list" if flag("-r").as_deref() == Some("region0") => ok(r.json()),
+                "list" => ok(String::new()),
+                "create-namespace" => {
+                    let raw: u64 = flag("-s").unwrap().parse().unwrap();
+                    if !raw.is_multiple_of(ALIGN) {
+                        return failed(cmd, 234, "  Error: create namespace: region0: align setting is 0x1000000 size 0x4100000 is misaligned\n\n");
+                    }
+                    if raw > r.available() {
+                        return failed(cmd, 237, "failed to create namespace: No space left on device\n");
+                    }
+                    let n = r.next;
+                    r.next += 1;
+                    let ns = FakeNs {
+                        dev: format!("namespace0.{n}"),
+                        blockdev: if n == 0 { "pmem0".into() } else { format!("pmem0.{n}") },
+                        raw,
+                        name: flag("-n"),
+                        busy: false,
+                        enabled: true,
+                    };
+                    let out = format!(
+                        r#"{{"dev":"{}","mode":"fsdax","map":"dev","size":{},"align":2097152,"blockdev":"{}","name":"{}"}}"#,
+                        ns.dev,
+                        ndctl::fsdax_usable(raw),
+                        ns.blockdev,
+                        ns.name.clone().unwrap()
+                    );
+                    r.namespaces.push(ns);
+                    ok(out)
+                }
+                "destroy-namespace" => {
+                    let dev = a.last().unwrap();
+                    match r.namespaces.iter().position(|n| &n.dev == dev) {
+                        None => failed(cmd, 250, "error destroying namespaces: No such device or address\ndestroyed 0 namespaces\n"),
+                        Some(i) if r.namespaces[i].busy => failed(cmd, 240, "error destroying namespaces: Device or resource busy\ndestroyed 0 namespaces\n"),
+                        Some(i) => {
+                            r.namespaces.remove(i);
+                            ok(String::new())
+                        }
+                    }
+                }
+                "enable-namespace" => {
+                    let dev = a.last().unwrap();
+                    r.namespaces.iter_mut().find(|n| &n.dev == dev).unwrap().enabled = true;
+                    ok(String::new())
+                }
+                other => panic!("unexpected ndctl {other}"),
+            }
+        });
+    }
+    for program in ["blkdiscard", "wipefs"] {
+        let region = Arc::clone(region);
+        commands.on(program, move |cmd| match failing(&region, program) {
+            Some(stderr) => failed(cmd, 1, stderr),
+            None => ok(String::new()),
+        });
+    }
+}
+
+struct Fixture {
+    region: Shared,
+    commands: Arc<FakeCommands>,
+    backend: PmemBackend,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let region = Arc::new(Mutex::new(FakeRegion {
+            size: 1 << 30,
+            ..FakeRegion::default()
+        }));
+        let commands = Arc::new(FakeCommands::default());
+        simulate(&commands, &region);
+        let host = Host {
+            commands: commands.clone(),
+            syscalls: Arc::new(FakeSyscalls::default()),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let backend = PmemBackend::open(
+            ClassName::parse("pmem").unwrap(),
+            "region0".into(),
+            dir.path().join("pmem"),
+            host,
+        )
+        .await
+        .unwrap();
+        Self {
+            region,
+            commands,
+            backend,
+            _dir: dir,
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.region
+            .lock()
+            .unwrap()
+            .namespaces
+            .iter()
+            .filter_map(|n| n.name.clone())
+            .collect()
+    }
+
+    fn records(&self) -> Vec<String> {
+        let mut files: Vec<_> = std::fs::read_dir(&self.backend.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        files
+    }
+
+    fn changes(&self) -> Vec<String> {
+        self.commands
+            .calls()
+            .into_iter()
+            .filter(|c| !c.starts_with("ndctl list"))
+            .collect()
+    }
+}
+
+fn spec(name: &str, size: u64, mode: VolumeMode) -> CreateSpec {
+    CreateSpec {
+        token: Token::for_name(name),
+        name: name.to_string(),
+        size_bytes: size,
+        mode,
+        fs_type: None,
+        claim: ClaimRef::default(),
+    }
+}
+
+fn range(required: u64, limit: Option<u64>) -> CapacityRange {
+    CapacityRange { required, limit }
+}
+
+#[tokio::test]
+async fn sizes_are_rounded_up_to_usable_bytes_and_never_shrunk() {
+    let f = Fixture::new().await;
+    let b = &f.backend;
+    assert_eq!(b.alignment(), ALIGN);
+    // 100 MiB needs a 112 MiB namespace, which offers 110 MiB.
+    assert_eq!(b.size_for(&range(100 * MIB, None)).unwrap(), 110 * MIB);
+    assert_eq!(b.size_for(&range(62 * MIB, Some(62 * MIB))).unwrap(), 62 * MIB);
+    let err = b.size_for(&range(100 * MIB, Some(100 * MIB))).unwrap_err();
+    assert!(
+        matches!(err, ValidationError::OutOfRange(ref m) if m.contains("117440512")),
+        "{err}"
+    );
+    // No minimum: the largest namespace within the limit.
+    assert_eq!(b.size_for(&range(0, Some(100 * MIB))).unwrap(), 94 * MIB);
+    // Neither: the largest within the default size (1 GiB).
+    let default = b.size_for(&range(0, None)).unwrap();
+    assert!(default <= 1 << 30 && default > (1 << 30) - ALIGN, "{default}");
+}
+
+#[tokio::test]
+async fn a_filesystem_volume_is_a_wiped_named_namespace_with_a_record() {
+    let f = Fixture::new().await;
+    let b = &f.backend;
+    let token = Token::for_name("pvc-1");
+    let record = b
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(record.size_bytes, 62 * MIB);
+    assert_eq!(
+        f.changes(),
+        [
+            "ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-1",
+            "wipefs -a /dev/pmem0",
+        ]
+    );
+    assert_eq!(f.records(), ["pvc-1.json"]);
+    assert_eq!(b.get(&token).await.unwrap(), Some(record.clone()));
+    assert_eq!(b.list().await.unwrap(), [record]);
+    assert_eq!(b.device(&token).await.unwrap(), Some(PathBuf::from("/dev/pmem0")));
+    assert_eq!(b.attach(&token).await.unwrap(), PathBuf::from("/dev/pmem0"));
+    let cap = b.capacity().await.unwrap();
+    assert_eq!(cap.max_volume, ndctl::fsdax_usable((1 << 30) - 64 * MIB));
+    assert_eq!(cap.total, 1 << 30);
+}
+
+#[tokio::test]
+async fn a_block_volume_is_zeroed_whole() {
+    let f = Fixture::new().await;
+    f.backend
+        .create(&spec("blk", 30 * MIB, VolumeMode::Block))
+        .await
+        .unwrap();
+    assert_eq!(f.changes()[1], "blkdiscard -f -z /dev/pmem0");
+}
+
+#[tokio::test]
+async fn too_big_is_no_space_and_leaves_nothing() {
+    let f = Fixture::new().await;
+    let err = f
+        .backend
+        .create(&spec("big", 2 << 30, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+    assert!(f.changes().is_empty(), "refused before ndctl");
+    assert!(f.records().is_empty());
+
+    // ndctl's own refusal (the region changed meanwhile) is NoSpace too, and undone.
+    f.region.lock().unwrap().size = 32 * MIB;
+    let err = f
+        .backend
+        .create(&spec("mid", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+    assert!(f.records().is_empty(), "{:?}", f.records());
+    assert!(f.names().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_clear_destroys_the_namespace_and_the_record() {
+    let f = Fixture::new().await;
+    f.region
+        .lock()
+        .unwrap()
+        .fail
+        .push(("wipefs", "wipefs: error".into()));
+    let err = f
+        .backend
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("wipefs"), "{err}");
+    assert!(f.names().is_empty());
+    assert!(f.records().is_empty());
+}
+
+#[tokio::test]
+async fn an_unfinished_create_is_redone_and_never_served() {
+    let f = Fixture::new().await;
+    let b = &f.backend;
+    let token = Token::for_name("pvc-1");
+    // The daemon died after the namespace was made, before it was cleared.
+    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Block))
+        .await
+        .unwrap();
+    let mut file = b.read_record(&token).await.unwrap().unwrap();
+    file.pending = true;
+    b.write_record(&token, &file).await.unwrap();
+    assert!(b.get(&token).await.unwrap().is_none());
+    assert!(b.list().await.unwrap().is_empty());
+    let before = f.changes().len();
+    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Block))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.changes()[before..],
+        [
+            "ndctl destroy-namespace -f namespace0.0",
+            "ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-1",
+            "blkdiscard -f -z /dev/pmem0.1",
+        ]
+    );
+    assert_eq!(f.names(), ["pvc-1"]);
+    assert!(b.get(&token).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn delete_is_idempotent_and_refuses_a_busy_namespace() {
+    let f = Fixture::new().await;
+    let b = &f.backend;
+    let token = Token::for_name("pvc-1");
+    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    f.region.lock().unwrap().namespaces[0].busy = true;
+    let err = b.delete(&token).await.unwrap_err();
+    assert!(matches!(err, BackendError::InUse { .. }), "{err}");
+    assert_eq!(
+        f.records(),
+        ["pvc-1.json"],
+        "the record stays while the namespace does"
+    );
+    f.region.lock().unwrap().namespaces[0].busy = false;
+    b.delete(&token).await.unwrap();
+    assert!(f.names().is_empty() && f.records().is_empty());
+    b.delete(&token).await.unwrap();
+
+    // A crash between destroying the namespace and removing the record: retried fine.
+    b.create(&spec("pvc-2", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    f.region.lock().unwrap().namespaces.clear();
+    b.cache.invalidate();
+    assert!(b.get(&Token::for_name("pvc-2")).await.unwrap().is_none());
+    b.delete(&Token::for_name("pvc-2")).await.unwrap();
+    assert!(f.records().is_empty());
+}
+
+#[tokio::test]
+async fn namespaces_that_are_not_ours_are_never_touched() {
+    let f = Fixture::new().await;
+    f.region.lock().unwrap().namespaces.push(FakeNs {
+        dev: "namespace0.7".into(),
+        blockdev: "pmem0.7".into(),
+        raw: 64 * MIB,
+        name: Some("pvc-1".into()),
+        busy: false,
+        enabled: true,
+    });
+    f.backend.cache.invalidate();
+    let token = Token::for_name("pvc-1");
+    assert!(f.backend.get(&token).await.unwrap().is_none());
+    f.backend.delete(&token).await.unwrap();
+    let err = f
+        .backend
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Pmem(PmemError::NameTaken { .. })),
+        "{err}"
+    );
+    assert_eq!(f.names(), ["pvc-1"]);
+    assert!(f.changes().is_empty(), "{:?}", f.changes());
+}
+
+#[tokio::test]
+async fn a_namespace_cannot_grow() {
+    let f = Fixture::new().await;
+    let token = Token::for_name("pvc-1");
+    f.backend
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(f.backend.expand(&token, 62 * MIB).await.unwrap(), 62 * MIB);
+    let err = f.backend.expand(&token, 78 * MIB).await.unwrap_err();
+    assert!(
+        matches!(err, BackendError::Pmem(PmemError::FixedSize { .. })),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_disabled_namespace_is_enabled_on_attach() {
+    let f = Fixture::new().await;
+    let token = Token::for_name("pvc-1");
+    f.backend
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    f.region.lock().unwrap().namespaces[0].enabled = false;
+    f.backend.cache.invalidate();
+    assert_eq!(f.backend.device(&token).await.unwrap(), None);
+    assert_eq!(
+        f.backend.attach(&token).await.unwrap(),
+        PathBuf::from("/dev/pmem0")
+    );
+    assert_eq!(f.changes().last().unwrap(), "ndctl enable-namespace namespace0.0");
+}
+
+#[tokio::test]
+async fn long_tokens_get_short_namespace_names() {
+    let long = Token::for_name(&"a".repeat(90));
+    let name = namespace_name(&long);
+    assert!(name.starts_with("n+") && name.len() == 34, "{name}");
+    assert_eq!(namespace_name(&Token::for_name("pvc-1")), "pvc-1");
+    let hashed = Token::for_name("a/b");
+    assert_eq!(namespace_name(&hashed), hashed.as_str());
+}
+
+#[tokio::test]
+async fn a_missing_region_fails_at_open() {
+    let commands = Arc::new(FakeCommands::default());
+    simulate(&commands, &Arc::new(Mutex::new(FakeRegion::default())));
+    let host = Host {
+        commands,
+        syscalls: Arc::new(FakeSyscalls::default()),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let err = PmemBackend::open(
+        ClassName::parse("p").unwrap(),
+        "region9".into(),
+        dir.path().join("p"),
+        host,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Pmem(PmemError::RegionNotFound { .. })),
+        "{err}"
+    );
+}
