@@ -56,5 +56,8 @@ fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
 step "VM: device-mapper and NVDIMM smoke test"
 tests/vm/smoke.sh
 
+step "VM: LVM (thick, thin) and PMEM (direct, lvm) backends"
+tests/vm/backends.sh
+
 echo
 echo "tests/all.sh: all suites passed"
