@@ -59,5 +59,8 @@ tests/vm/smoke.sh
 step "VM: LVM (thick, thin) and PMEM (direct, lvm) backends"
 tests/vm/backends.sh
 
+step "VM: ReclaimSpace on lvm-thin"
+tests/vm/run.sh --pmem-size 0 -- cargo test --offline --locked --test reclaim_privileged lvm_thin
+
 echo
 echo "tests/all.sh: all suites passed"

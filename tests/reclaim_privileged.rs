@@ -352,9 +352,6 @@ fn pool_data_bytes(pool: &str) -> u64 {
 /// In the tests/vm guest only (it needs device-mapper's thin target and a disk to give
 /// LVM): the same 64 MiB written and deleted on an lvm-thin volume must come back to the
 /// pool. Run with: `tests/vm/run.sh -- cargo test --test reclaim_privileged lvm_thin`.
-///
-/// Needs the lvm-thin backend (and `Backend::allocated_bytes` answering the pool's data
-/// usage for it); until both are in the build this test fails in the guest.
 #[tokio::test]
 async fn fitrim_on_an_lvm_thin_volume_gives_the_pool_its_space_back() {
     if std::env::var("VMTEST_GUEST").as_deref() != Ok("1") {

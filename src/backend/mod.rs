@@ -257,12 +257,12 @@ impl Backend {
     /// Bytes the volume takes from the device class's storage now, where the backend can
     /// tell (a loop image's allocated blocks). `None` where that does not shrink when the
     /// filesystem discards (thick LVs, PMEM namespaces): reclaim then reports the
-    /// filesystem's own usage instead. Hook for lvm-thin: the thin pool's data usage.
+    /// filesystem's own usage instead. For a thin LV: what it has mapped in its pool.
     pub async fn allocated_bytes(&self, token: &Token) -> Result<Option<u64>, BackendError> {
         match self {
             Backend::Loop(b) => b.allocated_bytes(token).await.map(Some),
-            // Not wired yet for lvm-thin (the pool's data usage is in the lvs report).
-            Backend::Lvm(_) | Backend::Pmem(_) => Ok(None),
+            Backend::Lvm(b) => b.allocated_bytes(token).await,
+            Backend::Pmem(_) => Ok(None),
         }
     }
 

@@ -270,6 +270,21 @@ impl LvmBackend {
         }
     }
 
+    /// For a thin volume, the bytes it has mapped in its pool now (size × data_percent),
+    /// from a fresh report: writes and discards change it without any lvm command of
+    /// ours. `None` for thick LVs, whose extents a discard does not give back.
+    pub async fn allocated_bytes(&self, token: &Token) -> Result<Option<u64>, BackendError> {
+        if !matches!(self.settings.layout, Layout::Thin { .. }) {
+            return Ok(None);
+        }
+        self.vg.invalidate();
+        let state = self.vg.state().await?;
+        Ok(match self.lookup(&state, token)? {
+            Lookup::Ready(lv, _) => lv.data_percent.map(|p| (lv.size as f64 * p / 100.0) as u64),
+            _ => None,
+        })
+    }
+
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
         let state = self.vg.state().await?;
         Ok(match self.lookup(&state, token)? {
