@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::BackendError;
+use crate::model::Token;
 
 /// Writes a file atomically: temporary file (mode 0600), fsync, rename, fsync of the
 /// directory. After a crash the file holds either the old or the new contents.
@@ -59,4 +60,27 @@ pub fn sync_dir(dir: &Path) -> Result<(), BackendError> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(BackendError::io("fsync", dir))
+}
+
+/// The tokens of the `<token>.json` records in `dir` (other files are not records).
+pub async fn record_tokens(dir: &Path) -> Result<Vec<Token>, BackendError> {
+    let mut entries = tokio::fs::read_dir(dir)
+        .await
+        .map_err(BackendError::io("readdir", dir))?;
+    let mut tokens = Vec::new();
+    while let Some(entry) = entries
+        .next_entry()
+        .await
+        .map_err(BackendError::io("readdir", dir))?
+    {
+        let name = entry.file_name();
+        if let Some(token) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(Token::parse)
+        {
+            tokens.push(token);
+        }
+    }
+    Ok(tokens)
 }

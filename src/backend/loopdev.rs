@@ -132,23 +132,8 @@ impl LoopBackend {
     }
 
     pub async fn list(&self) -> Result<Vec<VolumeRecord>, BackendError> {
-        let mut entries = tokio::fs::read_dir(&self.dir)
-            .await
-            .map_err(BackendError::io("readdir", &self.dir))?;
         let mut records = Vec::new();
-        while let Some(entry) = entries
-            .next_entry()
-            .await
-            .map_err(BackendError::io("readdir", &self.dir))?
-        {
-            let name = entry.file_name();
-            let Some(token) = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".json"))
-                .and_then(Token::parse)
-            else {
-                continue;
-            };
+        for token in files::record_tokens(&self.dir).await? {
             if let Some(record) = self.get(&token).await? {
                 records.push(record);
             }
