@@ -114,18 +114,22 @@ pub struct FormatOptions {
     /// For DAX: xfs without reflink (the two are exclusive in the kernel), ext4 with
     /// 4 KiB blocks (the page size).
     pub dax: bool,
+    /// The device reads zeros everywhere (a thin LV with nothing mapped in a pool that
+    /// zeroes new blocks): ext4 then skips zeroing its inode tables and journal, which
+    /// on thin storage would map pool blocks for nothing, in the background, after mkfs.
+    pub prezeroed: bool,
 }
 
 pub fn mkfs_command(fs_type: FsType, device: &Path, options: FormatOptions) -> CommandSpec {
     let cmd = match fs_type {
         // Lazy init keeps mkfs fast on large volumes; the kernel finishes in the background.
         FsType::Ext4 => {
-            let cmd = CommandSpec::new("mkfs.ext4").args([
-                "-F",
-                "-q",
-                "-E",
-                "lazy_itable_init=1,lazy_journal_init=1",
-            ]);
+            let extended = if options.prezeroed {
+                "lazy_itable_init=1,lazy_journal_init=1,assume_storage_prezeroed=1"
+            } else {
+                "lazy_itable_init=1,lazy_journal_init=1"
+            };
+            let cmd = CommandSpec::new("mkfs.ext4").args(["-F", "-q", "-E", extended]);
             // DAX needs the block size to be the page size; small devices default to 1K.
             if options.dax {
                 cmd.args(["-b", "4096"])
@@ -205,17 +209,43 @@ mod tests {
 
     #[test]
     fn mkfs_arguments_are_fixed_vectors() {
-        let cmd = mkfs_command(FsType::Xfs, Path::new("/dev/pmem0"), FormatOptions { dax: true });
+        let cmd = mkfs_command(
+            FsType::Xfs,
+            Path::new("/dev/pmem0"),
+            FormatOptions {
+                dax: true,
+                ..Default::default()
+            },
+        );
         assert_eq!(cmd.program, "mkfs.xfs");
         assert_eq!(cmd.args_display(), "-f -q -m reflink=0 /dev/pmem0");
         let cmd = mkfs_command(FsType::Ext4, Path::new("/dev/loop1"), FormatOptions::default());
         assert_eq!(cmd.args.last().unwrap(), "/dev/loop1");
         assert!(!cmd.args_display().contains("-b"));
-        let cmd = mkfs_command(FsType::Ext4, Path::new("/dev/pmem0"), FormatOptions { dax: true });
+        let cmd = mkfs_command(
+            FsType::Ext4,
+            Path::new("/dev/pmem0"),
+            FormatOptions {
+                dax: true,
+                ..Default::default()
+            },
+        );
         assert_eq!(
             cmd.args_display(),
             "-F -q -E lazy_itable_init=1,lazy_journal_init=1 -b 4096 /dev/pmem0"
         );
+        let prezeroed = FormatOptions {
+            prezeroed: true,
+            ..Default::default()
+        };
+        let cmd = mkfs_command(FsType::Ext4, Path::new("/dev/vg/lv"), prezeroed);
+        assert_eq!(
+            cmd.args_display(),
+            "-F -q -E lazy_itable_init=1,lazy_journal_init=1,assume_storage_prezeroed=1 /dev/vg/lv"
+        );
+        // xfs writes no inode tables up front: nothing to skip.
+        let cmd = mkfs_command(FsType::Xfs, Path::new("/dev/vg/lv"), prezeroed);
+        assert_eq!(cmd.args_display(), "-f -q /dev/vg/lv");
     }
 
     #[test]

@@ -149,13 +149,16 @@ impl Backend {
         }
     }
 
-    /// mkfs options for this class's volumes.
-    pub fn format_options(&self) -> FormatOptions {
-        match self {
+    /// mkfs options for `token`'s volume, as its device is now.
+    pub async fn format_options(&self, token: &Token) -> Result<FormatOptions, BackendError> {
+        Ok(match self {
             Backend::Loop(_) => FormatOptions::default(),
-            Backend::Lvm(b) => FormatOptions { dax: b.dax() },
-            Backend::Pmem(_) => FormatOptions { dax: true },
-        }
+            Backend::Lvm(b) => b.format_options(token).await?,
+            Backend::Pmem(_) => FormatOptions {
+                dax: true,
+                ..Default::default()
+            },
+        })
     }
 
     /// Filesystem-specific mount options the class always adds (`dax` on PMEM).

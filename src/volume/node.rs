@@ -117,7 +117,8 @@ impl Volumes {
                     warn!(volume.id = %req.id, ?signature, "an earlier format was interrupted; formatting again");
                 }
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
-                fs::format(&self.host, fs_type, &device, backend.format_options()).await?;
+                let options = backend.format_options(&req.id.token).await?;
+                fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;
             }
             Signature::Filesystem(found) if found == fs_type.as_str() => {}

@@ -35,6 +35,7 @@ use self::report::Lv;
 use self::tags::Ownership;
 pub use self::vg::{LvmError, VgState, VolumeGroup};
 use super::{BackendError, ClassCapacity, VolumeRecord};
+use crate::fs::FormatOptions;
 use crate::host::{CommandError, CommandSpec, Host};
 use crate::model::{ClassName, Token};
 
@@ -283,6 +284,42 @@ impl LvmBackend {
             Lookup::Ready(lv, _) => lv.data_percent.map(|p| (lv.size as f64 * p / 100.0) as u64),
             _ => None,
         })
+    }
+
+    /// DAX for a VG on PMEM; `prezeroed` for a thin LV that has not one block mapped (so
+    /// every block reads as zeros) in a pool that zeroes the blocks it maps. Mapped blocks
+    /// are counted exactly by the thin target (`lvs` rounds data_percent to 0.01 %, which
+    /// hides megabytes of a large LV): a volume written to as a raw device, or by an
+    /// interrupted mkfs, has some and gets a full format.
+    pub async fn format_options(&self, token: &Token) -> Result<FormatOptions, BackendError> {
+        let dax = self.settings.dax;
+        let Layout::Thin { pool, .. } = &self.settings.layout else {
+            return Ok(FormatOptions {
+                dax,
+                prezeroed: false,
+            });
+        };
+        let state = self.vg.state().await?;
+        let lv = match self.lookup(&state, token)? {
+            Lookup::Ready(lv, _) if state.lv(pool).is_some_and(|p| p.zeroes_new_blocks()) => lv,
+            _ => {
+                return Ok(FormatOptions {
+                    dax,
+                    prezeroed: false,
+                });
+            }
+        };
+        let cmd = CommandSpec::new("dmsetup")
+            .arg("status")
+            .arg(report::dm_name(&self.vg.name, &lv.name));
+        let out = self
+            .host
+            .commands
+            .run(cmd)
+            .await
+            .map_err(|e| self.failed("dmsetup status", &lv.name, e))?;
+        let prezeroed = report::parse_thin_mapped_sectors(&out.stdout_str()) == Some(0);
+        Ok(FormatOptions { dax, prezeroed })
     }
 
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
