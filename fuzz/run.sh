@@ -20,6 +20,11 @@ total=0
 for target in $targets; do
   mkdir -p "fuzz/corpus/$target"
   cp -n fuzz/seeds/"$target"/* "fuzz/corpus/$target/" 2>/dev/null || true
+  # The parsers of tool output start from the real captures the unit tests use.
+  case $target in
+    lvm_report) cp -n tests/fixtures/lvm/*.json "fuzz/corpus/$target/" ;;
+    ndctl_json) cp -n tests/fixtures/ndctl/*.json "fuzz/corpus/$target/" ;;
+  esac
   log=$(mktemp)
   if ! cargo fuzz run --sanitizer none "$target" "fuzz/corpus/$target" -- \
       -max_total_time="$seconds" -print_final_stats=1 -max_len=8192 >"$log" 2>&1; then

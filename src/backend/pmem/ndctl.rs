@@ -96,7 +96,11 @@ pub fn fsdax_usable(raw: u64) -> u64 {
 
 /// The smallest multiple of `align` whose fsdax namespace offers at least `usable`.
 pub fn raw_for_usable(usable: u64, align: u64) -> u64 {
-    let mut raw = usable.div_ceil(align).max(1) * align;
+    // The reserve exceeds raw / 64, so fsdax_usable(raw) < raw × 63/64: every raw below
+    // usable × 64/63 offers less than `usable`. Starting there leaves only the reserve's
+    // 2 MiB rounding to step over, instead of one step per `align` of the reserve.
+    let lower_bound = usable + usable / 63;
+    let mut raw = (lower_bound / align).max(1) * align;
     while fsdax_usable(raw) < usable {
         raw += align;
     }
@@ -157,6 +161,11 @@ mod tests {
             assert!(fsdax_usable(raw) >= usable, "{usable}");
             assert!(fsdax_usable(raw - align) < usable, "{usable}: smallest");
         }
+        // A 64 TiB namespace in a few steps, the same answer as stepping from `usable`.
+        let usable = 64 << 40;
+        let raw = raw_for_usable(usable, 2 * MIB);
+        assert!(fsdax_usable(raw) >= usable && fsdax_usable(raw - 2 * MIB) < usable);
+        assert_eq!(raw_for_usable(0, align), align);
         assert_eq!(raw_within(100 * MIB, align), Some(96 * MIB));
         assert_eq!(fsdax_usable(96 * MIB), 94 * MIB);
         assert_eq!(raw_within(10 * MIB, align), None);
