@@ -1,14 +1,14 @@
 //! The ownership check against the API: find the claim behind a volume, read the pods the
 //! rules in [`super::owner`] need, decide, and on a refusal record events.
 //!
-//! A first attempt reads from caches. A refusal that rests on anything cached is only
-//! returned after a second attempt from the API alone: a cache "is just a cache, and may
-//! be out of date", and a refusal blocks a pod.
+//! A first attempt reads from caches. A refusal, or a claim not found, that rests on
+//! anything cached is only returned after a second attempt from the API alone: a cache
+//! "is just a cache, and may be out of date", and a refusal blocks a pod.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::Client;
 use kube::runtime::reflector::Store;
 use tracing::{debug, warn};
@@ -50,7 +50,7 @@ impl Checker {
     ) -> Self {
         Self {
             events: Events::new(client.clone(), &node, timeout),
-            lookup: Lookup::new(client, pods, ttl, timeout),
+            lookup: Lookup::new(client, pods, synced.clone(), ttl, timeout),
             synced,
             node,
         }
@@ -90,7 +90,14 @@ impl Checker {
         if !self.synced.get() {
             return Err(OwnerError::NotSynced);
         }
-        let Some(mut result) = attempt(Source::Cache).await? else {
+        let first = match attempt(Source::Cache).await {
+            Err(OwnerError::ClaimNotFound { cached: true, .. }) => {
+                debug!("no claim found on cached reads; reading again from the API");
+                attempt(Source::Api).await?
+            }
+            other => other?,
+        };
+        let Some(mut result) = first else {
             return Ok(());
         };
         if matches!(result.decision, Decision::Refused(_)) && result.cached {
@@ -120,7 +127,20 @@ impl Checker {
         source: Source,
     ) -> Result<Option<Read<ClaimView>>, OwnerError> {
         if let (Some(namespace), Some(name)) = (&claim.pvc_namespace, &claim.pvc_name) {
-            match self.lookup.pvc(namespace, name, source).await? {
+            let bound_elsewhere = |pvc: &PersistentVolumeClaim| {
+                let bound = pvc.spec.as_ref().and_then(|s| s.volume_name.as_ref());
+                matches!((&claim.pv_name, bound), (Some(pv), Some(bound)) if pv != bound)
+            };
+            // A claim of that name may have been deleted and made again (a pod recreated
+            // with its ephemeral volume) since it was cached: read it again rather than
+            // go looking through the PV.
+            let found = match self.lookup.pvc(namespace, name, source).await? {
+                Some(read) if read.cached && bound_elsewhere(&read.value) => {
+                    self.lookup.pvc(namespace, name, Source::Api).await?
+                }
+                found => found,
+            };
+            match found {
                 Some(read) => {
                     let view = ClaimView::from_pvc(&read.value);
                     match (&claim.pv_name, &view.volume_name) {
@@ -139,6 +159,8 @@ impl Checker {
                     return Err(OwnerError::ClaimNotFound {
                         volume: volume.to_string(),
                         reason: format!("PersistentVolumeClaim {namespace}/{name} does not exist"),
+                        // Only found objects are cached: a miss was asked.
+                        cached: false,
                     });
                 }
                 None => {}
@@ -156,41 +178,48 @@ impl Checker {
         pv_name: &str,
         source: Source,
     ) -> Result<Read<ClaimView>, OwnerError> {
-        let not_found = |reason: String| OwnerError::ClaimNotFound {
+        let not_found = |reason: String, cached: bool| OwnerError::ClaimNotFound {
             volume: volume.to_string(),
             reason,
+            cached,
         };
         let pv = self
             .lookup
             .pv(pv_name, source)
             .await?
-            .ok_or_else(|| not_found(format!("PersistentVolume {pv_name} does not exist")))?;
+            .ok_or_else(|| not_found(format!("PersistentVolume {pv_name} does not exist"), false))?;
         let spec = pv.value.spec.as_ref();
         let csi = spec.and_then(|s| s.csi.as_ref());
         if csi.is_none_or(|c| c.driver != DRIVER_NAME || c.volume_handle != volume) {
-            return Err(not_found(format!(
-                "PersistentVolume {pv_name} is not this volume of {DRIVER_NAME}"
-            )));
+            return Err(not_found(
+                format!("PersistentVolume {pv_name} is not this volume of {DRIVER_NAME}"),
+                pv.cached,
+            ));
         }
         let claim_ref = spec
             .and_then(|s| s.claim_ref.as_ref())
-            .ok_or_else(|| not_found(format!("PersistentVolume {pv_name} is not bound")))?;
+            .ok_or_else(|| not_found(format!("PersistentVolume {pv_name} is not bound"), pv.cached))?;
         let (Some(namespace), Some(name)) = (&claim_ref.namespace, &claim_ref.name) else {
-            return Err(not_found(format!(
-                "PersistentVolume {pv_name} has an incomplete claimRef"
-            )));
+            return Err(not_found(
+                format!("PersistentVolume {pv_name} has an incomplete claimRef"),
+                pv.cached,
+            ));
         };
         let pvc = self.lookup.pvc(namespace, name, source).await?.ok_or_else(|| {
-            not_found(format!(
-                "PersistentVolume {pv_name} is bound to {namespace}/{name}, which does not exist"
-            ))
+            not_found(
+                format!("PersistentVolume {pv_name} is bound to {namespace}/{name}, which does not exist"),
+                pv.cached,
+            )
         })?;
         let view = ClaimView::from_pvc(&pvc.value);
         if claim_ref.uid.as_ref().is_some_and(|uid| *uid != view.id.uid) {
-            return Err(not_found(format!(
-                "PersistentVolume {pv_name} is bound to {namespace}/{name} with another uid than {}",
-                view.id.uid
-            )));
+            return Err(not_found(
+                format!(
+                    "PersistentVolume {pv_name} is bound to {namespace}/{name} with another uid than {}",
+                    view.id.uid
+                ),
+                pv.cached || pvc.cached,
+            ));
         }
         Ok(Read {
             value: view,

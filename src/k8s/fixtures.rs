@@ -291,7 +291,7 @@ pub fn pod_cache(pods: Vec<Pod>, synced: bool) -> (Store<Pod>, Synced) {
     let flag = Synced::default();
     if synced {
         writer.apply_watcher_event(&watcher::Event::InitDone);
-        flag.set();
+        flag.listed();
     }
     (reader, flag)
 }

@@ -1,6 +1,8 @@
 //! Reads for the ownership check: pods from the node's watch cache, claims and volumes
 //! by name through a short TTL cache, each with the API as the fallback. Every API read
-//! has a deadline, so an unreachable API server becomes an error promptly.
+//! has a deadline, so an unreachable API server becomes an error promptly. A claim or
+//! volume read before the pod cache was last listed is not reused after that list: the
+//! watch had failed, so the API server may have been away and the object changed.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,7 +13,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
-use super::OwnerError;
+use super::{OwnerError, Synced};
 
 /// Where a read may come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,11 +31,19 @@ pub struct Read<T> {
     pub cached: bool,
 }
 
-/// Objects read by key, reused for `ttl`. Only found objects are kept: a miss always asks.
+/// Objects read by key, reused for `ttl` within one generation of the pod cache (see
+/// [`Synced::generation`]). Only found objects are kept: a miss always asks.
 #[derive(Debug)]
 struct TtlCache<T> {
     ttl: Duration,
-    entries: Mutex<HashMap<String, (Instant, Arc<T>)>>,
+    entries: Mutex<HashMap<String, Entry<T>>>,
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    read_at: Instant,
+    generation: u64,
+    value: Arc<T>,
 }
 
 impl<T> TtlCache<T> {
@@ -44,19 +54,28 @@ impl<T> TtlCache<T> {
         }
     }
 
-    fn get(&self, key: &str) -> Option<Arc<T>> {
+    fn get(&self, key: &str, generation: u64) -> Option<Arc<T>> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .get(key)
-            .filter(|(at, _)| at.elapsed() < self.ttl)
-            .map(|(_, v)| Arc::clone(v))
+            .filter(|e| e.read_at.elapsed() < self.ttl && e.generation == generation)
+            .map(|e| Arc::clone(&e.value))
     }
 
-    fn put(&self, key: String, value: Option<Arc<T>>) {
+    /// Keeps `value` as read in `generation`: the one current when the read started, so
+    /// that a read overlapping a relist is not taken for a read after it.
+    fn put(&self, key: String, generation: u64, value: Option<Arc<T>>) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.retain(|_, (at, _)| at.elapsed() < self.ttl);
+        entries.retain(|_, e| e.read_at.elapsed() < self.ttl && e.generation == generation);
         match value {
-            Some(v) => entries.insert(key, (Instant::now(), v)),
+            Some(value) => entries.insert(
+                key,
+                Entry {
+                    read_at: Instant::now(),
+                    generation,
+                    value,
+                },
+            ),
             None => entries.remove(&key),
         };
     }
@@ -67,6 +86,7 @@ pub struct Lookup {
     pods: Store<Pod>,
     pvcs: TtlCache<PersistentVolumeClaim>,
     pvs: TtlCache<PersistentVolume>,
+    synced: Synced,
     timeout: Duration,
 }
 
@@ -80,12 +100,13 @@ impl std::fmt::Debug for Lookup {
 }
 
 impl Lookup {
-    pub fn new(client: Client, pods: Store<Pod>, ttl: Duration, timeout: Duration) -> Self {
+    pub fn new(client: Client, pods: Store<Pod>, synced: Synced, ttl: Duration, timeout: Duration) -> Self {
         Self {
             client,
             pods,
             pvcs: TtlCache::new(ttl),
             pvs: TtlCache::new(ttl),
+            synced,
             timeout,
         }
     }
@@ -112,8 +133,9 @@ impl Lookup {
         source: Source,
     ) -> Result<Option<Read<Arc<PersistentVolumeClaim>>>, OwnerError> {
         let key = format!("{namespace}/{name}");
+        let generation = self.synced.generation();
         if source == Source::Cache
-            && let Some(value) = self.pvcs.get(&key)
+            && let Some(value) = self.pvcs.get(&key, generation)
         {
             return Ok(Some(Read { value, cached: true }));
         }
@@ -122,7 +144,7 @@ impl Lookup {
             .call(|| format!("get PersistentVolumeClaim {key}"), api.get_opt(name))
             .await?
             .map(Arc::new);
-        self.pvcs.put(key, found.clone());
+        self.pvcs.put(key, generation, found.clone());
         Ok(found.map(|value| Read { value, cached: false }))
     }
 
@@ -131,8 +153,9 @@ impl Lookup {
         name: &str,
         source: Source,
     ) -> Result<Option<Read<Arc<PersistentVolume>>>, OwnerError> {
+        let generation = self.synced.generation();
         if source == Source::Cache
-            && let Some(value) = self.pvs.get(name)
+            && let Some(value) = self.pvs.get(name, generation)
         {
             return Ok(Some(Read { value, cached: true }));
         }
@@ -141,7 +164,7 @@ impl Lookup {
             .call(|| format!("get PersistentVolume {name}"), api.get_opt(name))
             .await?
             .map(Arc::new);
-        self.pvs.put(name.to_string(), found.clone());
+        self.pvs.put(name.to_string(), generation, found.clone());
         Ok(found.map(|value| Read { value, cached: false }))
     }
 

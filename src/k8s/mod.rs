@@ -12,7 +12,7 @@ mod lookup;
 pub mod owner;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -45,8 +45,17 @@ pub enum OwnerError {
     )]
     NoPodInfo { volume: String, pvc: String },
     #[error("cannot find the PersistentVolumeClaim behind volume {volume}: {reason}")]
-    ClaimNotFound { volume: String, reason: String },
-    #[error("the Kubernetes pod cache has not synced yet; try again")]
+    ClaimNotFound {
+        volume: String,
+        reason: String,
+        /// Whether this rests on a cached read (the check then reads again before it
+        /// answers so).
+        cached: bool,
+    },
+    #[error(
+        "the Kubernetes pod cache is not synced (its first list, or a new list after its watch \
+         failed, is not in yet); try again"
+    )]
     NotSynced,
     #[error("Kubernetes API: {what}: {source}")]
     Api {
@@ -91,19 +100,54 @@ impl OwnerCheck {
     }
 }
 
-/// Set once the node's pod cache has listed everything.
+/// Whether the node's pod cache mirrors the API server now, and how many times it has
+/// been listed. It is out of sync until the first list is in, and again from a failed
+/// list or watch until the pods have been listed anew.
 #[derive(Debug, Clone, Default)]
-pub struct Synced(Arc<AtomicBool>);
+pub struct Synced(Arc<SyncState>);
+
+#[derive(Debug, Default)]
+struct SyncState {
+    in_sync: AtomicBool,
+    lists: AtomicU64,
+}
 
 impl Synced {
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.in_sync.load(Ordering::SeqCst)
     }
 
-    fn set(&self) {
-        self.0.store(true, Ordering::SeqCst);
+    /// Counts the complete lists so far. Claims and volumes read by name are only reused
+    /// within one list generation: one read before an outage may have changed during it.
+    pub fn generation(&self) -> u64 {
+        self.0.lists.load(Ordering::SeqCst)
+    }
+
+    /// A complete list is in. The generation moves first, so that whoever sees the cache
+    /// in sync also sees the new generation.
+    fn listed(&self) {
+        self.0.lists.fetch_add(1, Ordering::SeqCst);
+        self.0.in_sync.store(true, Ordering::SeqCst);
+    }
+
+    /// The watch failed; returns whether the cache was in sync until now.
+    fn lost(&self) -> bool {
+        self.0.in_sync.swap(false, Ordering::SeqCst)
     }
 }
+
+/// Delays between attempts to list the node's pods again after a list or watch failed:
+/// `first`, doubling up to `max`, back to `first` once a list succeeds.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+pub const WATCH_RETRY: Retry = Retry {
+    first: Duration::from_millis(800),
+    max: Duration::from_secs(30),
+};
 
 /// The Kubernetes client `--kube` asks for: none when off, or when auto finds no
 /// configuration (said once, here); an error when on and there is none.
@@ -131,66 +175,118 @@ pub async fn connect(config: &Config) -> anyhow::Result<Option<Client>> {
     }
 }
 
-/// The owner check for `client`: marks the caches unsynced, starts the node's pod
-/// reflector (which marks them synced once listed) and returns the check. Without a
-/// client the check is off.
+/// The owner check for `client`: see [`start_checker`]. Without a client it is off.
 pub fn owner_check(client: Option<Client>, config: &Config, health: Arc<Health>) -> OwnerCheck {
     let Some(client) = client else {
         return OwnerCheck::Off;
     };
-    health.set_caches_synced(false);
-    let (pods, synced) = spawn_pod_reflector(client.clone(), &config.node_id, move || {
-        health.set_caches_synced(true)
-    });
     info!(node.id = %config.node_id, "Kubernetes API on: checking generic ephemeral volume owners");
-    OwnerCheck::On(Arc::new(Checker::new(
+    OwnerCheck::On(Arc::new(start_checker(
         client,
-        pods,
-        synced,
-        config.node_id.clone(),
+        &config.node_id,
+        health,
+        Timings::default(),
     )))
 }
 
-/// The pods bound to `node`, kept current by a background watch. `on_synced` runs once
-/// the first full list is in.
+/// The owner check's timings; tests shorten them.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// How long a claim or volume read by name is reused.
+    pub object_ttl: Duration,
+    /// How long one API read may take.
+    pub api_timeout: Duration,
+    /// Delays between lists of the node's pods after a failure.
+    pub watch_retry: Retry,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            object_ttl: OBJECT_TTL,
+            api_timeout: API_TIMEOUT,
+            watch_retry: WATCH_RETRY,
+        }
+    }
+}
+
+/// Marks the caches unsynced in `health`, starts the node's pod reflector (which marks
+/// them synced whenever it has listed, and unsynced when its watch fails) and returns
+/// the check over it.
+pub fn start_checker(client: Client, node: &str, health: Arc<Health>, timings: Timings) -> Checker {
+    health.set_caches_synced(false);
+    let (pods, synced) = spawn_pod_reflector(client.clone(), node, timings.watch_retry, move |in_sync| {
+        health.set_caches_synced(in_sync)
+    });
+    Checker::with_timings(
+        client,
+        pods,
+        synced,
+        node.to_string(),
+        timings.object_ttl,
+        timings.api_timeout,
+    )
+}
+
+/// The pods bound to `node`, kept current by a background watch. `on_change` runs with
+/// true each time a complete list is in, and with false when the cache falls out of sync.
+///
+/// After any list or watch error the watch is not resumed but started over with a new
+/// list (as client-go's reflector does): a resumed watch gives no sign that it works
+/// again, while a completed list does, so the cache counts as in sync again only then.
+/// Meanwhile the owner check answers UNAVAILABLE rather than decide on pods that may
+/// have gone or come back with another UID while the API server was away. A watch the
+/// server merely closes (its timeout) is not an error: the watcher resumes it.
 pub fn spawn_pod_reflector(
     client: Client,
     node: &str,
-    on_synced: impl FnOnce() + Send + 'static,
+    retry: Retry,
+    on_change: impl Fn(bool) + Send + 'static,
 ) -> (Store<Pod>, Synced) {
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, config)
-        .default_backoff()
-        // Only metadata and spec.volumes/nodeName are read; drop the bulk.
-        .modify(|pod: &mut Pod| {
-            pod.metadata.managed_fields = None;
-            pod.metadata.annotations = None;
-            pod.status = None;
-        })
-        .reflect(writer)
-        .applied_objects();
+    let (reader, mut writer) = reflector::store();
+    let synced = Synced::default();
+    let (store, flag) = (reader.clone(), synced.clone());
     tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                warn!(error = %e, "pod watch failed; retrying with backoff");
+        let mut delay = retry.first;
+        loop {
+            let events = watcher(api.clone(), config.clone())
+                // Only metadata and spec.volumes/nodeName are read; drop the bulk.
+                .modify(|pod: &mut Pod| {
+                    pod.metadata.managed_fields = None;
+                    pod.metadata.annotations = None;
+                    pod.status = None;
+                });
+            let mut events = std::pin::pin!(events);
+            let error = loop {
+                match events.next().await {
+                    Some(Ok(event)) => {
+                        writer.apply_watcher_event(&event);
+                        if matches!(event, watcher::Event::InitDone) {
+                            info!(pods = store.len(), "pod cache synced");
+                            flag.listed();
+                            on_change(true);
+                            delay = retry.first;
+                        }
+                    }
+                    Some(Err(e)) => break e.to_string(),
+                    None => break "the watch stream ended".to_string(),
+                }
+            };
+            if flag.lost() {
+                on_change(false);
+                warn!(
+                    %error, retry_in = ?delay,
+                    "pod watch failed: owner checks answer UNAVAILABLE until the pods are listed again"
+                );
+            } else {
+                warn!(%error, retry_in = ?delay, "cannot list or watch this node's pods");
             }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(retry.max);
         }
     });
-    let synced = Synced::default();
-    {
-        let reader = reader.clone();
-        let synced = synced.clone();
-        tokio::spawn(async move {
-            if reader.wait_until_ready().await.is_ok() {
-                info!(pods = reader.len(), "pod cache synced");
-                synced.set();
-                on_synced();
-            }
-        });
-    }
     (reader, synced)
 }
 

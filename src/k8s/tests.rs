@@ -441,7 +441,9 @@ async fn the_pod_cache_lists_this_nodes_pods_and_then_reports_synced() {
     let called = Arc::new(AtomicBool::new(false));
     let (store, synced) = {
         let called = Arc::clone(&called);
-        spawn_pod_reflector(client, NODE, move || called.store(true, Ordering::SeqCst))
+        spawn_pod_reflector(client, NODE, WATCH_RETRY, move |in_sync| {
+            called.store(in_sync, Ordering::SeqCst)
+        })
     };
     assert!(!synced.get());
 
@@ -480,4 +482,41 @@ async fn the_pod_cache_lists_this_nodes_pods_and_then_reports_synced() {
     let cached = store.get(&reflector::ObjectRef::new("web-0").within(NS)).unwrap();
     assert_eq!(cached.metadata.uid.as_deref(), Some(A));
     assert!(cached.metadata.managed_fields.is_none());
+}
+
+#[tokio::test]
+async fn a_claim_replaced_within_the_ttl_is_read_again_before_it_is_not_found() {
+    // web-0-data was deleted and made again (uid pvc-2) for a new volume pv-2 while the
+    // old claim (uid pvc-1) is still cached: the cached one does not match pv-2's
+    // claimRef, which is only said after reading everything again.
+    let old = pvc("web-0-data", "pvc-1", None, Some("pv-1"));
+    let new = pvc("web-0-data", "pvc-2", None, Some("pv-2"));
+    let pv_2 = pv("pv-2", "localvol.csi.dev", VOLUME, Some(("web-0-data", "pvc-2")));
+    let (client, server) = mock_api(vec![
+        get(
+            pv_uri("pv-1"),
+            ok(&pv(
+                "pv-1",
+                "localvol.csi.dev",
+                VOLUME,
+                Some(("web-0-data", "pvc-1")),
+            )),
+        ),
+        get(pvc_uri("web-0-data"), ok(&old)),
+        get(pv_uri("pv-2"), ok(&pv_2)),
+        get(pv_uri("pv-2"), ok(&pv_2)),
+        get(pvc_uri("web-0-data"), ok(&new)),
+    ]);
+    let checker = checker(client, vec![]);
+    for pv in ["pv-1", "pv-2"] {
+        let ctx = VolumeContext {
+            claim: ClaimRef {
+                pv_name: Some(pv.to_string()),
+                ..ClaimRef::default()
+            },
+            pod: None,
+        };
+        checker.stage(VOLUME, &ctx).await.unwrap();
+    }
+    finish(checker, server).await;
 }
