@@ -291,6 +291,14 @@ pub fn spawn_pod_reflector(
 }
 
 #[cfg(test)]
+mod count_tests;
+#[cfg(test)]
+mod fake_api;
+#[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+mod node_fixture;
+#[cfg(test)]
+mod outage_tests;
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,186 @@
+//! How many Kubernetes API requests each CSI node call costs. The calls go through the
+//! real CSI services (see [`super::node_fixture`]) with the owner check wired as the
+//! daemon wires it: the node's pod reflector and the claim cache against the fake API
+//! server, which records every request. Targets: with warm caches no request for
+//! NodePublishVolume, NodeUnpublishVolume or NodeGetVolumeStats, at most one for
+//! NodeStageVolume.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::fake_api::FakeApi;
+use super::fixtures::{self, NODE, Uses, pod_owner, pv, pvc};
+use super::node_fixture::{Node, PodRef};
+use super::{OwnerCheck, Retry, Timings, start_checker};
+use crate::csi::DRIVER_NAME;
+
+const A: &str = "uid-a";
+
+pub fn timings(object_ttl: Duration) -> Timings {
+    Timings {
+        object_ttl,
+        api_timeout: Duration::from_millis(500),
+        watch_retry: Retry {
+            first: Duration::from_millis(20),
+            max: Duration::from_millis(100),
+        },
+    }
+}
+
+/// The request the node's pod reflector lists with.
+pub fn pod_list() -> String {
+    format!("GET /api/v1/pods?&fieldSelector=spec.nodeName%3D{NODE}&limit=500")
+}
+
+/// The request the node's pod reflector watches with, from `version`.
+pub fn pod_watch(version: u64) -> String {
+    format!(
+        "GET /api/v1/pods?&watch=true&timeoutSeconds=290&fieldSelector=spec.nodeName%3D{NODE}\
+         &allowWatchBookmarks=true&resourceVersion={version}"
+    )
+}
+
+pub fn get_pvc(name: &str) -> String {
+    format!("GET {}", fixtures::pvc_uri(name))
+}
+
+pub fn get_pod(name: &str) -> String {
+    format!("GET {}", fixtures::pod_uri(name))
+}
+
+/// A node over `client` whose owner check is the daemon's, with `timings`.
+pub fn node(client: kube::Client, timings: Timings) -> Node {
+    Node::new(|health| OwnerCheck::On(Arc::new(start_checker(client, NODE, health, timings))))
+}
+
+/// Waits until readiness says `ready`; returns its last answer.
+pub async fn until_ready(node: &Node, ready: bool) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = node.health.readiness().await;
+        if answer.is_ok() == ready {
+            return answer;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readiness never became {ready}: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A fake API server holding pod web-0 (uid A, on this node) with a generic ephemeral
+/// volume `data`, and its claim web-0-data owned by it, to be bound to PV `pv-1`.
+pub fn ephemeral_world() -> (kube::Client, FakeApi) {
+    let (client, api) = FakeApi::start();
+    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
+    api.put_pvc(pvc(
+        "web-0-data",
+        "pvc-1",
+        Some(pod_owner("web-0", A)),
+        Some("pv-1"),
+    ));
+    (client, api)
+}
+
+/// Waits until `node`'s pod reflector has synced with `api`, and checks that this took
+/// exactly one list and one watch from the listed version.
+pub async fn synced(node: &Node, api: &FakeApi) {
+    until_ready(node, true).await.unwrap();
+    api.until_watching().await;
+    assert_eq!(api.take_requests(), [pod_list(), pod_watch(api.version())]);
+}
+
+const NONE: [&str; 0] = [];
+
+#[tokio::test]
+async fn a_generic_ephemeral_volume_costs_one_read_at_stage_and_none_after() {
+    let (client, api) = ephemeral_world();
+    let mut node = node(client, timings(Duration::from_secs(30)));
+    synced(&node, &api).await;
+    let volume = node.create("web-0-data", "pv-1").await;
+    api.put_pv(pv(
+        "pv-1",
+        DRIVER_NAME,
+        &volume.volume_id,
+        Some(("web-0-data", "pvc-1")),
+    ));
+    assert_eq!(api.take_requests(), NONE, "CreateVolume");
+    let web0 = PodRef {
+        name: "web-0",
+        uid: A,
+    };
+
+    node.stage(&volume).await.unwrap();
+    // The claim, once; the owner pod comes from the node's pod cache.
+    assert_eq!(api.take_requests(), [get_pvc("web-0-data")], "NodeStageVolume");
+    node.publish(&volume, "target", &web0).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+    assert_eq!(node.stats(&volume, "target").await.unwrap(), 4 << 20);
+    assert_eq!(api.take_requests(), NONE, "NodeGetVolumeStats");
+    // kubelet repeats both after a restart: still nothing asked.
+    node.stage(&volume).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodeStageVolume again");
+    node.publish(&volume, "target", &web0).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodePublishVolume again");
+    node.unpublish(&volume, "target").await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodeUnpublishVolume");
+    node.unstage(&volume).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodeUnstageVolume");
+    assert!(node.mount_points().is_empty(), "{:?}", node.mount_points());
+}
+
+#[tokio::test]
+async fn a_normal_claim_costs_one_read_at_stage_and_none_after() {
+    // A StatefulSet's claim, used through a persistentVolumeClaim volume: publish needs
+    // the requesting pod's spec, which the node's pod cache has.
+    let (client, api) = FakeApi::start();
+    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
+    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
+    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    let mut node = node(client, timings(Duration::from_secs(30)));
+    synced(&node, &api).await;
+    let volume = node.create("data-web-0", "pv-1").await;
+    let web0 = PodRef {
+        name: "web-0",
+        uid: A,
+    };
+
+    node.stage(&volume).await.unwrap();
+    assert_eq!(api.take_requests(), [get_pvc("data-web-0")], "NodeStageVolume");
+    node.publish(&volume, "target", &web0).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+    node.stats(&volume, "target").await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodeGetVolumeStats");
+    node.unpublish(&volume, "target").await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodeUnpublishVolume");
+}
+
+#[tokio::test]
+async fn publish_after_the_claim_expired_reads_it_once() {
+    let (client, api) = FakeApi::start();
+    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
+    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
+    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    let ttl = Duration::from_millis(300);
+    let mut node = node(client, timings(ttl));
+    synced(&node, &api).await;
+    let volume = node.create("data-web-0", "pv-1").await;
+    node.stage(&volume).await.unwrap();
+    assert_eq!(api.take_requests(), [get_pvc("data-web-0")], "NodeStageVolume");
+
+    // A second pod, or the same one after kubelet restarted, long after the stage.
+    tokio::time::sleep(ttl).await;
+    let web0 = PodRef {
+        name: "web-0",
+        uid: A,
+    };
+    node.publish(&volume, "target", &web0).await.unwrap();
+    assert_eq!(
+        api.take_requests(),
+        [get_pvc("data-web-0")],
+        "NodePublishVolume, cold"
+    );
+    node.publish(&volume, "target", &web0).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodePublishVolume, warm again");
+}
