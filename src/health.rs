@@ -43,7 +43,7 @@ impl Health {
     /// Ready when every device class is usable and the caches have synced.
     pub async fn readiness(&self) -> Result<(), String> {
         if !self.caches_synced.load(Ordering::SeqCst) {
-            return Err("Kubernetes caches have not synced yet".to_string());
+            return Err("Kubernetes caches are not synced (first list, or a new list after a failed watch, not in yet)".to_string());
         }
         self.volumes.check_health().await.map_err(|e| full_message(&e))
     }
