@@ -3,9 +3,8 @@
 //! Every localvol metric carries the `localvol_` prefix; the standard `process_*`
 //! metrics of the daemon (CPU, memory, file descriptors) keep their usual names.
 //!
-//! Metrics whose producers are not built yet (thin pools, resize) have their
-//! recording functions here already, but they are registered on first use: a scrape
-//! never shows a series that nothing updates.
+//! Metrics that only some nodes produce (thin pools, resize) are registered on first
+//! use: a scrape never shows a series that nothing updates.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -20,7 +19,7 @@ use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::backend::ClassCapacity;
+use crate::backend::{ClassCapacity, StoreUsage};
 use crate::health::Health;
 use crate::model::ClassName;
 
@@ -36,6 +35,7 @@ pub struct Metrics {
     volumes: IntGaugeVec,
     provisioned_bytes: IntGaugeVec,
     capacity_bytes: IntGaugeVec,
+    storage_bytes: IntGaugeVec,
     stats_errors: IntCounterVec,
     thin_pool: Arc<OnceLock<ThinPoolMetrics>>,
     pub reclaim: ReclaimMetrics,
@@ -92,13 +92,17 @@ impl ReclaimMetrics {
 }
 
 /// What the periodic refresh found in one device class.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ClassStats {
     pub volumes: u64,
     /// The sum of the volumes' sizes.
     pub provisioned_bytes: u64,
     pub capacity: ClassCapacity,
+    /// The VG, thin pool, region or filesystem under the class; `None` when unknown.
+    pub storage: Option<StoreUsage>,
 }
+
+const STORAGE_KINDS: [&str; 3] = ["size", "used", "free"];
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -179,6 +183,14 @@ impl Metrics {
              kind=total the class's whole size",
             &["device_class", "kind"],
         );
+        let storage_bytes = int_gauges(
+            &registry,
+            "storage_bytes",
+            "The storage under a device class as its tools count it (the VG; for lvm-thin \
+             the thin pool; the PMEM region; the filesystem of the loop files): kind=size, \
+             used or free",
+            &["device_class", "kind"],
+        );
         let stats_errors = int_counters(
             &registry,
             "stats_refresh_errors_total",
@@ -218,6 +230,7 @@ impl Metrics {
             volumes,
             provisioned_bytes,
             capacity_bytes,
+            storage_bytes,
             stats_errors,
             thin_pool: Arc::default(),
             reclaim,
@@ -234,8 +247,8 @@ impl Metrics {
     }
 
     /// Records a successful refresh of `class`'s volume and capacity gauges.
-    pub fn set_class_stats(&self, class: &ClassName, stats: ClassStats) {
-        let class = class.as_str();
+    pub fn set_class_stats(&self, class_name: &ClassName, stats: ClassStats) {
+        let class = class_name.as_str();
         self.volumes
             .with_label_values(&[class])
             .set(i64_of(stats.volumes));
@@ -248,6 +261,36 @@ impl Metrics {
         self.capacity_bytes
             .with_label_values(&[class, "total"])
             .set(i64_of(stats.capacity.total));
+        match stats.storage {
+            Some(storage) => {
+                let values = [storage.size_bytes, storage.used_bytes, storage.free_bytes];
+                for (kind, bytes) in STORAGE_KINDS.into_iter().zip(values) {
+                    self.storage_bytes
+                        .with_label_values(&[class, kind])
+                        .set(i64_of(bytes));
+                }
+            }
+            None => self.clear_storage(class),
+        }
+        match stats.storage.and_then(|s| s.thin_pool) {
+            Some(fill) => self.set_thin_pool_usage(class_name, fill.data_percent, fill.metadata_percent),
+            None => self.clear_thin_pool_usage(class),
+        }
+    }
+
+    fn clear_storage(&self, class: &str) {
+        for kind in STORAGE_KINDS {
+            let _ = self.storage_bytes.remove_label_values(&[class, kind]);
+        }
+    }
+
+    /// A class whose pool fill is unknown (inactive pool, failed refresh) shows none
+    /// rather than its last one.
+    fn clear_thin_pool_usage(&self, class: &str) {
+        if let Some(m) = self.thin_pool.get() {
+            let _ = m.data.remove_label_values(&[class]);
+            let _ = m.metadata.remove_label_values(&[class]);
+        }
     }
 
     /// Records a failed refresh of `class`: its gauges are removed rather than left
@@ -259,11 +302,13 @@ impl Metrics {
         for kind in ["available", "total"] {
             let _ = self.capacity_bytes.remove_label_values(&[class, kind]);
         }
+        self.clear_storage(class);
+        self.clear_thin_pool_usage(class);
         self.stats_errors.with_label_values(&[class]).inc();
     }
 
-    /// Hook for the lvm-thin backend: how full a class's thin pool is, as LVM reports it
-    /// (`data_percent`, `metadata_percent`, 0-100). Exported as ratios (0-1):
+    /// How full a class's thin pool is, as LVM reports it (`data_percent`,
+    /// `metadata_percent`, 0-100), set by each stats refresh. Exported as ratios (0-1):
     /// `localvol_thin_pool_data_ratio` and `localvol_thin_pool_metadata_ratio`.
     pub fn set_thin_pool_usage(&self, class: &ClassName, data_percent: f64, metadata_percent: f64) {
         let m = self.thin_pool.get_or_init(|| ThinPoolMetrics {
@@ -394,10 +439,24 @@ mod tests {
                 total: 10 << 30,
                 max_volume: 7 << 30,
             },
+            storage: Some(StoreUsage {
+                size_bytes: 8 << 30,
+                used_bytes: 2 << 30,
+                free_bytes: 6 << 30,
+                thin_pool: Some(crate::backend::ThinPoolFill {
+                    data_percent: 25.0,
+                    metadata_percent: 5.0,
+                }),
+            }),
         };
         m.set_class_stats(&class("fast"), stats);
         let text = m.render();
         for line in [
+            r#"localvol_storage_bytes{device_class="fast",kind="size"} 8589934592"#,
+            r#"localvol_storage_bytes{device_class="fast",kind="used"} 2147483648"#,
+            r#"localvol_storage_bytes{device_class="fast",kind="free"} 6442450944"#,
+            r#"localvol_thin_pool_data_ratio{device_class="fast"} 0.25"#,
+            r#"localvol_thin_pool_metadata_ratio{device_class="fast"} 0.05"#,
             r#"localvol_volumes{device_class="fast"} 3"#,
             r#"localvol_provisioned_bytes{device_class="fast"} 3221225472"#,
             r#"localvol_capacity_bytes{device_class="fast",kind="available"} 7516192768"#,
@@ -410,6 +469,7 @@ mod tests {
         let text = m.render();
         assert!(!text.contains(r#"device_class="fast",kind"#), "{text}");
         assert!(!text.contains(r#"localvol_volumes{"#), "{text}");
+        assert!(!text.contains(r#"thin_pool_data_ratio{"#), "{text}");
         assert!(has_line(
             &text,
             r#"localvol_stats_refresh_errors_total{device_class="fast"} 1"#

@@ -1,5 +1,7 @@
 //! The background refresh of the per-device-class gauges: how many volumes each class
-//! holds, how much they were promised, and the class's free and total space.
+//! holds, how much they were promised, the class's free and total space, and the size,
+//! use and free space of the storage under it (VG, thin pool with its data and metadata
+//! fill, PMEM region, loop filesystem).
 //!
 //! Asking the backends on a timer, rather than on every scrape, bounds the work a
 //! scraper can cause (on LVM each refresh runs `lvs`/`vgs`).
@@ -19,10 +21,12 @@ use crate::volume::Volumes;
 async fn class_stats(backend: &Backend) -> Result<ClassStats, BackendError> {
     let volumes = backend.list().await?;
     let capacity = backend.capacity().await?;
+    let storage = backend.store_usage().await?;
     Ok(ClassStats {
         volumes: volumes.len() as u64,
         provisioned_bytes: volumes.iter().map(|v| v.size_bytes).sum(),
         capacity,
+        storage,
     })
 }
 
@@ -136,6 +140,18 @@ mod tests {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .expect("available capacity exported");
         assert!(total > 0 && total <= 1 << 30, "{total}");
+        // The loop class's storage is the filesystem holding its directory.
+        let disk = value(
+            &text,
+            r#"localvol_storage_bytes{device_class="fast",kind="size"}"#,
+        )
+        .expect("storage size exported");
+        let used = value(
+            &text,
+            r#"localvol_storage_bytes{device_class="fast",kind="used"}"#,
+        )
+        .expect("storage use exported");
+        assert!(disk > 0.0 && used > 0.0 && used <= disk, "{text}");
         assert!(available <= total - (32 << 20), "{available} of {total}");
         assert!(
             !text.contains(r#"localvol_volumes{device_class="broken"}"#),
@@ -145,6 +161,150 @@ mod tests {
             text.contains(r#"localvol_stats_refresh_errors_total{device_class="broken"} 1"#),
             "{text}"
         );
+        assert!(!text.contains(r#"storage_bytes{device_class="broken""#), "{text}");
+    }
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        line(text, &format!("{series} "))?
+            .rsplit(' ')
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// Two classes on the VG of the captured reports (tests/fixtures/lvm): a thick one,
+    /// which reports the VG, and a thin one on pool0, which reports the pool and its fill.
+    #[tokio::test]
+    async fn lvm_classes_report_their_vg_and_thin_pool() {
+        use std::sync::Mutex;
+
+        use crate::backend::LvmBackend;
+        use crate::backend::lvm::{Layout, LvmSettings, VolumeGroup};
+        use crate::host::CommandOutput;
+        use crate::host::fake::{FakeCommands, FakeSyscalls};
+
+        const LVS: &str = include_str!("../tests/fixtures/lvm/lvs.json");
+        const VGS: &str = include_str!("../tests/fixtures/lvm/vgs.json");
+        let lvs = Arc::new(Mutex::new(LVS.to_string()));
+        let commands = Arc::new(FakeCommands::default());
+        {
+            let lvs = Arc::clone(&lvs);
+            commands.on("lvs", move |_| {
+                Ok(CommandOutput {
+                    stdout: lvs.lock().unwrap().clone().into_bytes(),
+                    stderr: String::new(),
+                })
+            });
+        }
+        commands.ok("vgs", VGS);
+        let host = Host {
+            commands: commands.clone(),
+            syscalls: Arc::new(FakeSyscalls::default()),
+        };
+        let group = VolumeGroup::new("vg1".into(), host.clone());
+        let settings = |kind, layout| LvmSettings {
+            kind,
+            layout,
+            lvcreate_options: Vec::new(),
+            dax: false,
+        };
+        let open = |name: &str, settings: LvmSettings| {
+            LvmBackend::open(
+                ClassName::parse(name).unwrap(),
+                settings,
+                Arc::clone(&group),
+                host.clone(),
+            )
+        };
+        let thick = open(
+            "ssd",
+            settings(
+                "lvm",
+                Layout::Thick {
+                    spare_bytes: 0,
+                    stripes: None,
+                    stripe_size: None,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+        let thin = open(
+            "thin",
+            settings(
+                "lvm-thin",
+                Layout::Thin {
+                    pool: "pool0".into(),
+                    overprovision_ratio: 2.0,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+        let volumes = Volumes::new(
+            vec![Backend::Lvm(thick), Backend::Lvm(thin)],
+            ClassName::parse("ssd").unwrap(),
+            BTreeMap::new(),
+            host,
+            "node-1".into(),
+        );
+        let metrics = Metrics::new();
+        refresh(&volumes, &metrics).await;
+        let text = metrics.render();
+        let storage = |class: &str, kind: &str| {
+            value(
+                &text,
+                &format!(r#"localvol_storage_bytes{{device_class="{class}",kind="{kind}"}}"#),
+            )
+        };
+        // vgs.json: vg1 is 4290772992 bytes, 2940207104 free.
+        assert_eq!(storage("ssd", "size"), Some(4290772992.0), "{text}");
+        assert_eq!(storage("ssd", "free"), Some(2940207104.0));
+        assert_eq!(storage("ssd", "used"), Some(1350565888.0));
+        // lvs.json: pool0 is 1 GiB, data 6.25 %, metadata 12.01 %.
+        assert_eq!(storage("thin", "size"), Some(1073741824.0));
+        assert_eq!(storage("thin", "used"), Some(67108864.0));
+        assert_eq!(storage("thin", "free"), Some(1006632960.0));
+        let ratio = |name: &str, class: &str| {
+            value(
+                &text,
+                &format!(r#"localvol_thin_pool_{name}_ratio{{device_class="{class}"}}"#),
+            )
+        };
+        assert_eq!(ratio("data", "thin"), Some(0.0625), "{text}");
+        let metadata = ratio("metadata", "thin").expect("metadata ratio exported");
+        assert!((metadata - 0.1201).abs() < 1e-9, "{metadata}");
+        assert_eq!(ratio("data", "ssd"), None, "a thick class has no pool: {text}");
+
+        // The pool is deactivated: lvm reports no fill, and the gauges go rather than
+        // stay at their last values; the thick class is unaffected.
+        *lvs.lock().unwrap() = LVS
+            .replace(
+                r#""data_percent":"6.25", "metadata_percent":"12.01""#,
+                r#""data_percent":"", "metadata_percent":"""#,
+            )
+            .replace("twi-aotz--", "twi---tz--");
+        group.invalidate();
+        refresh(&volumes, &metrics).await;
+        let text = metrics.render();
+        assert!(
+            !text.contains(r#"thin_pool_data_ratio{device_class="thin"}"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains(r#"thin_pool_metadata_ratio{device_class="thin"}"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"storage_bytes{device_class="thin""#), "{text}");
+        assert!(
+            text.contains(r#"localvol_capacity_bytes{device_class="thin",kind="total"} 2147483648"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"localvol_storage_bytes{device_class="ssd",kind="size"} 4290772992"#),
+            "{text}"
+        );
+        assert!(!text.contains("stats_refresh_errors_total{"), "{text}");
     }
 
     #[tokio::test]

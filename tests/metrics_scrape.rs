@@ -158,6 +158,21 @@ async fn metrics_after_a_volume_lifecycle() {
         0 < available && available <= total,
         "available {available} of {total}"
     );
+    // The filesystem under the loop class's directory.
+    let storage = |kind: &str| -> u64 {
+        count(
+            &text,
+            &format!(r#"localvol_storage_bytes{{device_class="default",kind="{kind}"}}"#),
+        )
+        .unwrap_or_else(|| panic!("storage {kind} missing:\n{text}"))
+        .parse()
+        .unwrap()
+    };
+    let (size, used, free) = (storage("size"), storage("used"), storage("free"));
+    assert!(
+        0 < used && used < size && free <= size - used,
+        "{size} {used} {free}"
+    );
 
     // The daemon's own process metrics.
     let rss: f64 = count(&text, "process_resident_memory_bytes ")

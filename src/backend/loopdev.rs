@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::files::{self, sync_dir};
-use super::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
+use super::{BackendError, ClassCapacity, CreateSpec, StoreUsage, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::{CommandSpec, Host};
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
@@ -169,6 +169,18 @@ impl LoopBackend {
             available,
             total: self.capacity_limit.min(disk.total_bytes),
             max_volume: available,
+        })
+    }
+
+    /// The filesystem holding the class's directory, as statvfs counts it (the class
+    /// shares it with whatever else is on that disk).
+    pub async fn store_usage(&self) -> Result<StoreUsage, BackendError> {
+        let disk = self.host.syscalls.statvfs(&self.dir).await?;
+        Ok(StoreUsage {
+            size_bytes: disk.total_bytes,
+            used_bytes: disk.used_bytes,
+            free_bytes: disk.available_bytes,
+            thin_pool: None,
         })
     }
 

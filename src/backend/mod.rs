@@ -57,6 +57,26 @@ pub struct ClassCapacity {
     pub max_volume: u64,
 }
 
+/// The storage under a device class, as its own tools count it: the VG (kind `lvm`,
+/// `pmem` in lvm mode), the thin pool (`lvm-thin`), the region (`pmem` direct), the
+/// filesystem holding the loop files (`loop`). Classes sharing a VG report the same VG.
+/// For metrics only; [`ClassCapacity`] is what provisioning decides by.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StoreUsage {
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    /// `lvm-thin`: how full the pool's data and metadata are.
+    pub thin_pool: Option<ThinPoolFill>,
+}
+
+/// A thin pool's fill as lvm reports it, in percent (0-100).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThinPoolFill {
+    pub data_percent: f64,
+    pub metadata_percent: f64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("device class {class} has {available} bytes free, {requested} requested")]
@@ -218,6 +238,26 @@ impl Backend {
             Backend::Loop(b) => b.capacity().await,
             Backend::Lvm(b) => b.capacity().await,
             Backend::Pmem(b) => b.capacity().await,
+        }
+    }
+
+    /// What the class's storage holds now (see [`StoreUsage`]); `None` when its tools do
+    /// not say (an inactive thin pool reports no fill).
+    pub async fn store_usage(&self) -> Result<Option<StoreUsage>, BackendError> {
+        match self {
+            Backend::Loop(b) => b.store_usage().await.map(Some),
+            Backend::Lvm(b) => b.store_usage().await,
+            // The region as the capacity reports it: its size, and what new namespaces
+            // could still take (after ndctl's per-namespace metadata reserve).
+            Backend::Pmem(b) => {
+                let capacity = b.capacity().await?;
+                Ok(Some(StoreUsage {
+                    size_bytes: capacity.total,
+                    used_bytes: capacity.total.saturating_sub(capacity.available),
+                    free_bytes: capacity.available,
+                    thin_pool: None,
+                }))
+            }
         }
     }
 

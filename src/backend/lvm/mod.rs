@@ -34,7 +34,7 @@ use tracing::{info, warn};
 use self::report::Lv;
 use self::tags::Ownership;
 pub use self::vg::{LvmError, VgState, VolumeGroup};
-use super::{BackendError, ClassCapacity, VolumeRecord};
+use super::{BackendError, ClassCapacity, StoreUsage, ThinPoolFill, VolumeRecord};
 use crate::fs::FormatOptions;
 use crate::host::{CommandError, CommandSpec, Host};
 use crate::model::{ClassName, Token};
@@ -247,6 +247,42 @@ impl LvmBackend {
 
     pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
         self.capacity_of(&*self.vg.state().await?)
+    }
+
+    /// The VG, or for lvm-thin the pool with its fill; `None` for an inactive pool,
+    /// which reports no fill.
+    pub async fn store_usage(&self) -> Result<Option<StoreUsage>, BackendError> {
+        let state = self.vg.state().await?;
+        let Layout::Thin { pool, .. } = &self.settings.layout else {
+            return Ok(Some(StoreUsage {
+                size_bytes: state.vg.size,
+                used_bytes: state.vg.size.saturating_sub(state.vg.free),
+                free_bytes: state.vg.free,
+                thin_pool: None,
+            }));
+        };
+        let found = state
+            .pools
+            .iter()
+            .find(|p| p.name == *pool)
+            .ok_or_else(|| LvmError::PoolNotFound {
+                vg: self.vg.name.clone(),
+                pool: pool.clone(),
+            })?;
+        let (Some(data_percent), Some(metadata_percent)) = (found.data_percent, found.metadata_percent)
+        else {
+            return Ok(None);
+        };
+        let used_bytes = ((found.size as f64 * data_percent / 100.0) as u64).min(found.size);
+        Ok(Some(StoreUsage {
+            size_bytes: found.size,
+            used_bytes,
+            free_bytes: found.size - used_bytes,
+            thin_pool: Some(ThinPoolFill {
+                data_percent,
+                metadata_percent,
+            }),
+        }))
     }
 
     fn is_thick(&self) -> bool {

@@ -60,6 +60,24 @@ impl Lv {
     }
 }
 
+/// How full a thin pool is, as lvm reports it (0-100). Kept apart from [`Lv`], whose
+/// fields are the record of a volume, because only pools carry these numbers. Both are
+/// `None` while the pool is inactive (lvm then prints `""`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThinPool {
+    pub name: String,
+    pub size: u64,
+    pub data_percent: Option<f64>,
+    pub metadata_percent: Option<f64>,
+}
+
+/// An `lvs` report: every LV, and the thin pools among them with their fill.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LvReport {
+    pub lvs: Vec<Lv>,
+    pub pools: Vec<ThinPool>,
+}
+
 /// One volume group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vg {
@@ -114,6 +132,8 @@ struct RawLv {
     #[serde(default)]
     data_percent: String,
     #[serde(default)]
+    metadata_percent: String,
+    #[serde(default)]
     lv_path: String,
 }
 
@@ -158,29 +178,47 @@ fn sections<T: for<'de> Deserialize<'de>>(json: &[u8]) -> Result<Vec<T>, String>
         .map_err(|e| e.to_string())
 }
 
+fn percent(field: &str, value: &str) -> Result<Option<f64>, String> {
+    match value {
+        "" => Ok(None),
+        p => p
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{field} {p:?} is not a number")),
+    }
+}
+
 pub fn parse_lvs(json: &[u8]) -> Result<Vec<Lv>, String> {
-    let mut lvs = Vec::new();
+    parse_lv_report(json).map(|r| r.lvs)
+}
+
+/// The LVs of an `lvs` report, and the thin pools with their data and metadata fill.
+pub fn parse_lv_report(json: &[u8]) -> Result<LvReport, String> {
+    let mut report = LvReport::default();
     for section in sections::<LvSection>(json)? {
         for raw in section.lv {
-            lvs.push(Lv {
+            let lv = Lv {
                 size: number("lv_size", &raw.lv_size)?,
-                data_percent: match raw.data_percent.as_str() {
-                    "" => None,
-                    p => Some(
-                        p.parse()
-                            .map_err(|_| format!("data_percent {p:?} is not a number"))?,
-                    ),
-                },
+                data_percent: percent("data_percent", &raw.data_percent)?,
                 name: raw.lv_name,
                 vg: raw.vg_name,
                 attr: raw.lv_attr,
                 tags: tags(&raw.lv_tags),
                 pool: non_empty(raw.pool_lv),
                 path: non_empty(raw.lv_path).map(PathBuf::from),
-            });
+            };
+            if lv.is_thin_pool() {
+                report.pools.push(ThinPool {
+                    name: lv.name.clone(),
+                    size: lv.size,
+                    data_percent: lv.data_percent,
+                    metadata_percent: percent("metadata_percent", &raw.metadata_percent)?,
+                });
+            }
+            report.lvs.push(lv);
         }
     }
-    Ok(lvs)
+    Ok(report)
 }
 
 pub fn parse_vgs(json: &[u8]) -> Result<Vec<Vg>, String> {
@@ -285,6 +323,30 @@ mod tests {
         assert_eq!(thin.size, 512 << 20);
         assert_eq!(thin.data_percent, Some(12.5));
         assert!(lvs[3].tags.is_empty());
+    }
+
+    #[test]
+    fn thin_pools_carry_data_and_metadata_fill() {
+        for fixture in [&fixture!("lvs.json")[..], &fixture!("lvs-a.json")[..]] {
+            let report = parse_lv_report(fixture).unwrap();
+            // Only the pool: thin and thick LVs, and the pool's hidden sub-LVs
+            // ([pool0_tdata] is `T`, not `t`), have no pool fill.
+            assert_eq!(
+                report.pools,
+                [ThinPool {
+                    name: "pool0".into(),
+                    size: 1 << 30,
+                    data_percent: Some(6.25),
+                    metadata_percent: Some(12.01),
+                }]
+            );
+            assert_eq!(report.lvs, parse_lvs(fixture).unwrap());
+        }
+        let inactive = br#"{"report":[{"lv":[{"lv_name":"p","lv_size":"4194304","lv_attr":"twi---tz--","data_percent":"","metadata_percent":""}]}]}"#;
+        let pools = parse_lv_report(inactive).unwrap().pools;
+        assert_eq!((pools[0].data_percent, pools[0].metadata_percent), (None, None));
+        let bad = br#"{"report":[{"lv":[{"lv_name":"p","lv_size":"4194304","lv_attr":"twi-aotz--","data_percent":"1.00","metadata_percent":"x"}]}]}"#;
+        assert!(parse_lv_report(bad).unwrap_err().contains("metadata_percent"));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use super::report::{self, Lv, Vg};
+use super::report::{self, Lv, ThinPool, Vg};
 use crate::backend::BackendError;
 use crate::backend::cache::{DEFAULT_TTL, ReportCache};
 use crate::host::{CommandError, CommandSpec, Host};
@@ -94,6 +94,8 @@ pub mod stderr {
 pub struct VgState {
     pub vg: Vg,
     pub lvs: Vec<Lv>,
+    /// The thin pools among `lvs`, with their fill.
+    pub pools: Vec<ThinPool>,
 }
 
 impl VgState {
@@ -169,7 +171,7 @@ impl VolumeGroup {
             what,
             reason,
         };
-        let lvs = report::parse_lvs(&self.report("lvs", report::LV_FIELDS).await?)
+        let lvs = report::parse_lv_report(&self.report("lvs", report::LV_FIELDS).await?)
             .map_err(|r| parse_error("lvs", r))?;
         let vg = report::parse_vgs(&self.report("vgs", report::VG_FIELDS).await?)
             .map_err(|r| parse_error("vgs", r))?
@@ -178,7 +180,11 @@ impl VolumeGroup {
             .ok_or_else(|| LvmError::VgNotFound {
                 vg: self.name.clone(),
             })?;
-        Ok(VgState { vg, lvs })
+        Ok(VgState {
+            vg,
+            lvs: lvs.lvs,
+            pools: lvs.pools,
+        })
     }
 
     /// The error of a failed lvm command, classified by its message.
