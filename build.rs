@@ -11,6 +11,7 @@ const PROTOS: &[&str] = &[
     "proto/csi-addons/identity.proto",
     "proto/csi-addons/reclaimspace.proto",
     "proto/pluginregistration/api.proto",
+    "proto/localvol/status.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

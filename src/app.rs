@@ -21,6 +21,7 @@ use crate::reclaim::service::Addons;
 use crate::reclaim::{self, Runner};
 use crate::registration::{self, RegistrationService};
 use crate::stats;
+use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 
 /// Builds one backend per configured device class, preparing what each needs.
@@ -96,6 +97,7 @@ pub async fn serve(
     let resize = crate::resize::reporting(&config.resize, kube.as_ref(), &config.node_id)?;
     let owner_check = crate::k8s::owner_check(kube.clone(), &config, Arc::clone(&health));
     let locks = VolumeLocks::default();
+    let states = VolumeStates::new();
     let driver = Arc::new(Driver {
         volumes: Arc::clone(&volumes),
         locks: locks.clone(),
@@ -104,6 +106,7 @@ pub async fn serve(
         health: Arc::clone(&health),
         owner_check,
         max_volumes_per_node: 0,
+        states: states.clone(),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -134,6 +137,7 @@ pub async fn serve(
         metrics.clone(),
         config.reclaim.concurrency,
         config.reclaim.timeout,
+        states,
     );
     let addons = match &config.reclaim.csi_addons_socket {
         Some(path) => {
@@ -225,11 +229,12 @@ pub async fn serve(
         config.stats_interval,
         stopped(stop_rx.clone()),
     ));
-    let (identity, controller, node) = csi::services(driver);
+    let (identity, controller, node, states) = csi::services(driver);
     let grpc = tonic::transport::Server::builder()
         .add_service(identity)
         .add_service(controller)
         .add_service(node)
+        .add_service(states)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped(stop_rx));
     info!(
         endpoint = %config.socket_path.display(),

@@ -28,5 +28,6 @@ pub mod registration;
 pub mod request;
 pub mod resize;
 pub mod stats;
+pub mod status_registry;
 pub mod telemetry;
 pub mod volume;

@@ -22,3 +22,10 @@ pub mod reclaimspace {
 pub mod pluginregistration {
     tonic::include_proto!("pluginregistration");
 }
+
+/// localvol's own `VolumeStates` service (proto/localvol/status.proto).
+pub mod localvol {
+    pub mod v1 {
+        tonic::include_proto!("localvol.v1");
+    }
+}

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::model::{ClassName, VolumeId};
 use crate::proto::csi::v1::{self as csi, controller_server::Controller, controller_service_capability};
 use crate::request::{self, ControllerExpandRequest, CreateRequest, PARAM_DEVICE_CLASS, ValidationError};
+use crate::status_registry::{ResizeState, ResizeStep};
 
 #[derive(Debug)]
 pub struct ControllerService(pub Arc<Driver>);
@@ -86,6 +87,7 @@ impl Controller for ControllerService {
                 };
                 let guard = self.0.lock(&id.token, "DeleteVolume")?;
                 self.0.volumes.delete(&guard, &id).await?;
+                self.0.states.forget(&id);
                 Ok(csi::DeleteVolumeResponse {})
             })
             .await
@@ -300,7 +302,27 @@ impl Controller for ControllerService {
             .observe("ControllerExpandVolume", &raw.volume_id, async {
                 let req = ControllerExpandRequest::try_from(&raw)?;
                 let guard = self.0.lock(&req.id.token, "ControllerExpandVolume")?;
-                let expanded = self.0.volumes.expand(&guard, &req).await?;
+                let (states, step) = (&self.0.states, ResizeStep::Controller);
+                let target_bytes = req.capacity.required;
+                states.resized(&req.id, step, ResizeState::InProgress { target_bytes });
+                let expanded = match self.0.volumes.expand(&guard, &req).await {
+                    Ok(expanded) => expanded,
+                    Err(e) => {
+                        let reason = crate::error::full_message(&e);
+                        states.resized(&req.id, step, ResizeState::Failed { target_bytes, reason });
+                        return Err(e.into());
+                    }
+                };
+                let size_bytes = expanded.size_bytes;
+                states.resized(
+                    &req.id,
+                    step,
+                    if expanded.node_expansion_required {
+                        ResizeState::NodeExpansionPending { size_bytes }
+                    } else {
+                        ResizeState::Done { size_bytes }
+                    },
+                );
                 Ok(csi::ControllerExpandVolumeResponse {
                     capacity_bytes: expanded.size_bytes as i64,
                     node_expansion_required: expanded.node_expansion_required,

@@ -6,6 +6,7 @@ mod controller;
 mod identity;
 mod node;
 pub mod socket;
+pub mod states;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,6 +24,8 @@ use crate::model::Token;
 use crate::proto::csi::v1::controller_server::ControllerServer;
 use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::csi::v1::node_server::NodeServer;
+use crate::proto::localvol::v1::volume_states_server::VolumeStatesServer;
+use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 
 pub const DRIVER_NAME: &str = "localvol.csi.dev";
@@ -40,6 +43,8 @@ pub struct Driver {
     pub owner_check: OwnerCheck,
     /// Upper bound kubelet is told for volumes on this node (0: no limit).
     pub max_volumes_per_node: i64,
+    /// What `localvol status` shows beyond the backends: pods, last reclaim, resize.
+    pub states: VolumeStates,
 }
 
 impl Driver {
@@ -73,18 +78,21 @@ impl Driver {
     }
 }
 
-/// The tonic services for the driver, ready to add to a server.
+/// The tonic services for the driver, ready to add to a server: the three CSI ones
+/// and localvol's own read-only VolumeStates (for `localvol status`).
 pub fn services(
     driver: Arc<Driver>,
 ) -> (
     IdentityServer<identity::IdentityService>,
     ControllerServer<controller::ControllerService>,
     NodeServer<node::NodeService>,
+    VolumeStatesServer<states::StatesService>,
 ) {
     (
         IdentityServer::new(identity::IdentityService(Arc::clone(&driver))),
         ControllerServer::new(controller::ControllerService(Arc::clone(&driver))),
-        NodeServer::new(node::NodeService(driver)),
+        NodeServer::new(node::NodeService(Arc::clone(&driver))),
+        VolumeStatesServer::new(states::StatesService(driver)),
     )
 }
 

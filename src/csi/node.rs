@@ -6,10 +6,12 @@ use tonic::{Request, Response, Status};
 
 use super::Driver;
 use crate::error::Error;
+use crate::error::full_message;
 use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capability};
 use crate::request::{
     NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
 };
+use crate::status_registry::{ObjectName, ResizeState, ResizeStep};
 use crate::volume::{VolumeCondition, VolumeStats};
 
 #[derive(Debug)]
@@ -22,6 +24,23 @@ fn usage(unit: csi::volume_usage::Unit, total: u64, available: u64, used: u64) -
         used: used as i64,
         unit: unit as i32,
     }
+}
+
+/// The claim and pod a publish is for, as kubelet's volume context names them.
+fn publication_of(req: &PublishRequest) -> (Option<ObjectName>, Option<ObjectName>) {
+    let claim = &req.context.claim;
+    let claim = match (&claim.pvc_namespace, &claim.pvc_name) {
+        (Some(namespace), Some(name)) => Some(ObjectName {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        }),
+        _ => None,
+    };
+    let pod = req.context.pod.as_ref().map(|p| ObjectName {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+    });
+    (claim, pod)
 }
 
 fn condition(c: VolumeCondition) -> Option<csi::VolumeCondition> {
@@ -75,6 +94,10 @@ impl Node for NodeService {
                 self.0.owner_check.before_publish(&req).await?;
                 let guard = self.0.lock(&req.id.token, "NodePublishVolume")?;
                 self.0.volumes.publish(&guard, &req).await?;
+                let (claim, pod) = publication_of(&req);
+                self.0
+                    .states
+                    .published(&req.id, req.target_path.as_path(), claim, pod);
                 Ok(csi::NodePublishVolumeResponse {})
             })
             .await
@@ -90,6 +113,7 @@ impl Node for NodeService {
                 let req = UnpublishRequest::try_from(&raw)?;
                 let guard = self.0.lock(&req.id.token, "NodeUnpublishVolume")?;
                 self.0.volumes.unpublish(&guard, &req).await?;
+                self.0.states.unpublished(&req.id, req.target_path.as_path());
                 Ok(csi::NodeUnpublishVolumeResponse {})
             })
             .await
@@ -140,9 +164,14 @@ impl Node for NodeService {
                 let req = NodeExpandRequest::try_from(&raw)?;
                 let guard = self.0.lock(&req.id.token, "NodeExpandVolume")?;
                 let resize = &self.0.resize;
-                let report = resize
-                    .started(&self.0.volumes, &req.id, req.capacity.required)
-                    .await;
+                let target_bytes = req.capacity.required;
+                let states = &self.0.states;
+                states.resized(
+                    &req.id,
+                    ResizeStep::Node,
+                    ResizeState::InProgress { target_bytes },
+                );
+                let report = resize.started(&self.0.volumes, &req.id, target_bytes).await;
                 let result = self
                     .0
                     .volumes
@@ -150,6 +179,16 @@ impl Node for NodeService {
                     .await
                     .map_err(Error::from);
                 resize.finished(report, &result).await;
+                let state = match &result {
+                    Ok(size_bytes) => ResizeState::Done {
+                        size_bytes: *size_bytes,
+                    },
+                    Err(e) => ResizeState::Failed {
+                        target_bytes,
+                        reason: full_message(e),
+                    },
+                };
+                states.resized(&req.id, ResizeStep::Node, state);
                 let label = result.as_ref().map_or_else(Error::label, |_| "ok");
                 self.0.metrics.observe_resize(&req.id.class, label);
                 let size = result?;
@@ -248,6 +287,7 @@ mod tests {
             owner_check: OwnerCheck::On(Arc::new(checker)),
             resize: Default::default(),
             max_volumes_per_node: 0,
+            states: Default::default(),
         };
         Node {
             service: NodeService(Arc::new(driver)),

@@ -73,8 +73,9 @@ impl Node {
             health: Arc::clone(&health),
             owner_check: check(Arc::clone(&health)),
             max_volumes_per_node: 0,
+            states: Default::default(),
         });
-        let (_, controller, node) = crate::csi::services(driver);
+        let (_, controller, node, _) = crate::csi::services(driver);
         Self {
             controller: ControllerClient::new(BoxCloneService::new(controller)),
             node: NodeClient::new(BoxCloneService::new(node)),

@@ -24,6 +24,7 @@ use crate::locks::{VolumeGuard, VolumeLocks};
 use crate::metrics::Metrics;
 use crate::model::{VolumeId, VolumeMode};
 use crate::mount::MountTable;
+use crate::status_registry::{ReclaimResult, VolumeStates};
 use crate::volume::{VolumeError, Volumes};
 
 /// What a usage number measures.
@@ -104,6 +105,8 @@ pub struct Runner {
     metrics: Metrics,
     limit: Arc<Semaphore>,
     timeout: Duration,
+    /// Where each volume's last run is kept for `localvol status`.
+    states: VolumeStates,
 }
 
 impl Runner {
@@ -114,6 +117,7 @@ impl Runner {
         metrics: Metrics,
         concurrency: usize,
         timeout: Duration,
+        states: VolumeStates,
     ) -> Self {
         Self {
             volumes,
@@ -121,6 +125,7 @@ impl Runner {
             metrics,
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
             timeout,
+            states,
         }
     }
 
@@ -154,6 +159,22 @@ impl Runner {
             Err(e) => e.label(),
         };
         m.runs.with_label_values(&[class, label]).inc();
+        // A run skipped because the volume was busy did not happen: the last real one
+        // stays shown.
+        let last = match result {
+            Ok(ReclaimOutcome::Trimmed(t)) => Some(ReclaimResult::Trimmed {
+                reclaimed_bytes: t.reclaimed(),
+                trimmed_bytes: t.trimmed_bytes,
+            }),
+            Ok(ReclaimOutcome::NotDiscarded) => Some(ReclaimResult::NotDiscarded),
+            Err(Error::Busy(_)) => None,
+            Err(e) => Some(ReclaimResult::Failed {
+                error: crate::error::full_message(e),
+            }),
+        };
+        if let Some(last) = last {
+            self.states.reclaimed(id, last);
+        }
         if let Ok(ReclaimOutcome::Trimmed(t)) = result {
             m.reclaimed_bytes
                 .with_label_values(&[class])

@@ -37,6 +37,18 @@ async fn trims_the_staged_filesystem_and_measures_the_image() {
         trim.before
     );
     assert_eq!(f.locks.held_count(), 0, "the lock is released");
+    let last = f
+        .states
+        .get(&id)
+        .and_then(|s| s.last_reclaim)
+        .expect("last reclaim kept");
+    assert_eq!(
+        last.result,
+        crate::status_registry::ReclaimResult::Trimmed {
+            reclaimed_bytes: trim.before,
+            trimmed_bytes: 60 * MIB,
+        }
+    );
 }
 
 #[tokio::test]
@@ -74,9 +86,11 @@ async fn a_busy_volume_is_not_waited_for() {
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::Aborted);
     assert!(f.fitrims().is_empty());
     assert_eq!(f.runs("busy"), 1);
+    assert_eq!(f.states.get(&id), None, "a skipped run is no last reclaim");
     drop(held);
     f.runner.reclaim(&id, &[]).await.unwrap();
     assert_eq!(f.fitrims().len(), 1);
+    assert!(f.states.get(&id).unwrap().last_reclaim.is_some());
 }
 
 #[tokio::test(start_paused = true)]
@@ -148,6 +162,12 @@ async fn a_failing_fitrim_is_reported() {
     f.syscalls.fail_next("FITRIM", libc::EOPNOTSUPP);
     let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
     assert_eq!(err.label(), "syscall");
+    match f.states.get(&id).and_then(|s| s.last_reclaim).map(|l| l.result) {
+        Some(crate::status_registry::ReclaimResult::Failed { error }) => {
+            assert!(error.contains("FITRIM"), "{error}")
+        }
+        other => panic!("the failure is kept as the last reclaim: {other:?}"),
+    }
     let status = tonic::Status::from(err);
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(status.message().contains("FITRIM"), "{}", status.message());

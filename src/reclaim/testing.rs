@@ -16,6 +16,7 @@ use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
 use crate::request::ClaimRef;
+use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 
 pub const DEV: &str = "/dev/loop-fake7";
@@ -25,6 +26,7 @@ pub struct Fixture {
     pub runner: Runner,
     pub locks: VolumeLocks,
     pub metrics: Metrics,
+    pub states: VolumeStates,
     pub syscalls: FakeSyscalls,
     pub dir: tempfile::TempDir,
 }
@@ -55,11 +57,20 @@ impl Fixture {
         ));
         let locks = VolumeLocks::default();
         let metrics = Metrics::new();
-        let runner = Runner::new(volumes, locks.clone(), metrics.clone(), 1, timeout);
+        let states = VolumeStates::new();
+        let runner = Runner::new(
+            volumes,
+            locks.clone(),
+            metrics.clone(),
+            1,
+            timeout,
+            states.clone(),
+        );
         Self {
             runner,
             locks,
             metrics,
+            states,
             syscalls,
             dir,
         }
