@@ -7,11 +7,51 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{Cleanup, Daemon, create_request, kubelet_paths, mount_capability, privileged};
+use common::{Cleanup, Daemon, connect, create_request, kubelet_paths, mount_capability, privileged};
 use localvol::proto::csi::v1 as csi;
 use localvol::proto::csi::v1::controller_client::ControllerClient;
 use localvol::proto::csi::v1::node_client::NodeClient;
+use localvol::proto::reclaimspace::{self as rs, reclaim_space_node_client::ReclaimSpaceNodeClient};
 use serde_json::{Value, json};
+
+const MIB: u64 = 1 << 20;
+
+/// What kubelet puts in a publish request's volume context: the PV's attributes (the
+/// claim, from CreateVolume) and, with podInfoOnMount, the pod.
+fn publish_context() -> std::collections::HashMap<String, String> {
+    [
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        ("csi.storage.k8s.io/pvc/namespace", "apps"),
+        ("csi.storage.k8s.io/pod.name", "web-0"),
+        ("csi.storage.k8s.io/pod.namespace", "apps"),
+        ("csi.storage.k8s.io/pod.uid", "pod-uid-1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
+fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
+}
+
+fn expand_request(id: &str, bytes: u64) -> csi::ControllerExpandVolumeRequest {
+    csi::ControllerExpandVolumeRequest {
+        volume_id: id.to_string(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    }
+}
 
 /// `localvol status` with the daemon's flags, and none of the caller's LOCALVOL_*
 /// environment.
@@ -59,6 +99,7 @@ async fn status_lists_volumes_as_table_and_json() {
             .unwrap();
         ids.push(volume.volume_id);
     }
+    let mut node_grew = false;
     let (staging, target) = kubelet_paths(&daemon.dir.path().join("kubelet"), "pv-status-1", "pod-uid-1");
     let _cleanup = Cleanup {
         mounts: vec![staging.clone(), target.clone()],
@@ -78,14 +119,58 @@ async fn status_lists_volumes_as_table_and_json() {
             staging_target_path: staging.display().to_string(),
             target_path: target.display().to_string(),
             volume_capability: Some(mount_capability()),
+            volume_context: publish_context(),
             ..Default::default()
         })
         .await
         .unwrap();
-        // Something to count as used.
-        std::fs::write(target.join("payload"), vec![7u8; 4 << 20]).unwrap();
+        // Written and deleted: the blocks a reclaim gives back.
+        let scratch = target.join("scratch");
+        std::fs::write(&scratch, vec![7u8; (8 * MIB) as usize]).unwrap();
         nix::unistd::sync();
+        std::fs::remove_file(&scratch).unwrap();
+        nix::unistd::sync();
+        let mut addons = ReclaimSpaceNodeClient::new(connect(&daemon.addons_socket).await);
+        addons
+            .node_reclaim_space(rs::NodeReclaimSpaceRequest {
+                volume_id: ids[0].clone(),
+                volume_path: target.display().to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // Something to count as used.
+        std::fs::write(target.join("payload"), vec![7u8; (4 * MIB) as usize]).unwrap();
+        nix::unistd::sync();
+        // Grown, as external-resizer and kubelet would: controller, then node.
+        controller
+            .controller_expand_volume(expand_request(&ids[0], 128 * MIB))
+            .await
+            .unwrap();
+        let grown = node
+            .node_expand_volume(csi::NodeExpandVolumeRequest {
+                volume_id: ids[0].clone(),
+                volume_path: target.display().to_string(),
+                staging_target_path: staging.display().to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: (128 * MIB) as i64,
+                    limit_bytes: 0,
+                }),
+                volume_capability: Some(mount_capability()),
+                ..Default::default()
+            })
+            .await;
+        // Online ext4 growth needs CAP_SYS_RESOURCE; without it the failure is what
+        // status must show.
+        assert_eq!(grown.is_ok(), has_cap_sys_resource(), "{grown:?}");
+        node_grew = grown.is_ok();
     }
+    // Grown on the controller side only: its filesystem waits for the node.
+    controller
+        .controller_expand_volume(expand_request(&ids[1], 128 * MIB))
+        .await
+        .unwrap();
+    let first_size = if staged_too { 128 * MIB } else { 64 * MIB };
 
     let report: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();
     assert_eq!(report["node"], "test-node");
@@ -94,16 +179,22 @@ async fn status_lists_volumes_as_table_and_json() {
     let (first, second) = (&volumes[0], &volumes[1]);
     assert_eq!(first["id"], ids[0].as_str());
     assert_eq!(second["id"], ids[1].as_str());
+    assert!(report["known_since"].is_string(), "{report:#}");
     for v in volumes {
         assert_eq!(v["device_class"], "default");
-        assert_eq!(v["size_bytes"], 64 << 20);
         assert_eq!(v["mode"], "filesystem");
-        for unknown in ["pod", "last_reclaim", "resize_state"] {
-            assert!(v[unknown].is_null(), "{unknown} must be null: {v:#}");
-        }
     }
+    assert_eq!(first["size_bytes"], first_size);
+    assert_eq!(second["size_bytes"], 128 * MIB);
     assert_eq!(first["pvc"], json!({"namespace": "apps", "name": "data"}));
     assert_eq!(second["pvc"], json!({"namespace": "apps", "name": "logs"}));
+    // Never published nor reclaimed; grown by ControllerExpandVolume alone.
+    assert_eq!(second["pods"], json!([]));
+    assert!(second["last_reclaim"].is_null(), "{second:#}");
+    let resize = &second["resize_state"];
+    assert_eq!(resize["state"], "node_expansion_pending", "{second:#}");
+    assert_eq!(resize["step"], "controller");
+    assert_eq!(resize["size_bytes"], 128 * MIB);
     // Never staged: no device, no mounts, no usage.
     assert!(
         second["device"].is_null() && second["used_bytes"].is_null(),
@@ -121,7 +212,29 @@ async fn status_lists_volumes_as_table_and_json() {
         let used = first["used_bytes"]
             .as_u64()
             .expect("used bytes of a staged volume");
-        assert!((4 << 20..64 << 20).contains(&used), "used {used}");
+        assert!((4 * MIB..128 * MIB).contains(&used), "used {used}");
+        assert_eq!(first["pods"], json!([{"namespace": "apps", "name": "web-0"}]));
+        let reclaim = &first["last_reclaim"];
+        assert_eq!(reclaim["result"], "trimmed", "{first:#}");
+        let reclaimed = reclaim["reclaimed_bytes"].as_u64().unwrap();
+        assert!(reclaimed >= 4 * MIB, "reclaimed {reclaimed} of 8 MiB deleted");
+        assert!(reclaim["error"].is_null());
+        let resize = &first["resize_state"];
+        assert_eq!(resize["step"], "node", "{first:#}");
+        assert_eq!(resize["size_bytes"], 128 * MIB);
+        if node_grew {
+            assert_eq!(resize["state"], "done", "{first:#}");
+            assert!(resize["reason"].is_null());
+        } else {
+            assert_eq!(resize["state"], "failed", "{first:#}");
+            let reason = resize["reason"].as_str().unwrap();
+            assert!(reason.contains("resize2fs"), "{reason}");
+        }
+    } else {
+        for unknown in ["last_reclaim", "resize_state"] {
+            assert!(first[unknown].is_null(), "{unknown} must be null: {first:#}");
+        }
+        assert_eq!(first["pods"], json!([]));
     }
 
     let table = stdout(&status(&daemon, &[]).await);
@@ -129,32 +242,80 @@ async fn status_lists_volumes_as_table_and_json() {
     assert_eq!(lines[0], "NODE test-node");
     assert!(lines[1].starts_with("ID "), "{table}");
     assert_eq!(lines.len(), 4, "{table}");
+    // Cells are cut at the header's column starts: the last two may hold spaces.
+    let header = lines[1];
+    let names = [
+        "ID",
+        "CLASS",
+        "SIZE",
+        "USED",
+        "STAGED",
+        "PUBLISHED",
+        "PVC",
+        "POD",
+        "LAST-RECLAIM",
+        "RESIZE",
+    ];
+    let starts: Vec<usize> = names
+        .iter()
+        .map(|n| header.find(&format!("{n} ")).or_else(|| header.find(n)).unwrap())
+        .collect();
     let row = |id: &str| -> Vec<String> {
         let line = lines
             .iter()
-            .find(|l| l.starts_with(id))
+            .find(|l| l.starts_with(&format!("{id} ")))
             .unwrap_or_else(|| panic!("{id} not in\n{table}"));
-        line.split_whitespace().map(str::to_string).collect()
+        (0..names.len())
+            .map(|i| {
+                let end = starts.get(i + 1).copied().unwrap_or(usize::MAX).min(line.len());
+                line.get(starts[i].min(line.len())..end)
+                    .unwrap()
+                    .trim()
+                    .to_string()
+            })
+            .collect()
     };
     let unstaged = row(&ids[1]);
     assert_eq!(
-        unstaged[1..],
-        ["default", "64Mi", "-", "-", "-", "apps/logs", "-", "-", "-"],
+        unstaged[1..9],
+        ["default", "128Mi", "-", "-", "-", "apps/logs", "-", "-"],
+        "{table}"
+    );
+    assert!(
+        unstaged[9].starts_with("128Mi, node expansion pending ("),
         "{table}"
     );
     let staged_row = row(&ids[0]);
-    assert_eq!(staged_row[1..3], ["default", "64Mi"], "{table}");
-    assert_eq!(staged_row[6..], ["apps/data", "-", "-", "-"], "{table}");
+    assert_eq!(staged_row[1], "default", "{table}");
+    assert_eq!(staged_row[6], "apps/data", "{table}");
     if staged_too {
+        assert_eq!(staged_row[2], "128Mi", "{table}");
         assert_ne!(staged_row[3], "-", "used is shown: {table}");
         assert_eq!(staged_row[4], staging.display().to_string());
         assert_eq!(staged_row[5], target.display().to_string());
+        assert_eq!(staged_row[7], "apps/web-0", "{table}");
+        assert!(
+            staged_row[8].starts_with("ok ") && staged_row[8].ends_with(" ago)"),
+            "{table}"
+        );
+        let resize = if node_grew {
+            "done 128Mi ("
+        } else {
+            "failed to 128Mi (node, "
+        };
+        assert!(staged_row[9].starts_with(resize), "{table}");
         node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
             volume_id: ids[0].clone(),
             target_path: target.display().to_string(),
         })
         .await
         .unwrap();
+        // The pod no longer uses it; the claim, reclaim and resize are still known.
+        let after: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();
+        let first = &after["volumes"][0];
+        assert_eq!(first["pods"], json!([]), "{first:#}");
+        assert_eq!(first["last_reclaim"]["result"], "trimmed");
+        assert_eq!(first["resize_state"]["step"], "node");
         node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
             volume_id: ids[0].clone(),
             staging_target_path: staging.display().to_string(),

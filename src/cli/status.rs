@@ -11,12 +11,14 @@
 //! (`pods/<uid>/volumes/...`) or block publications (`volumeDevices/publish/...`);
 //! every other mount of the volume's device counts as staged.
 //!
-//! The pod using a volume, the last reclaim and the resize state are not known yet:
-//! they show as `-` in the table and `null` in JSON.
+//! The pods a volume is published for, its last reclaim and its last resize come from
+//! the daemon's memory (`localvol.v1.VolumeStates` on the same socket): what happened
+//! since the daemon started, `-` in the table and `null` or `[]` in JSON otherwise.
 
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
 
+use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 
 use crate::backend::Backend;
@@ -28,6 +30,8 @@ use crate::mount::{MountError, MountTable};
 use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::controller_client::ControllerClient;
 use crate::proto::csi::v1::node_client::NodeClient;
+use crate::proto::localvol::v1 as pb;
+use crate::proto::localvol::v1::volume_states_client::VolumeStatesClient;
 use crate::request::{PARAM_DEVICE_CLASS, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +64,9 @@ pub enum StatusError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StatusReport {
     pub node: String,
+    /// Since when the daemon remembers pods, reclaims and resizes (its start, RFC 3339);
+    /// null when it does not report them.
+    pub known_since: Option<String>,
     pub volumes: Vec<VolumeStatus>,
 }
 
@@ -76,19 +83,43 @@ pub struct VolumeStatus {
     pub device: Option<PathBuf>,
     pub staged_paths: Vec<PathBuf>,
     pub published_paths: Vec<PathBuf>,
-    pub pvc: Option<ClaimName>,
-    /// Not known yet: always null.
-    pub pod: Option<String>,
-    /// Not known yet: always null.
-    pub last_reclaim: Option<String>,
-    /// Not known yet: always null.
-    pub resize_state: Option<String>,
+    pub pvc: Option<ObjectName>,
+    /// The pods it is published for, as kubelet named them (podInfoOnMount).
+    pub pods: Vec<ObjectName>,
+    pub last_reclaim: Option<ReclaimStatus>,
+    pub resize_state: Option<ResizeStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ClaimName {
+pub struct ObjectName {
     pub namespace: String,
     pub name: String,
+}
+
+/// The volume's last reclaim run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReclaimStatus {
+    /// RFC 3339.
+    pub finished_at: String,
+    /// `trimmed`, `not_discarded` (raw block volume) or `failed`.
+    pub result: &'static str,
+    pub reclaimed_bytes: Option<u64>,
+    pub trimmed_bytes: Option<u64>,
+    pub error: Option<String>,
+}
+
+/// The volume's last resize step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResizeStatus {
+    /// RFC 3339.
+    pub updated_at: String,
+    /// `in_progress`, `node_expansion_pending`, `done` or `failed`.
+    pub state: &'static str,
+    /// `controller` or `node`.
+    pub step: String,
+    /// The size asked for (in progress, failed) or reached (pending, done).
+    pub size_bytes: u64,
+    pub reason: Option<String>,
 }
 
 fn rpc(call: &'static str) -> impl FnOnce(tonic::Status) -> StatusError {
@@ -129,16 +160,35 @@ pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), S
         .map_err(rpc("NodeGetInfo"))?
         .into_inner()
         .node_id;
-    let listed = list_all(ControllerClient::new(channel)).await?;
+    let listed = list_all(ControllerClient::new(channel.clone())).await?;
+    let mut warnings = Vec::new();
+    let states = match VolumeStatesClient::new(channel)
+        .list_volume_states(pb::ListVolumeStatesRequest {})
+        .await
+    {
+        Ok(answer) => Some(answer.into_inner()),
+        // A daemon older than this command: everything else still works.
+        Err(status) if status.code() == tonic::Code::Unimplemented => {
+            warnings.push("the daemon does not report pods, reclaims and resizes".to_string());
+            None
+        }
+        Err(source) => return Err(rpc("ListVolumeStates")(source)),
+    };
     let table = MountTable::read(&host).await?;
 
-    let mut warnings = Vec::new();
     let mut report = StatusReport {
         node,
+        known_since: states.as_ref().map(|s| rfc3339(s.since_unix_seconds)),
         volumes: Vec::new(),
     };
     for volume in listed {
         let mut status = from_listing(&volume);
+        if let Some(state) = states
+            .as_ref()
+            .and_then(|s| s.volumes.iter().find(|v| v.volume_id == status.id))
+        {
+            add_daemon_state(&mut status, state);
+        }
         match local_view(&volumes, &host, &table, &status.id).await {
             Ok(view) => {
                 status.mode = view.mode;
@@ -187,7 +237,7 @@ async fn list_all(
 fn from_listing(volume: &csi::Volume) -> VolumeStatus {
     let context = |key: &str| volume.volume_context.get(key).filter(|v| !v.is_empty()).cloned();
     let pvc = match (context(PARAM_PVC_NAMESPACE), context(PARAM_PVC_NAME)) {
-        (Some(namespace), Some(name)) => Some(ClaimName { namespace, name }),
+        (Some(namespace), Some(name)) => Some(ObjectName { namespace, name }),
         _ => None,
     };
     VolumeStatus {
@@ -200,10 +250,70 @@ fn from_listing(volume: &csi::Volume) -> VolumeStatus {
         staged_paths: Vec::new(),
         published_paths: Vec::new(),
         pvc,
-        pod: None,
+        pods: Vec::new(),
         last_reclaim: None,
         resize_state: None,
     }
+}
+
+fn rfc3339(unix_seconds: i64) -> String {
+    Timestamp::from_second(unix_seconds)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+fn object(o: &pb::ObjectName) -> ObjectName {
+    ObjectName {
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+    }
+}
+
+/// What the daemon remembers: pods, the claim when the listing had none, the last
+/// reclaim and resize.
+fn add_daemon_state(status: &mut VolumeStatus, state: &pb::VolumeState) {
+    if status.pvc.is_none() {
+        status.pvc = state.pvc.as_ref().map(object);
+    }
+    status.pods = state
+        .publications
+        .iter()
+        .filter_map(|p| p.pod.as_ref().map(object))
+        .collect();
+    status
+        .pods
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    status.pods.dedup();
+    status.last_reclaim = state.last_reclaim.as_ref().map(|r| {
+        use pb::reclaim::Result as R;
+        let trimmed = r.result() == R::Trimmed;
+        ReclaimStatus {
+            finished_at: rfc3339(r.finished_unix_seconds),
+            result: match r.result() {
+                R::Trimmed => "trimmed",
+                R::NotDiscarded => "not_discarded",
+                R::Failed | R::Unspecified => "failed",
+            },
+            reclaimed_bytes: trimmed.then_some(r.reclaimed_bytes),
+            trimmed_bytes: trimmed.then_some(r.trimmed_bytes),
+            error: (!r.error.is_empty()).then(|| r.error.clone()),
+        }
+    });
+    status.resize_state = state.resize.as_ref().map(|r| {
+        use pb::resize::State as S;
+        ResizeStatus {
+            updated_at: rfc3339(r.updated_unix_seconds),
+            state: match r.state() {
+                S::InProgress => "in_progress",
+                S::NodeExpansionPending => "node_expansion_pending",
+                S::Done => "done",
+                S::Failed | S::Unspecified => "failed",
+            },
+            step: r.step.clone(),
+            size_bytes: r.size_bytes,
+            reason: (!r.reason.is_empty()).then(|| r.reason.clone()),
+        }
+    });
 }
 
 /// What this node shows about one volume.
@@ -341,8 +451,61 @@ fn paths(list: &[PathBuf]) -> String {
     }
 }
 
+/// How long before `now` an RFC 3339 time was: `40s`, `5m`, `3h`, `2d`.
+fn age(at: &str, now: Timestamp) -> String {
+    let Ok(at) = at.parse::<Timestamp>() else {
+        return at.to_string();
+    };
+    let secs = now.as_second().saturating_sub(at.as_second()).max(0);
+    match secs {
+        0..120 => format!("{secs}s"),
+        120..7200 => format!("{}m", secs / 60),
+        7200..172_800 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
+fn reclaim_cell(r: &ReclaimStatus, now: Timestamp) -> String {
+    let ago = age(&r.finished_at, now);
+    match r.result {
+        "trimmed" => format!("ok {} ({ago} ago)", human_bytes(r.reclaimed_bytes.unwrap_or(0))),
+        "not_discarded" => format!("skipped: raw block ({ago} ago)"),
+        _ => format!("failed ({ago} ago)"),
+    }
+}
+
+/// A tool's multi-line message as one table cell: its lines joined by `; `.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn resize_cell(r: &ResizeStatus, now: Timestamp) -> String {
+    let ago = age(&r.updated_at, now);
+    let size = human_bytes(r.size_bytes);
+    match r.state {
+        "in_progress" => format!("expanding to {size} ({}, {ago} ago)", r.step),
+        "node_expansion_pending" => format!("{size}, node expansion pending ({ago} ago)"),
+        "done" => format!("done {size} ({ago} ago)"),
+        _ => format!(
+            "failed to {size} ({}, {ago} ago): {}",
+            r.step,
+            one_line(r.reason.as_deref().unwrap_or("no reason given"))
+        ),
+    }
+}
+
 /// The table `localvol status` prints by default.
 pub fn render_table(report: &StatusReport) -> String {
+    render_table_at(report, Timestamp::now())
+}
+
+/// The table, with ages counted back from `now`. The last two cells may hold spaces;
+/// every other cell is a single word.
+pub fn render_table_at(report: &StatusReport, now: Timestamp) -> String {
     let dash = || "-".to_string();
     let mut rows = vec![
         [
@@ -360,6 +523,11 @@ pub fn render_table(report: &StatusReport) -> String {
         .map(str::to_string),
     ];
     for v in &report.volumes {
+        let pods: Vec<String> = v
+            .pods
+            .iter()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
         rows.push([
             v.id.clone(),
             v.device_class.clone().unwrap_or_else(dash),
@@ -371,9 +539,15 @@ pub fn render_table(report: &StatusReport) -> String {
                 .as_ref()
                 .map(|c| format!("{}/{}", c.namespace, c.name))
                 .unwrap_or_else(dash),
-            v.pod.clone().unwrap_or_else(dash),
-            v.last_reclaim.clone().unwrap_or_else(dash),
-            v.resize_state.clone().unwrap_or_else(dash),
+            if pods.is_empty() { dash() } else { pods.join(",") },
+            v.last_reclaim
+                .as_ref()
+                .map(|r| reclaim_cell(r, now))
+                .unwrap_or_else(dash),
+            v.resize_state
+                .as_ref()
+                .map(|r| resize_cell(r, now))
+                .unwrap_or_else(dash),
         ]);
     }
     let mut widths = [0usize; 10];

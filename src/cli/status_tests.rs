@@ -91,7 +91,7 @@ fn listing_fills_class_size_and_claim() {
     assert_eq!(status.size_bytes, 1 << 30);
     assert_eq!(
         status.pvc,
-        Some(ClaimName {
+        Some(ObjectName {
             namespace: "apps".into(),
             name: "data".into()
         })
@@ -107,6 +107,7 @@ fn listing_fills_class_size_and_claim() {
 fn report() -> StatusReport {
     StatusReport {
         node: "node-1".into(),
+        known_since: None,
         volumes: vec![
             VolumeStatus {
                 id: "fast.pvc-1".into(),
@@ -117,11 +118,11 @@ fn report() -> StatusReport {
                 device: Some("/dev/loop3".into()),
                 staged_paths: vec!["/s/globalmount".into()],
                 published_paths: vec!["/p/1/mount".into(), "/p/2/mount".into()],
-                pvc: Some(ClaimName {
+                pvc: Some(ObjectName {
                     namespace: "apps".into(),
                     name: "data".into(),
                 }),
-                pod: None,
+                pods: Vec::new(),
                 last_reclaim: None,
                 resize_state: None,
             },
@@ -135,7 +136,7 @@ fn report() -> StatusReport {
                 staged_paths: Vec::new(),
                 published_paths: Vec::new(),
                 pvc: None,
-                pod: None,
+                pods: Vec::new(),
                 last_reclaim: None,
                 resize_state: None,
             },
@@ -195,17 +196,11 @@ fn table_has_a_row_per_volume_and_dashes_for_unknowns() {
 fn json_has_nulls_for_what_is_not_known() {
     let value = serde_json::to_value(report()).unwrap();
     let second = &value["volumes"][1];
-    for field in [
-        "used_bytes",
-        "device",
-        "pvc",
-        "pod",
-        "last_reclaim",
-        "resize_state",
-    ] {
+    for field in ["used_bytes", "device", "pvc", "last_reclaim", "resize_state"] {
         assert!(second[field].is_null(), "{field}: {second}");
     }
     assert_eq!(second["staged_paths"], serde_json::json!([]));
+    assert_eq!(second["pods"], serde_json::json!([]));
     let first = &value["volumes"][0];
     assert_eq!(
         first["pvc"],
@@ -223,4 +218,159 @@ fn sizes_read_like_kubernetes_quantities() {
     assert_eq!(human_bytes(3 << 29), "1.5Gi");
     assert_eq!(human_bytes(100 << 30), "100Gi");
     assert_eq!(human_bytes(5 << 40), "5Ti");
+}
+
+const NOW: i64 = 1_750_000_000;
+
+fn pb_object(namespace: &str, name: &str) -> Option<pb::ObjectName> {
+    Some(pb::ObjectName {
+        namespace: namespace.into(),
+        name: name.into(),
+    })
+}
+
+/// The daemon's answer for fast.pvc-1: two pods, a reclaim 5 minutes ago, a failed
+/// node expansion 30 seconds ago.
+fn daemon_state() -> pb::VolumeState {
+    let mut reclaim = pb::Reclaim {
+        finished_unix_seconds: NOW - 300,
+        reclaimed_bytes: 12 << 20,
+        trimmed_bytes: 40 << 20,
+        ..Default::default()
+    };
+    reclaim.set_result(pb::reclaim::Result::Trimmed);
+    let mut resize = pb::Resize {
+        updated_unix_seconds: NOW - 30,
+        step: "node".into(),
+        size_bytes: 2 << 30,
+        reason: "resize2fs /dev/loop3: exit 1: resize2fs 1.47.0\n  Permission denied\n".into(),
+        ..Default::default()
+    };
+    resize.set_state(pb::resize::State::Failed);
+    pb::VolumeState {
+        volume_id: "fast.pvc-1".into(),
+        pvc: pb_object("apps", "from-publish"),
+        publications: vec![
+            pb::Publication {
+                target_path: "/p/2/mount".into(),
+                pod: pb_object("apps", "web-1"),
+            },
+            pb::Publication {
+                target_path: "/p/1/mount".into(),
+                pod: pb_object("apps", "web-0"),
+            },
+            // kubelet without podInfoOnMount: a publication with no pod.
+            pb::Publication {
+                target_path: "/p/3/mount".into(),
+                pod: None,
+            },
+        ],
+        last_reclaim: Some(reclaim),
+        resize: Some(resize),
+    }
+}
+
+#[test]
+fn the_daemon_state_fills_pods_reclaim_and_resize() {
+    let mut report = report();
+    add_daemon_state(&mut report.volumes[0], &daemon_state());
+    let v = &report.volumes[0];
+    assert_eq!(
+        v.pvc.as_ref().map(|c| c.name.as_str()),
+        Some("data"),
+        "the listing's claim wins"
+    );
+    let pods: Vec<&str> = v.pods.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(pods, ["web-0", "web-1"]);
+    assert_eq!(
+        v.last_reclaim,
+        Some(ReclaimStatus {
+            finished_at: "2025-06-15T15:01:40Z".into(),
+            result: "trimmed",
+            reclaimed_bytes: Some(12 << 20),
+            trimmed_bytes: Some(40 << 20),
+            error: None,
+        })
+    );
+    let resize = v.resize_state.as_ref().unwrap();
+    assert_eq!((resize.state, resize.step.as_str()), ("failed", "node"));
+    assert_eq!(
+        resize.reason.as_deref(),
+        Some("resize2fs /dev/loop3: exit 1: resize2fs 1.47.0\n  Permission denied\n"),
+        "JSON keeps the message as it is"
+    );
+
+    // A volume the listing knows no claim of takes the publish request's.
+    let mut bare = report.volumes[1].clone();
+    add_daemon_state(&mut bare, &pb::VolumeState::default());
+    assert_eq!(bare.pvc, None);
+    assert!(bare.pods.is_empty() && bare.last_reclaim.is_none() && bare.resize_state.is_none());
+    add_daemon_state(&mut bare, &daemon_state());
+    assert_eq!(bare.pvc.unwrap().name, "from-publish");
+
+    let now = Timestamp::from_second(NOW).unwrap();
+    let text = render_table_at(&report, now);
+    let lines: Vec<&str> = text.lines().collect();
+    let column = |name: &str| lines[1].find(name).unwrap();
+    let row = lines[2];
+    assert_eq!(
+        row[column("POD")..column("LAST-RECLAIM")].trim_end(),
+        "apps/web-0,apps/web-1"
+    );
+    assert_eq!(
+        row[column("LAST-RECLAIM")..column("RESIZE")].trim_end(),
+        "ok 12Mi (5m ago)"
+    );
+    assert_eq!(
+        &row[column("RESIZE")..],
+        "failed to 2Gi (node, 30s ago): resize2fs /dev/loop3: exit 1: resize2fs 1.47.0; Permission denied"
+    );
+    assert_eq!(lines.len(), 4, "one line per volume:\n{text}");
+    let value = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        value["volumes"][0]["pods"],
+        serde_json::json!([
+            {"namespace": "apps", "name": "web-0"},
+            {"namespace": "apps", "name": "web-1"}
+        ])
+    );
+    assert_eq!(value["volumes"][0]["last_reclaim"]["reclaimed_bytes"], 12 << 20);
+    assert_eq!(value["volumes"][0]["resize_state"]["state"], "failed");
+}
+
+#[test]
+fn reclaim_and_resize_cells_say_what_happened_and_when() {
+    let now = Timestamp::from_second(NOW).unwrap();
+    let at = |secs_ago: i64| rfc3339(NOW - secs_ago);
+    let reclaim = |result, error: Option<&str>| ReclaimStatus {
+        finished_at: at(7200),
+        result,
+        reclaimed_bytes: None,
+        trimmed_bytes: None,
+        error: error.map(str::to_string),
+    };
+    assert_eq!(
+        reclaim_cell(&reclaim("not_discarded", None), now),
+        "skipped: raw block (2h ago)"
+    );
+    assert_eq!(
+        reclaim_cell(&reclaim("failed", Some("FITRIM: EIO")), now),
+        "failed (2h ago)"
+    );
+    let resize = |state, secs_ago| ResizeStatus {
+        updated_at: at(secs_ago),
+        state,
+        step: "controller".into(),
+        size_bytes: 1 << 30,
+        reason: None,
+    };
+    assert_eq!(
+        resize_cell(&resize("in_progress", 5), now),
+        "expanding to 1Gi (controller, 5s ago)"
+    );
+    assert_eq!(
+        resize_cell(&resize("node_expansion_pending", 600), now),
+        "1Gi, node expansion pending (10m ago)"
+    );
+    assert_eq!(resize_cell(&resize("done", 3 * 86_400), now), "done 1Gi (3d ago)");
 }
