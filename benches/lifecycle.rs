@@ -14,6 +14,9 @@ use nix::mount::{MntFlags, MsFlags};
 use serde_json::json;
 use tonic::transport::Channel;
 
+#[path = "support/pod_api.rs"]
+mod pod_api;
+
 const MIB: i64 = 1 << 20;
 const VOLUME_BYTES: i64 = 64 * MIB;
 
@@ -27,6 +30,11 @@ impl Daemon {
     /// Starts the release daemon as its own process; returns it and the time until its
     /// socket accepted a connection.
     async fn start(dir: &Path) -> (Self, Duration) {
+        Self::start_with(dir, &["--kube", "off"], None).await
+    }
+
+    /// As [`Daemon::start`], with more arguments and, for `--kube on`, a kubeconfig.
+    async fn start_with(dir: &Path, args: &[&str], kubeconfig: Option<&Path>) -> (Self, Duration) {
         std::fs::create_dir_all(dir).unwrap();
         let socket = dir.join("csi.sock");
         let started = Instant::now();
@@ -36,7 +44,9 @@ impl Daemon {
             .arg(format!("unix://{}", socket.display()))
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .args(args)
             .env("RUST_LOG", "warn")
+            .env("KUBECONFIG", kubeconfig.unwrap_or(Path::new("/nonexistent")))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -97,8 +107,36 @@ fn cap() -> csi::VolumeCapability {
     }
 }
 
-/// One full lifecycle through the socket, as external-provisioner and kubelet drive it.
-async fn lifecycle(channel: Channel, base: &Path, name: &str) {
+/// The six steps of a lifecycle, in order: what each costs tells where the time goes.
+const STEPS: [&str; 6] = ["create", "stage", "publish", "unpublish", "unstage", "delete"];
+
+/// Times the steps of one lifecycle.
+struct StepClock {
+    last: Instant,
+    steps: [Duration; 6],
+    next: usize,
+}
+
+impl StepClock {
+    fn start() -> Self {
+        Self {
+            last: Instant::now(),
+            steps: [Duration::ZERO; 6],
+            next: 0,
+        }
+    }
+
+    fn lap(&mut self) {
+        let now = Instant::now();
+        self.steps[self.next] = now - self.last;
+        self.last = now;
+        self.next += 1;
+    }
+}
+
+/// One full lifecycle through the socket, as external-provisioner and kubelet drive it;
+/// returns the time of each step.
+async fn lifecycle(channel: Channel, base: &Path, name: &str) -> [Duration; 6] {
     use csi::controller_client::ControllerClient;
     use csi::node_client::NodeClient;
     let mut controller = ControllerClient::new(channel.clone());
@@ -106,6 +144,7 @@ async fn lifecycle(channel: Channel, base: &Path, name: &str) {
     let stage = base.join(format!("{name}-stage"));
     let target = base.join(format!("{name}-target"));
     std::fs::create_dir_all(&stage).unwrap();
+    let mut clock = StepClock::start();
     let volume = controller
         .create_volume(csi::CreateVolumeRequest {
             name: name.to_string(),
@@ -121,6 +160,7 @@ async fn lifecycle(channel: Channel, base: &Path, name: &str) {
         .into_inner()
         .volume
         .unwrap();
+    clock.lap();
     let id = volume.volume_id;
     node.node_stage_volume(csi::NodeStageVolumeRequest {
         volume_id: id.clone(),
@@ -130,6 +170,7 @@ async fn lifecycle(channel: Channel, base: &Path, name: &str) {
     })
     .await
     .unwrap();
+    clock.lap();
     node.node_publish_volume(csi::NodePublishVolumeRequest {
         volume_id: id.clone(),
         staging_target_path: stage.display().to_string(),
@@ -139,18 +180,21 @@ async fn lifecycle(channel: Channel, base: &Path, name: &str) {
     })
     .await
     .unwrap();
+    clock.lap();
     node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
         volume_id: id.clone(),
         target_path: target.display().to_string(),
     })
     .await
     .unwrap();
+    clock.lap();
     node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
         volume_id: id.clone(),
         staging_target_path: stage.display().to_string(),
     })
     .await
     .unwrap();
+    clock.lap();
     controller
         .delete_volume(csi::DeleteVolumeRequest {
             volume_id: id,
@@ -158,7 +202,9 @@ async fn lifecycle(channel: Channel, base: &Path, name: &str) {
         })
         .await
         .unwrap();
+    clock.lap();
     std::fs::remove_dir(&stage).unwrap();
+    clock.steps
 }
 
 async fn run(program: &str, args: &[&str]) -> String {
@@ -177,15 +223,19 @@ async fn run(program: &str, args: &[&str]) -> String {
 }
 
 /// The same work with the same tools and syscalls, and nothing else: sparse file,
-/// losetup, blkid, mkfs, mount, bind mount, unmounts, detach, unlink.
-async fn raw_lifecycle(base: &Path, name: &str) {
+/// losetup, blkid, mkfs, mount, bind mount, unmounts, detach, unlink. Returns the time
+/// of each step, split as the CSI calls split the work.
+async fn raw_lifecycle(base: &Path, name: &str) -> [Duration; 6] {
     let image = base.join(format!("{name}.img"));
     let stage = base.join(format!("{name}-stage"));
     let target = base.join(format!("{name}-target"));
+    std::fs::create_dir_all(&stage).unwrap();
+    let mut clock = StepClock::start();
     std::fs::File::create(&image)
         .unwrap()
         .set_len(VOLUME_BYTES as u64)
         .unwrap();
+    clock.lap();
     let image_arg = image.to_str().unwrap();
     let device = run("losetup", &["--find", "--show", image_arg]).await;
     run("blkid", &["-p", "-o", "export", &device]).await;
@@ -200,10 +250,8 @@ async fn raw_lifecycle(base: &Path, name: &str) {
         ],
     )
     .await;
-    std::fs::create_dir_all(&stage).unwrap();
-    std::fs::create_dir_all(&target).unwrap();
-    let (s, t, d) = (stage.clone(), target.clone(), device.clone());
-    tokio::task::spawn_blocking(move || {
+    let (s, d) = (stage.clone(), device.clone());
+    blocking(move || {
         nix::mount::mount(
             Some(Path::new(&d)),
             &s,
@@ -211,17 +259,37 @@ async fn raw_lifecycle(base: &Path, name: &str) {
             MsFlags::empty(),
             None::<&str>,
         )
-        .unwrap();
-        nix::mount::mount(Some(&s), &t, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
-        nix::mount::umount2(&t, MntFlags::empty()).unwrap();
-        nix::mount::umount2(&s, MntFlags::empty()).unwrap();
     })
-    .await
-    .unwrap();
-    std::fs::remove_dir(&target).unwrap();
-    std::fs::remove_dir(&stage).unwrap();
+    .await;
+    clock.lap();
+    let (s, t) = (stage.clone(), target.clone());
+    blocking(move || {
+        std::fs::create_dir(&t).unwrap();
+        nix::mount::mount(Some(&s), &t, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+    })
+    .await;
+    clock.lap();
+    let t = target.clone();
+    blocking(move || {
+        nix::mount::umount2(&t, MntFlags::empty())?;
+        std::fs::remove_dir(&t).unwrap();
+        Ok(())
+    })
+    .await;
+    clock.lap();
+    let s = stage.clone();
+    blocking(move || nix::mount::umount2(&s, MntFlags::empty())).await;
     run("losetup", &["--detach", &device]).await;
+    clock.lap();
     std::fs::remove_file(&image).unwrap();
+    clock.lap();
+    std::fs::remove_dir(&stage).unwrap();
+    clock.steps
+}
+
+/// Runs a syscall off the async threads, as the daemon does.
+async fn blocking(f: impl FnOnce() -> nix::Result<()> + Send + 'static) {
+    tokio::task::spawn_blocking(f).await.unwrap().unwrap();
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -265,21 +333,30 @@ async fn main() {
 
     // 1. Lifecycle: ours and raw interleaved so both see the same machine noise.
     let (mut ours, mut raw) = (Vec::new(), Vec::new());
+    let (mut ours_steps, mut raw_steps) = (Vec::new(), Vec::new());
     lifecycle(channel.clone(), &work, "warmup").await;
     raw_lifecycle(&work, "warmup-raw").await;
     for i in 0..rounds {
-        let t = Instant::now();
-        lifecycle(channel.clone(), &work, &format!("life-{i}")).await;
-        ours.push(t.elapsed());
-        let t = Instant::now();
-        raw_lifecycle(&work, &format!("raw-{i}")).await;
-        raw.push(t.elapsed());
+        let steps = lifecycle(channel.clone(), &work, &format!("life-{i}")).await;
+        ours.push(steps.iter().sum::<Duration>());
+        ours_steps.push(steps);
+        let steps = raw_lifecycle(&work, &format!("raw-{i}")).await;
+        raw.push(steps.iter().sum::<Duration>());
+        raw_steps.push(steps);
     }
+    let step_p50 = |runs: &[[Duration; 6]], step: usize| {
+        let mut times: Vec<_> = runs.iter().map(|r| r[step]).collect();
+        times.sort();
+        percentile(&times, 0.5)
+    };
     ours.sort();
     raw.sort();
     let (ours_p50, raw_p50) = (percentile(&ours, 0.5), percentile(&raw, 0.5));
 
     // 2. Publish/unpublish of a staged volume against a bare bind mount.
+    let steps: Vec<_> = (0..STEPS.len())
+        .map(|i| (STEPS[i], step_p50(&ours_steps, i), step_p50(&raw_steps, i)))
+        .collect();
     let latency = publish_latency(channel.clone(), &work, publish_rounds).await;
 
     // 3. Throughput of concurrent lifecycles.
@@ -330,6 +407,28 @@ async fn main() {
     let rss_500 = daemon.rss_kib();
     daemon.stop().await;
 
+    // 4b. Resident memory with the Kubernetes caches on: no pods, then 110 pods on the
+    // node (kubelet's default maximum), each served by a mock API server.
+    let mut rss_kube = Vec::new();
+    for pods in [0usize, 110] {
+        let dir = base.path().join(format!("kube-{pods}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let api = pod_api::PodApi::start(&dir, "bench", pods).await;
+        let (daemon, _) = Daemon::start_with(&dir, &["--kube", "on"], Some(&api.kubeconfig)).await;
+        let t = Instant::now();
+        while api.pod_watches.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the daemon never listed the pods"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The watch opens once the list is in the cache; let the allocator settle.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rss_kube.push((pods, daemon.rss_kib()));
+        daemon.stop().await;
+    }
+
     let base_rate = scaling[0].1;
     println!(
         "\nlocalvol lifecycle benchmark ({} rounds; loop backend, 64 MiB ext4)\n",
@@ -346,6 +445,15 @@ async fn main() {
         ms(raw_p50),
         ms(ours_p50) / ms(raw_p50)
     );
+    for (step, ours, raw) in &steps {
+        println!(
+            "{:<44} {:>10.2}ms {:>10.2}ms {:>8.3}",
+            format!("  {step} p50"),
+            ms(*ours),
+            ms(*raw),
+            ms(*ours) / ms(*raw)
+        );
+    }
     for (label, (p50, p99)) in [
         ("bind-mount syscalls", latency.syscall),
         ("mount/umount commands", latency.command),
@@ -365,6 +473,21 @@ async fn main() {
             ms(latency.ours.1) / ms(p99)
         );
     }
+    let work_p50 = latency.ours.0.saturating_sub(latency.rpc_floor);
+    println!(
+        "{:<44} {:>10.3}ms {:>12} {:>8.3}",
+        "  of which 2 empty gRPC round trips",
+        ms(latency.rpc_floor),
+        "",
+        ms(latency.rpc_floor) / ms(latency.ours.0)
+    );
+    println!(
+        "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
+        "  the rest (vs bind-mount syscalls)",
+        ms(work_p50),
+        ms(latency.syscall.0),
+        ms(work_p50) / ms(latency.syscall.0)
+    );
     for (c, rate) in &scaling {
         println!(
             "{:<44} {:>9.1}/s {:>12} {:>8.2}",
@@ -376,6 +499,13 @@ async fn main() {
     }
     println!("{:<44} {:>10} KiB", "RSS idle", idle_rss);
     println!("{:<44} {:>10} KiB", "RSS after 500 volumes", rss_500);
+    for (pods, rss) in &rss_kube {
+        println!(
+            "{:<44} {:>10} KiB",
+            format!("RSS, Kubernetes on, {pods} pods cached"),
+            rss
+        );
+    }
     println!(
         "{:<44} {:>10.1}ms",
         "start-up to serving socket (median)",
@@ -385,7 +515,9 @@ async fn main() {
     report.insert("rounds".into(), json!(rounds));
     report.insert(
         "lifecycle_ms".into(),
-        json!({"localvol_p50": ms(ours_p50), "raw_p50": ms(raw_p50), "ratio": ms(ours_p50) / ms(raw_p50)}),
+        json!({"localvol_p50": ms(ours_p50), "raw_p50": ms(raw_p50), "ratio": ms(ours_p50) / ms(raw_p50),
+               "steps": steps.iter().map(|(step, ours, raw)| json!({
+                   "step": step, "localvol_p50": ms(*ours), "raw_p50": ms(*raw)})).collect::<Vec<_>>()}),
     );
     report.insert(
         "publish_unpublish_ms".into(),
@@ -393,7 +525,9 @@ async fn main() {
                "syscall_p50": ms(latency.syscall.0), "syscall_p99": ms(latency.syscall.1),
                "command_p50": ms(latency.command.0), "command_p99": ms(latency.command.1),
                "ratio_p50_vs_syscall": ms(latency.ours.0) / ms(latency.syscall.0),
-               "ratio_p50_vs_command": ms(latency.ours.0) / ms(latency.command.0)}),
+               "ratio_p50_vs_command": ms(latency.ours.0) / ms(latency.command.0),
+               "rpc_floor_p50": ms(latency.rpc_floor),
+               "ratio_p50_without_rpc_floor_vs_syscall": ms(work_p50) / ms(latency.syscall.0)}),
     );
     report.insert(
         "throughput_per_s".into(),
@@ -406,7 +540,8 @@ async fn main() {
     );
     report.insert(
         "rss_kib".into(),
-        json!({"idle": idle_rss, "after_500_volumes": rss_500}),
+        json!({"idle": idle_rss, "after_500_volumes": rss_500,
+               "kube_on_0_pods": rss_kube[0].1, "kube_on_110_pods": rss_kube[1].1}),
     );
     report.insert("startup_ms".into(), json!(ms(startup)));
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
@@ -455,7 +590,16 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
     let target = work.join("pub-target");
     let bare_target = work.join("bare-target");
     let (mut ours, mut bare, mut command) = (Vec::new(), Vec::new(), Vec::new());
+    let mut floor = Vec::new();
     for _ in 0..rounds {
+        // The gRPC floor: two calls that do no work, as many round trips as the pair.
+        let t = Instant::now();
+        for _ in 0..2 {
+            node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+                .await
+                .unwrap();
+        }
+        floor.push(t.elapsed());
         let t = Instant::now();
         node.node_publish_volume(csi::NodePublishVolumeRequest {
             volume_id: id.clone(),
@@ -511,7 +655,9 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
     ours.sort();
     bare.sort();
     command.sort();
+    floor.sort();
     Latencies {
+        rpc_floor: percentile(&floor, 0.5),
         ours: (percentile(&ours, 0.5), percentile(&ours, 0.99)),
         syscall: (percentile(&bare, 0.5), percentile(&bare, 0.99)),
         command: (percentile(&command, 0.5), percentile(&command, 0.99)),
@@ -521,6 +667,8 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
 /// p50 and p99 of publish+unpublish: localvol over gRPC, the bind mount as bare
 /// syscalls, and as `mount --bind` + `umount` commands (what exec-based drivers run).
 struct Latencies {
+    /// p50 of two NodeGetCapabilities calls: the transport's share of the pair.
+    rpc_floor: Duration,
     ours: (Duration, Duration),
     syscall: (Duration, Duration),
     command: (Duration, Duration),

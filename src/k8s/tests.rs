@@ -520,3 +520,28 @@ async fn a_claim_replaced_within_the_ttl_is_read_again_before_it_is_not_found() 
     }
     finish(checker, server).await;
 }
+
+#[test]
+fn a_slimmed_pod_still_answers_every_owner_question() {
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-0", "namespace": NS, "uid": A, "resourceVersion": "7",
+                     "labels": {"app": "web"}, "annotations": {"a": "b"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                          "name": "web", "uid": "s", "controller": true}]},
+        "spec": {"nodeName": NODE,
+                 "containers": [{"name": "c", "image": "i", "env": [{"name": "X", "value": "1"}]}],
+                 "volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
+                             {"name": "data", "persistentVolumeClaim": {"claimName": "data-web-0"}}]},
+        "status": {"phase": "Running"}
+    }))
+    .unwrap();
+    let before = owner::PodView::from_pod(&pod);
+    super::slim_pod(&mut pod);
+    assert_eq!(owner::PodView::from_pod(&pod), before);
+    assert_eq!(before.ephemeral_claims, ["web-0-scratch"]);
+    assert_eq!(before.claims, ["data-web-0"]);
+    let spec = pod.spec.as_ref().unwrap();
+    assert!(spec.containers.is_empty() && pod.status.is_none());
+    assert!(pod.metadata.labels.is_none() && pod.metadata.owner_references.is_none());
+    assert_eq!(pod.metadata.resource_version.as_deref(), Some("7"));
+}
