@@ -423,18 +423,28 @@ impl LoopBackend {
             .is_some_and(|r| r.formatted == Some(false)))
     }
 
+    /// Marks the record unformatted before mkfs runs: already so for a volume created
+    /// with the mark, written for an older record or a filesystem wiped since.
+    pub async fn begin_format(&self, token: &Token) -> Result<(), BackendError> {
+        self.set_formatted(token, false).await
+    }
+
     /// Records that mkfs completed, before the volume is first mounted.
     pub async fn mark_formatted(&self, token: &Token) -> Result<(), BackendError> {
+        self.set_formatted(token, true).await
+    }
+
+    async fn set_formatted(&self, token: &Token, formatted: bool) -> Result<(), BackendError> {
         let Some(mut file) = self.read_record(token).await? else {
             return Err(BackendError::NotFound {
                 class: self.class.clone(),
                 token: token.clone(),
             });
         };
-        if file.formatted != Some(false) {
+        if file.formatted == Some(formatted) {
             return Ok(());
         }
-        file.formatted = Some(true);
+        file.formatted = Some(formatted);
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         self.write_atomically(&self.record_path(token), json).await
     }

@@ -309,13 +309,25 @@ impl Backend {
         }
     }
 
-    /// True when a format of this volume was begun and never recorded as finished.
-    /// Only the loop backend keeps that record today; the others answer false (blkid
-    /// alone decides), so a kill during mkfs there needs an administrator's wipefs.
+    /// True when a format of this volume was begun and never recorded as finished: the
+    /// loop and PMEM records' `formatted: false`, the LV tag `format=formatting`. A kill
+    /// mid-mkfs can leave a half-written signature that blkid reports as a filesystem
+    /// (or as something else); such a volume never held data and is formatted again.
     pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
         match self {
             Backend::Loop(b) => b.format_unfinished(token).await,
-            Backend::Lvm(_) | Backend::Pmem(_) => Ok(false),
+            Backend::Lvm(b) => b.format_unfinished(token).await,
+            Backend::Pmem(b) => b.format_unfinished(token).await,
+        }
+    }
+
+    /// Records, durably, that a format of the volume is about to begin; called before
+    /// mkfs, so that a kill anywhere in mkfs leaves [`Backend::format_unfinished`] true.
+    pub async fn begin_format(&self, token: &Token) -> Result<(), BackendError> {
+        match self {
+            Backend::Loop(b) => b.begin_format(token).await,
+            Backend::Lvm(b) => b.begin_format(token).await,
+            Backend::Pmem(b) => b.begin_format(token).await,
         }
     }
 
@@ -323,7 +335,8 @@ impl Backend {
     pub async fn mark_formatted(&self, token: &Token) -> Result<(), BackendError> {
         match self {
             Backend::Loop(b) => b.mark_formatted(token).await,
-            Backend::Lvm(_) | Backend::Pmem(_) => Ok(()),
+            Backend::Lvm(b) => b.mark_formatted(token).await,
+            Backend::Pmem(b) => b.mark_formatted(token).await,
         }
     }
 

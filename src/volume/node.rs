@@ -109,7 +109,9 @@ impl Volumes {
             .unwrap_or_else(|| self.default_fs(&req.id.class));
         // A format this node began and never finished (killed mid-mkfs) can leave a
         // valid-looking but broken signature; such a volume never held data, so it is
-        // formatted again. Any other signature is left alone.
+        // formatted again. Any other signature is left alone. The mark is written before
+        // mkfs starts and cleared after it ends, so a kill at any point in between is
+        // seen here on the retry.
         let interrupted = backend.format_unfinished(&req.id.token).await?;
         match fs::probe(&self.host, &device).await? {
             signature if signature == Signature::Empty || interrupted => {
@@ -117,6 +119,7 @@ impl Volumes {
                     warn!(volume.id = %req.id, ?signature, "an earlier format was interrupted; formatting again");
                 }
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
+                backend.begin_format(&req.id.token).await?;
                 let options = backend.format_options(&req.id.token).await?;
                 fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;

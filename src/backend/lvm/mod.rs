@@ -358,6 +358,65 @@ impl LvmBackend {
         Ok(FormatOptions { dax, prezeroed })
     }
 
+    /// The volume's LV, which must be a finished volume.
+    async fn ready_lv(&self, token: &Token) -> Result<Lv, BackendError> {
+        let state = self.vg.state().await?;
+        match self.lookup(&state, token)? {
+            Lookup::Ready(lv, _) => Ok(lv.clone()),
+            _ => Err(BackendError::NotFound {
+                class: self.class.clone(),
+                token: token.clone(),
+            }),
+        }
+    }
+
+    /// True when the LV carries [`tags::FORMATTING`]: a mkfs began and never finished.
+    pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
+        let state = self.vg.state().await?;
+        Ok(match self.lookup(&state, token)? {
+            Lookup::Ready(lv, _) => tags::format_unfinished(lv),
+            _ => false,
+        })
+    }
+
+    /// Tags the LV [`tags::FORMATTING`] before mkfs touches it (dropping a
+    /// [`tags::FORMATTED`] of a filesystem someone wiped since).
+    pub async fn begin_format(&self, token: &Token) -> Result<(), BackendError> {
+        let lv = self.ready_lv(token).await?;
+        if tags::format_unfinished(&lv) {
+            return Ok(());
+        }
+        let mut cmd = CommandSpec::new("lvchange").args(["--addtag", tags::FORMATTING]);
+        if lv.has_tag(tags::FORMATTED) {
+            cmd = cmd.args(["--deltag", tags::FORMATTED]);
+        }
+        self.tag_change(cmd, &lv.name).await
+    }
+
+    /// Replaces [`tags::FORMATTING`] with [`tags::FORMATTED`] in one lvchange, so the
+    /// LV never has neither (which would hand the decision back to blkid).
+    pub async fn mark_formatted(&self, token: &Token) -> Result<(), BackendError> {
+        let lv = self.ready_lv(token).await?;
+        if !tags::format_unfinished(&lv) && lv.has_tag(tags::FORMATTED) {
+            return Ok(());
+        }
+        let mut cmd = CommandSpec::new("lvchange");
+        if tags::format_unfinished(&lv) {
+            cmd = cmd.args(["--deltag", tags::FORMATTING]);
+        }
+        if !lv.has_tag(tags::FORMATTED) {
+            cmd = cmd.args(["--addtag", tags::FORMATTED]);
+        }
+        self.tag_change(cmd, &lv.name).await
+    }
+
+    async fn tag_change(&self, cmd: CommandSpec, lv: &str) -> Result<(), BackendError> {
+        self.vg
+            .change(cmd.arg(self.target(lv)))
+            .await
+            .map_err(|e| self.failed("lvchange (format mark)", lv, e))
+    }
+
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
         let state = self.vg.state().await?;
         Ok(match self.lookup(&state, token)? {

@@ -26,6 +26,15 @@ const PV: &str = "pv";
 pub const PENDING: &str = "localvol.csi.dev/state=zeroing";
 /// On the temporary LV that zeroes the extents of a block volume's extension.
 const ZEROING_FOR: &str = "zeroing-for";
+/// Added just before mkfs runs on a filesystem volume and replaced by [`FORMATTED`]
+/// (one `lvchange`, one metadata commit) once mkfs has finished: an LV that still has
+/// it was killed mid-mkfs and may carry a half-written signature, so the next stage
+/// formats it again instead of trusting or refusing what blkid finds. The key is not
+/// `state`, because a formatting LV is still a volume (it is listed, staged, deleted).
+pub const FORMATTING: &str = "localvol.csi.dev/format=formatting";
+/// The mkfs begun under [`FORMATTING`] finished. LVs formatted before the mark existed
+/// have neither tag; blkid alone decides for them.
+pub const FORMATTED: &str = "localvol.csi.dev/format=formatted";
 
 fn is_plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"_+.-/=!:&".contains(&b)
@@ -102,6 +111,11 @@ pub fn volume_tags(class: &ClassName, spec: &CreateSpec) -> Vec<String> {
 /// The tag of the temporary LV that pre-zeroes extents for `lv`.
 pub fn zeroing_tag(lv: &str) -> String {
     tag(ZEROING_FOR, lv)
+}
+
+/// True when a format of this LV was begun and not recorded as finished.
+pub fn format_unfinished(lv: &Lv) -> bool {
+    lv.has_tag(FORMATTING)
 }
 
 /// What an LV is to a device class.
@@ -281,6 +295,33 @@ mod tests {
             ownership(&class(), "vg1", &pending),
             Ownership::Ours { pending: true, .. }
         ));
+    }
+
+    #[test]
+    fn the_format_mark_is_its_own_key_and_leaves_the_record_alone() {
+        let spec = spec("pvc-1");
+        let mut tags = volume_tags(&class(), &spec);
+        assert!(
+            !tags.iter().any(|t| t.contains("/format=")),
+            "a new LV has no mark"
+        );
+        tags.push(FORMATTING.to_string());
+        let formatting = lv("pvc-1", &tags);
+        assert!(format_unfinished(&formatting));
+        // Still a volume, not a pending create: it is staged again (and formatted again).
+        assert!(matches!(
+            ownership(&class(), "vg1", &formatting),
+            Ownership::Ours { pending: false, .. }
+        ));
+        for tag in [FORMATTING, FORMATTED] {
+            assert_eq!(
+                decode(tag.strip_prefix(PREFIX).unwrap()).as_deref(),
+                Some(&tag[PREFIX.len()..])
+            );
+        }
+        tags.retain(|t| t != FORMATTING);
+        tags.push(FORMATTED.to_string());
+        assert!(!format_unfinished(&lv("pvc-1", &tags)));
     }
 
     #[test]

@@ -13,6 +13,9 @@ use crate::host::{CommandError, CommandOutput};
 use crate::model::VolumeMode;
 use crate::request::ClaimRef;
 
+/// The format mark (`format=formatting` until mkfs finished).
+mod format;
+
 const EXTENT: u64 = 4 << 20;
 const MIB: u64 = 1 << 20;
 
@@ -271,8 +274,14 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
             let mut v = vg.lock().unwrap();
             let (_, lv) = split_target(a.last().unwrap());
             let l = v.lvs.iter_mut().find(|l| l.name == lv).unwrap();
-            if let Some(tag) = flag(&a, "--deltag") {
-                l.tags.retain(|t| *t != tag);
+            // Every --deltag and --addtag of one command, as lvm applies them: in one
+            // metadata commit.
+            for (i, option) in a.iter().enumerate() {
+                match option.as_str() {
+                    "--deltag" => l.tags.retain(|t| *t != a[i + 1]),
+                    "--addtag" if !l.tags.contains(&a[i + 1]) => l.tags.push(a[i + 1].clone()),
+                    _ => {}
+                }
             }
             ok(String::new())
         });

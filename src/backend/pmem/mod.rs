@@ -106,6 +106,12 @@ struct RecordFile {
     /// True until the namespace exists and has been cleared.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pending: bool,
+    /// For filesystem volumes, as in the loop backend's record: false from create
+    /// (and again from just before any later mkfs) until mkfs finished, so a stage
+    /// killed mid-mkfs is told apart from a real filesystem. Absent in records written
+    /// before this field existed until their first format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    formatted: Option<bool>,
 }
 
 /// The namespace name of a volume: its token, or `n+` and a digest of it when the
@@ -405,6 +411,45 @@ impl PmemBackend {
 
     pub async fn refresh_device(&self, _token: &Token) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    /// The done record of `token`'s volume (the namespace is not looked at: the format
+    /// mark is the record's business alone).
+    async fn done_record(&self, token: &Token) -> Result<RecordFile, BackendError> {
+        self.read_record(token)
+            .await?
+            .filter(|f| !f.pending)
+            .ok_or_else(|| BackendError::NotFound {
+                class: self.class.clone(),
+                token: token.clone(),
+            })
+    }
+
+    /// True when the record says a format began and never finished.
+    pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
+        Ok(self
+            .read_record(token)
+            .await?
+            .is_some_and(|f| !f.pending && f.formatted == Some(false)))
+    }
+
+    /// Marks the record unformatted before mkfs runs (already so for a new volume).
+    pub async fn begin_format(&self, token: &Token) -> Result<(), BackendError> {
+        self.set_formatted(token, false).await
+    }
+
+    /// Records that mkfs completed, before the volume is first mounted.
+    pub async fn mark_formatted(&self, token: &Token) -> Result<(), BackendError> {
+        self.set_formatted(token, true).await
+    }
+
+    async fn set_formatted(&self, token: &Token, formatted: bool) -> Result<(), BackendError> {
+        let mut file = self.done_record(token).await?;
+        if file.formatted == Some(formatted) {
+            return Ok(());
+        }
+        file.formatted = Some(formatted);
+        self.write_record(token, &file).await
     }
 
     pub async fn check_health(&self) -> Result<(), BackendError> {

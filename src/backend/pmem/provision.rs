@@ -76,6 +76,7 @@ impl PmemBackend {
             pv_name: spec.claim.pv_name.clone(),
             namespace: name.clone(),
             pending: true,
+            formatted: (spec.mode == VolumeMode::Filesystem).then_some(false),
         };
         self.write_record(&spec.token, &file).await?;
         let cmd = CommandSpec::new("ndctl")
