@@ -21,12 +21,14 @@
 //! so an interrupted tool (mkfs, losetup) runs on while the next daemon replays.
 
 mod common;
+#[path = "common/crash.rs"]
+mod kit;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Cleanup, kubelet_paths, loops_under, mounts_under, privileged};
-use localvol::proto::csi::v1 as csi;
+use kit::{Endpoints, Rng, Step, Timings, Volume, env_or, files_below};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -38,35 +40,6 @@ const DEFAULT_SEED: u64 = 0x10ca_1b01;
 const DEFAULT_ROUNDS: usize = 48;
 /// How long one step may keep failing with a retryable code before the test gives up.
 const STEP_DEADLINE: Duration = Duration::from_secs(90);
-
-/// xorshift64*: tiny, deterministic, good enough to pick steps and delays.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
 
 /// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
 fn has_cap_sys_resource() -> bool {
@@ -93,9 +66,7 @@ fn log_path(seed: u64) -> PathBuf {
 /// The last lines of the daemon's log, for a failure message (the next run replaces
 /// the file).
 fn log_tail(seed: u64) -> String {
-    let text = std::fs::read_to_string(log_path(seed)).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+    kit::log_tail(&log_path(seed), 40)
 }
 
 impl Process {
@@ -186,151 +157,6 @@ impl Drop for Process {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Create,
-    Stage,
-    Publish,
-    ControllerExpand,
-    NodeExpand,
-    Unpublish,
-    Unstage,
-    Delete,
-}
-
-impl Step {
-    /// Until a step has been timed: a guess at how long it takes.
-    fn first_guess(self) -> Duration {
-        match self {
-            Step::Stage | Step::NodeExpand => Duration::from_millis(300),
-            _ => Duration::from_millis(10),
-        }
-    }
-}
-
-#[derive(Clone)]
-struct Volume {
-    name: String,
-    id: String,
-    cap: csi::VolumeCapability,
-    staging: PathBuf,
-    target: PathBuf,
-}
-
-fn mount_cap(fs: &str) -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
-/// One CSI call of a step. Create returns the volume id.
-async fn call(channel: Channel, step: Step, v: &Volume) -> Result<Option<String>, tonic::Status> {
-    let mut controller = csi::controller_client::ControllerClient::new(channel.clone());
-    let mut node = csi::node_client::NodeClient::new(channel);
-    let staging = v.staging.display().to_string();
-    let target = v.target.display().to_string();
-    match step {
-        Step::Create => {
-            let volume = controller
-                .create_volume(csi::CreateVolumeRequest {
-                    name: v.name.clone(),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: SIZE,
-                        limit_bytes: 0,
-                    }),
-                    volume_capabilities: vec![v.cap.clone()],
-                    ..Default::default()
-                })
-                .await?
-                .into_inner()
-                .volume
-                .unwrap();
-            assert_eq!(volume.capacity_bytes, SIZE);
-            return Ok(Some(volume.volume_id));
-        }
-        Step::Stage => {
-            node.node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: staging,
-                volume_capability: Some(v.cap.clone()),
-                ..Default::default()
-            })
-            .await?;
-        }
-        Step::Publish => {
-            node.node_publish_volume(csi::NodePublishVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: staging,
-                target_path: target,
-                volume_capability: Some(v.cap.clone()),
-                ..Default::default()
-            })
-            .await?;
-        }
-        Step::ControllerExpand => {
-            let grown = controller
-                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                    volume_id: v.id.clone(),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: GROWN,
-                        limit_bytes: 0,
-                    }),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            assert_eq!(grown.capacity_bytes, GROWN);
-        }
-        Step::NodeExpand => {
-            let grown = node
-                .node_expand_volume(csi::NodeExpandVolumeRequest {
-                    volume_id: v.id.clone(),
-                    volume_path: target,
-                    staging_target_path: staging,
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: GROWN,
-                        limit_bytes: 0,
-                    }),
-                    volume_capability: Some(v.cap.clone()),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            assert_eq!(grown.capacity_bytes, GROWN);
-        }
-        Step::Unpublish => {
-            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: v.id.clone(),
-                target_path: target,
-            })
-            .await?;
-        }
-        Step::Unstage => {
-            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: staging,
-            })
-            .await?;
-        }
-        Step::Delete => {
-            controller
-                .delete_volume(csi::DeleteVolumeRequest {
-                    volume_id: v.id.clone(),
-                    ..Default::default()
-                })
-                .await?;
-        }
-    }
-    Ok(None)
-}
-
 /// The UUID of the filesystem on the one loop device backed by `data`, read from the
 /// device itself (`blkid -p` bypasses blkid's cache).
 fn filesystem_uuid(data: &Path) -> String {
@@ -346,23 +172,6 @@ fn filesystem_uuid(data: &Path) -> String {
     uuid
 }
 
-/// Regular files below `dir` (the data directory must hold none once all is deleted).
-fn files_below(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return found;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if entry.file_type().unwrap().is_dir() {
-            found.extend(files_below(&path));
-        } else {
-            found.push(path);
-        }
-    }
-    found
-}
-
 #[derive(Default, Debug)]
 struct Counts {
     lifecycles: usize,
@@ -373,34 +182,11 @@ struct Counts {
     retryable_errors: usize,
 }
 
-/// How long each step took when it was not interrupted (a running average).
-#[derive(Default)]
-struct Timings(std::collections::HashMap<&'static str, Duration>);
-
-impl Timings {
-    fn key(step: Step) -> &'static str {
-        match step {
-            Step::Create => "create",
-            Step::Stage => "stage",
-            Step::Publish => "publish",
-            Step::ControllerExpand => "controller-expand",
-            Step::NodeExpand => "node-expand",
-            Step::Unpublish => "unpublish",
-            Step::Unstage => "unstage",
-            Step::Delete => "delete",
-        }
-    }
-
-    fn typical(&self, step: Step) -> Duration {
-        self.0
-            .get(Self::key(step))
-            .copied()
-            .unwrap_or_else(|| step.first_guess())
-    }
-
-    fn record(&mut self, step: Step, took: Duration) {
-        let avg = self.0.entry(Self::key(step)).or_insert(took);
-        *avg = (*avg * 3 + took) / 4;
+/// Until a step has been timed: a guess at how long it takes.
+fn first_guess(step: Step) -> Duration {
+    match step {
+        Step::Stage | Step::NodeExpand => Duration::from_millis(300),
+        _ => Duration::from_millis(10),
     }
 }
 
@@ -417,6 +203,13 @@ struct Run {
 }
 
 impl Run {
+    fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            csi: self.channel.clone(),
+            addons: None,
+        }
+    }
+
     /// Runs `step`, killing the daemon after a random delay when `kill` is set, then
     /// replays the step against the restarted daemon until it succeeds.
     async fn step(&mut self, step: Step, v: &mut Volume, kill: bool) {
@@ -425,9 +218,9 @@ impl Run {
             // the call (inside mkfs, losetup, growfs), some just after it returned.
             let window = self.timings.typical(step).as_micros() as u64 * 5 / 4;
             let delay = Duration::from_micros(self.rng.below(window.max(1000)));
-            let channel = self.channel.clone();
+            let endpoints = self.endpoints();
             let vol = v.clone();
-            let inflight = tokio::spawn(async move { call(channel, step, &vol).await });
+            let inflight = tokio::spawn(async move { kit::call(&endpoints, step, &vol).await });
             tokio::time::sleep(delay).await;
             let was_running = !inflight.is_finished();
             self.process.kill_daemon(self.kill_group).await;
@@ -446,14 +239,22 @@ impl Run {
         }
         let started = Instant::now();
         loop {
-            match call(self.channel.clone(), step, v).await {
-                Ok(id) => {
+            match kit::call(&self.endpoints(), step, v).await {
+                Ok(answer) => {
                     if !kill {
                         self.timings.record(step, started.elapsed());
                     }
-                    if let Some(id) = id {
-                        assert!(v.id.is_empty() || v.id == id, "create returned another id");
-                        v.id = id;
+                    match step {
+                        Step::Create => {
+                            let id = answer.volume_id.unwrap();
+                            assert!(v.id.is_empty() || v.id == id, "create returned another id");
+                            v.id = id;
+                            assert_eq!(answer.capacity_bytes, Some(SIZE));
+                        }
+                        Step::ControllerExpand | Step::NodeExpand => {
+                            assert_eq!(answer.capacity_bytes, Some(GROWN), "{step:?}");
+                        }
+                        _ => {}
                     }
                     return;
                 }
@@ -531,7 +332,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         process,
         channel,
         counts: Counts::default(),
-        timings: Timings::default(),
+        timings: Timings::new(first_guess),
         kill_group,
     };
     let started = Instant::now();
@@ -542,9 +343,11 @@ async fn sigkill_at_random_points_loses_nothing() {
         let mut v = Volume {
             name: format!("pvc-crash-{round}"),
             id: String::new(),
-            cap: mount_cap(fs),
+            cap: kit::mount_cap(fs),
             staging,
             target,
+            required_bytes: SIZE,
+            grown_bytes: GROWN,
         };
         let mut plan = vec![
             Step::Create,

@@ -1,0 +1,356 @@
+//! What a crash test needs beside a daemon to kill: a seeded random source, the CSI
+//! (and csi-addons) calls of one lifecycle step, and how long each step usually takes
+//! (to aim a kill inside a running call). Included with `#[path]` by the crash tests
+//! only, so the other test binaries do not compile it.
+#![allow(dead_code)] // each crash test uses its own part of this module
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use localvol::proto::csi::v1 as csi;
+use localvol::proto::reclaimspace as rs;
+use tonic::transport::Channel;
+
+/// xorshift64*: tiny, deterministic, good enough to pick steps and delays.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A number from the environment, `default` when unset; anything else is a mistake.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// A hex seed (`0x` optional) from the environment, `default` when unset.
+pub fn seed_from_env(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(s) => {
+            let hex = s.trim_start_matches("0x");
+            u64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("{name}={s:?}: hex"))
+        }
+        Err(_) => default,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    Create,
+    Stage,
+    Publish,
+    /// csi-addons NodeReclaimSpace (FITRIM of the staged filesystem).
+    Reclaim,
+    ControllerExpand,
+    NodeExpand,
+    Unpublish,
+    Unstage,
+    Delete,
+}
+
+impl Step {
+    pub fn key(self) -> &'static str {
+        match self {
+            Step::Create => "create",
+            Step::Stage => "stage",
+            Step::Publish => "publish",
+            Step::Reclaim => "reclaim",
+            Step::ControllerExpand => "controller-expand",
+            Step::NodeExpand => "node-expand",
+            Step::Unpublish => "unpublish",
+            Step::Unstage => "unstage",
+            Step::Delete => "delete",
+        }
+    }
+}
+
+/// One volume of a lifecycle, as kubelet and external-provisioner know it.
+#[derive(Clone)]
+pub struct Volume {
+    pub name: String,
+    /// Empty until CreateVolume returned.
+    pub id: String,
+    pub cap: csi::VolumeCapability,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+    pub required_bytes: i64,
+    pub grown_bytes: i64,
+}
+
+/// The daemon's sockets.
+#[derive(Clone)]
+pub struct Endpoints {
+    pub csi: Channel,
+    /// The csi-addons socket, when the daemon serves one.
+    pub addons: Option<Channel>,
+}
+
+pub fn mount_cap(fs: &str) -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// What a step's call answered that the test checks: the new volume of a create, the
+/// size an expansion reports.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub volume_id: Option<String>,
+    pub capacity_bytes: Option<i64>,
+}
+
+/// One CSI (or csi-addons) call of a step, as kubelet or a sidecar sends it.
+pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answer, tonic::Status> {
+    let mut controller = csi::controller_client::ControllerClient::new(endpoints.csi.clone());
+    let mut node = csi::node_client::NodeClient::new(endpoints.csi.clone());
+    let staging = v.staging.display().to_string();
+    let target = v.target.display().to_string();
+    let capacity = |bytes| {
+        Some(csi::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        })
+    };
+    let mut answer = Answer::default();
+    match step {
+        Step::Create => {
+            let volume = controller
+                .create_volume(csi::CreateVolumeRequest {
+                    name: v.name.clone(),
+                    capacity_range: capacity(v.required_bytes),
+                    volume_capabilities: vec![v.cap.clone()],
+                    ..Default::default()
+                })
+                .await?
+                .into_inner()
+                .volume
+                .expect("CreateVolume answers a volume");
+            answer.volume_id = Some(volume.volume_id);
+            answer.capacity_bytes = Some(volume.capacity_bytes);
+        }
+        Step::Stage => {
+            node.node_stage_volume(csi::NodeStageVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: staging,
+                volume_capability: Some(v.cap.clone()),
+                ..Default::default()
+            })
+            .await?;
+        }
+        Step::Publish => {
+            node.node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: staging,
+                target_path: target,
+                volume_capability: Some(v.cap.clone()),
+                ..Default::default()
+            })
+            .await?;
+        }
+        Step::Reclaim => {
+            let addons = endpoints
+                .addons
+                .clone()
+                .expect("a Reclaim step needs the daemon's csi-addons socket");
+            rs::reclaim_space_node_client::ReclaimSpaceNodeClient::new(addons)
+                .node_reclaim_space(rs::NodeReclaimSpaceRequest {
+                    volume_id: v.id.clone(),
+                    staging_target_path: staging,
+                    ..Default::default()
+                })
+                .await?;
+        }
+        Step::ControllerExpand => {
+            let grown = controller
+                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                    volume_id: v.id.clone(),
+                    capacity_range: capacity(v.grown_bytes),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            answer.capacity_bytes = Some(grown.capacity_bytes);
+        }
+        Step::NodeExpand => {
+            let grown = node
+                .node_expand_volume(csi::NodeExpandVolumeRequest {
+                    volume_id: v.id.clone(),
+                    volume_path: target,
+                    staging_target_path: staging,
+                    capacity_range: capacity(v.grown_bytes),
+                    volume_capability: Some(v.cap.clone()),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            answer.capacity_bytes = Some(grown.capacity_bytes);
+        }
+        Step::Unpublish => {
+            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: v.id.clone(),
+                target_path: target,
+            })
+            .await?;
+        }
+        Step::Unstage => {
+            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: v.id.clone(),
+                staging_target_path: staging,
+            })
+            .await?;
+        }
+        Step::Delete => {
+            controller
+                .delete_volume(csi::DeleteVolumeRequest {
+                    volume_id: v.id.clone(),
+                    ..Default::default()
+                })
+                .await?;
+        }
+    }
+    Ok(answer)
+}
+
+/// How long each step took when it was not interrupted (a running average), so that a
+/// kill can be aimed inside it.
+pub struct Timings {
+    averages: HashMap<Step, Duration>,
+    first_guess: fn(Step) -> Duration,
+}
+
+impl Timings {
+    pub fn new(first_guess: fn(Step) -> Duration) -> Self {
+        Self {
+            averages: HashMap::new(),
+            first_guess,
+        }
+    }
+
+    pub fn typical(&self, step: Step) -> Duration {
+        self.averages
+            .get(&step)
+            .copied()
+            .unwrap_or_else(|| (self.first_guess)(step))
+    }
+
+    pub fn record(&mut self, step: Step, took: Duration) {
+        let avg = self.averages.entry(step).or_insert(took);
+        *avg = (*avg * 3 + took) / 4;
+    }
+
+    /// `step 1.23s, ...` for the steps timed so far, for a closing note.
+    pub fn summary(&self) -> String {
+        let mut steps: Vec<_> = self.averages.iter().collect();
+        steps.sort_by_key(|(step, _)| step.key());
+        steps
+            .iter()
+            .map(|(step, took)| format!("{} {:.2}s", step.key(), took.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// SIGKILL to the process group `pgid` (a daemon started with `process_group(0)` and
+/// every tool it runs).
+pub fn kill_group(pgid: i32) {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pgid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Waits until no member of group `pgid` is left. Call it after reaping the group's
+/// leader: an unreaped zombie still counts as a member.
+pub async fn wait_group_gone(pgid: i32) {
+    for _ in 0..1000 {
+        if nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None).is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "processes of group {pgid} survived SIGKILL for 10s: {:?}",
+        group_members(pgid)
+    );
+}
+
+/// The last `n` lines of a log file, for a failure message.
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Regular files below `dir`.
+pub fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            found.extend(files_below(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// The comm names of the processes in group `pgid` (from /proc/PID/stat, whose second
+/// field is the name in parentheses and whose fifth is the process group).
+pub fn group_members(pgid: i32) -> Vec<String> {
+    let mut names = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return names;
+    };
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // rest: state, ppid, pgrp, ...
+        if rest.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid) {
+            names.push(stat[open + 1..close].to_string());
+        }
+    }
+    names
+}
