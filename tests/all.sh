@@ -23,8 +23,9 @@ step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
 
-# Soak mode, on demand: LOCALVOL_SOAK=1 bash tests/all.sh runs 500 crash lifecycles
-# and fuzzes each target for 10 minutes (both can also be set one by one).
+# Soak mode, on demand: LOCALVOL_SOAK=1 bash tests/all.sh runs 500 crash lifecycles,
+# 40 per class in the VM crash test, and fuzzes each target for 10 minutes (each can
+# also be set on its own: LOCALVOL_CRASH_ROUNDS, LOCALVOL_CRASH_VM_ROUNDS).
 if [ "${LOCALVOL_SOAK:-0}" = 1 ]; then
   export LOCALVOL_CRASH_ROUNDS=${LOCALVOL_CRASH_ROUNDS:-500}
   LOCALVOL_FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-600}
@@ -58,6 +59,10 @@ tests/vm/smoke.sh
 
 step "VM: LVM (thick, thin) and PMEM (direct, lvm) backends"
 tests/vm/backends.sh
+
+step "VM: random SIGKILL crash test on LVM (thick, thin) and PMEM (tests/crash_vm.rs prints its seed and counts)"
+# The test binary built on the host, run directly (cargo's freshness check costs a minute under TCG).
+LOCALVOL_VM_SUITE=1 tests/vm/run.sh --pmem-size 1G --timeout 1200 -- "$(cargo test --locked --no-run --test crash_vm 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p')" --test-threads=1 --nocapture
 
 step "VM: ReclaimSpace on lvm-thin"
 tests/vm/run.sh --pmem-size 0 -- cargo test --offline --locked --test reclaim_privileged lvm_thin

@@ -302,7 +302,9 @@ pub async fn wait_group_gone(pgid: i32) {
 
 /// The last `n` lines of a log file, for a failure message.
 pub fn log_tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    // Lossy: a killed writer may have cut a character in two.
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
