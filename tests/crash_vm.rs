@@ -130,10 +130,10 @@ impl Daemon {
         loop {
             if let Some(status) = daemon.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
-                    "the daemon exited during start-up: {status}; its log ({} bytes), last lines:\n{}\nstorage: {:?}",
+                    "the daemon exited during start-up: {status}; its log ({} bytes), last lines:\n{}\nstorage now:\n{}",
                     std::fs::metadata(log_path).map_or(0, |m| m.len()),
                     kit::log_tail(log_path, 30),
-                    guest::try_sh("ndctl", &["list", "-N", "-i", "-r", guest::REGION])
+                    guest::storage_state()
                 );
             }
             if let Ok(channel) = localvol::csi::socket::connect(&socket).await {
@@ -307,14 +307,15 @@ impl Run {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(s) => panic!(
-                    "seed {:#x} class {}: {step:?} of {} failed: {:?} {}; daemon log {}, last lines:\n{}",
+                    "seed {:#x} class {}: {step:?} of {} failed: {:?} {}; daemon log {}, last lines:\n{}\nstorage now:\n{}",
                     self.seed,
                     self.class,
                     v.name,
                     s.code(),
                     s.message(),
                     self.log.display(),
-                    kit::log_tail(&self.log, 40)
+                    kit::log_tail(&self.log, 40),
+                    guest::storage_state()
                 ),
             }
         }

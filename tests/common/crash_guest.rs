@@ -74,6 +74,18 @@ pub fn fsdax_volume_size(required: i64) -> i64 {
         .unwrap()
 }
 
+/// The VG's LVs with their tags and the region's namespaces (all of them, disabled
+/// ones too), for a failure message.
+pub fn storage_state() -> String {
+    let lvs = try_sh("lvs", &["-a", "-o", "lv_name,lv_attr,lv_size,lv_tags", VG]);
+    let namespaces = try_sh("ndctl", &["list", "-N", "-i", "-r", REGION]);
+    format!(
+        "{}\n{}",
+        lvs.unwrap_or_else(|| "lvs failed".into()),
+        namespaces.unwrap_or_else(|| "ndctl list failed".into())
+    )
+}
+
 /// The config file of a daemon serving only `class`.
 pub fn config_path(class: &str) -> PathBuf {
     Path::new(CONFIG_DIR).join(format!("{class}.yaml"))
