@@ -251,12 +251,15 @@ impl PmemBackend {
         files::write_atomically(&self.dir, &self.record_path(token), json).await
     }
 
-    /// The namespace named `name`, if any; two of them is an error.
+    /// The namespace named `name`, if any; two of them is an error. A namespace of size
+    /// 0 holds no storage and is never a match: the kernel keeps the label's name on a
+    /// destroyed namespace, which then lingers as an idle seed with the old name (seen
+    /// in the tests/vm guest after `ndctl destroy-namespace`).
     fn namespace<'a>(&self, region: &'a Region, name: &str) -> Result<Option<&'a Namespace>, BackendError> {
         let mut found = region
             .namespaces
             .iter()
-            .filter(|n| n.name.as_deref() == Some(name));
+            .filter(|n| n.size > 0 && n.name.as_deref() == Some(name));
         let first = found.next();
         let more = found.count();
         if more > 0 {

@@ -131,8 +131,15 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
                     match r.namespaces.iter().position(|n| &n.dev == dev) {
                         None => failed(cmd, 250, "error destroying namespaces: No such device or address\ndestroyed 0 namespaces\n"),
                         Some(i) if r.namespaces[i].busy => failed(cmd, 240, "error destroying namespaces: Device or resource busy\ndestroyed 0 namespaces\n"),
+                        Some(i) if r.namespaces[i].raw == 0 => {
+                            failed(cmd, 250, "error destroying namespaces: No such device or address\ndestroyed 0 namespaces\n")
+                        }
+                        // As the kernel does: the namespace becomes an idle seed of size
+                        // 0 that keeps its label's name.
                         Some(i) => {
-                            r.namespaces.remove(i);
+                            let ns = &mut r.namespaces[i];
+                            ns.raw = 0;
+                            ns.enabled = false;
                             ok(String::new())
                         }
                     }
@@ -197,6 +204,7 @@ impl Fixture {
             .unwrap()
             .namespaces
             .iter()
+            .filter(|n| n.raw > 0)
             .filter_map(|n| n.name.clone())
             .collect()
     }
@@ -559,4 +567,36 @@ async fn older_records_and_pending_creates_are_handled() {
         b.begin_format(&Token::for_name("none")).await,
         Err(BackendError::NotFound { .. })
     ));
+}
+
+#[tokio::test]
+async fn a_destroyed_namespace_left_as_a_named_seed_is_not_a_volume() {
+    let f = Fixture::new().await;
+    let b = &f.backend;
+    let token = Token::for_name("pvc-1");
+    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    b.delete(&token).await.unwrap();
+    let seeds = f.region.lock().unwrap().namespaces.clone();
+    assert_eq!(
+        seeds.len(),
+        1,
+        "the kernel keeps the destroyed namespace as a seed"
+    );
+    assert_eq!(
+        (seeds[0].raw, seeds[0].name.clone()),
+        (0, Some(namespace_name(&token)))
+    );
+    assert!(b.get(&token).await.unwrap().is_none());
+    // The same name again (a claim recreated, a retried create): a new namespace, not
+    // NameTaken, and never the seed.
+    let again = b
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(again.size_bytes, ndctl::fsdax_usable(64 * MIB));
+    assert_eq!(f.names(), [namespace_name(&token)]);
+    b.delete(&token).await.unwrap();
+    assert!(f.names().is_empty() && f.records().is_empty());
 }
