@@ -522,7 +522,19 @@ mod tests {
         let class = class("fast");
         m.set_class_stats(&class, ClassStats::default());
         m.class_stats_failed(&class);
-        m.set_class_stats(&class, ClassStats::default());
+        m.set_class_stats(
+            &class,
+            ClassStats {
+                storage: Some(crate::backend::StoreUsage {
+                    thin_pool: Some(crate::backend::ThinPoolFill {
+                        data_percent: 50.0,
+                        metadata_percent: 10.0,
+                    }),
+                    ..Default::default()
+                }),
+                ..ClassStats::default()
+            },
+        );
         m.observe_rpc("CreateVolume", tonic::Code::Ok, Instant::now());
         let exported = m.render();
         let mut checked = 0;
