@@ -305,7 +305,12 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     // Lossy: a killed writer may have cut a character in two.
     let bytes = std::fs::read(path).unwrap_or_default();
     let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().collect();
+    // Backtrace frames (RUST_BACKTRACE set by CI) would push the error itself out.
+    let is_frame = |l: &&str| {
+        let t = l.trim_start();
+        t.starts_with("at ") || t.split_once(": ").is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| !is_frame(l)).collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 

@@ -251,15 +251,14 @@ impl PmemBackend {
         files::write_atomically(&self.dir, &self.record_path(token), json).await
     }
 
-    /// The namespace named `name`, if any; two of them is an error. A namespace of size
-    /// 0 holds no storage and is never a match: the kernel keeps the label's name on a
-    /// destroyed namespace, which then lingers as an idle seed with the old name (seen
-    /// in the tests/vm guest after `ndctl destroy-namespace`).
+    /// The namespace named `name`, if any; two of them is an error. An idle seed is
+    /// never a match, whatever its name (see [`Namespace::is_idle_seed`]); a namespace
+    /// an interrupted create left disabled is, so that the retry destroys it.
     fn namespace<'a>(&self, region: &'a Region, name: &str) -> Result<Option<&'a Namespace>, BackendError> {
         let mut found = region
             .namespaces
             .iter()
-            .filter(|n| n.size > 0 && n.name.as_deref() == Some(name));
+            .filter(|n| !n.is_idle_seed() && n.name.as_deref() == Some(name));
         let first = found.next();
         let more = found.count();
         if more > 0 {

@@ -26,6 +26,9 @@ pub struct Namespace {
     pub dev: String,
     pub mode: String,
     /// For an enabled fsdax namespace, the usable size (also its block device's size).
+    /// Absent, read as 0, for an fsdax namespace left disabled by an interrupted
+    /// `ndctl create-namespace`.
+    #[serde(default)]
     pub size: u64,
     #[serde(default)]
     pub name: Option<String>,
@@ -34,6 +37,15 @@ pub struct Namespace {
     pub blockdev: Option<String>,
     #[serde(default)]
     pub state: Option<String>,
+}
+
+impl Namespace {
+    /// A region's idle seed: raw, of size 0, holding no storage. The kernel leaves a
+    /// destroyed namespace as one that keeps its label's name, so a seed may carry the
+    /// name of a volume that is gone.
+    pub fn is_idle_seed(&self) -> bool {
+        self.mode == "raw" && self.size == 0
+    }
 }
 
 #[derive(Deserialize)]
@@ -169,6 +181,18 @@ mod tests {
         assert_eq!(raw_within(100 * MIB, align), Some(96 * MIB));
         assert_eq!(fsdax_usable(96 * MIB), 94 * MIB);
         assert_eq!(raw_within(10 * MIB, align), None);
+    }
+
+    #[test]
+    fn a_namespace_left_by_a_killed_create_parses_and_is_not_a_seed() {
+        let listed: Vec<Namespace> =
+            serde_json::from_slice(fixture!("list-Ni-after-killed-create.json")).unwrap();
+        let (seed, half_made) = (&listed[0], &listed[1]);
+        assert!(seed.is_idle_seed());
+        assert_eq!(half_made.name.as_deref(), Some("pvc-crash-pmem-1"));
+        assert_eq!((half_made.mode.as_str(), half_made.size), ("fsdax", 0));
+        assert_eq!(half_made.state.as_deref(), Some("disabled"));
+        assert!(!half_made.is_idle_seed(), "it holds storage: destroy it on retry");
     }
 
     #[test]

@@ -20,6 +20,9 @@ struct FakeNs {
     name: Option<String>,
     busy: bool,
     enabled: bool,
+    /// Left by a killed `ndctl create-namespace`: fsdax but disabled, listed without
+    /// a size (tests/fixtures/ndctl/list-Ni-after-killed-create.json).
+    half_made: bool,
 }
 
 #[derive(Debug, Default)]
@@ -41,7 +44,9 @@ impl FakeRegion {
             .iter()
             .map(|n| {
                 let name = n.name.as_ref().map(|v| format!(r#","name":"{v}""#)).unwrap_or_default();
-                if n.enabled {
+                if n.half_made {
+                    format!(r#"{{"dev":"{}","mode":"fsdax","map":"dev","align":2097152,"state":"disabled"{name}}}"#, n.dev)
+                } else if n.enabled {
                     format!(
                         r#"{{"dev":"{}","mode":"fsdax","map":"dev","size":{},"align":2097152,"blockdev":"{}"{name}}}"#,
                         n.dev,
@@ -115,6 +120,7 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
                         name: flag("-n"),
                         busy: false,
                         enabled: true,
+                        half_made: false,
                     };
                     let out = format!(
                         r#"{{"dev":"{}","mode":"fsdax","map":"dev","size":{},"align":2097152,"blockdev":"{}","name":"{}"}}"#,
@@ -140,6 +146,7 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
                             let ns = &mut r.namespaces[i];
                             ns.raw = 0;
                             ns.enabled = false;
+                            ns.half_made = false;
                             ok(String::new())
                         }
                     }
@@ -413,6 +420,7 @@ async fn namespaces_that_are_not_ours_are_never_touched() {
         name: Some("pvc-1".into()),
         busy: false,
         enabled: true,
+        half_made: false,
     });
     f.backend.cache.invalidate();
     let token = Token::for_name("pvc-1");
@@ -599,4 +607,53 @@ async fn a_destroyed_namespace_left_as_a_named_seed_is_not_a_volume() {
     assert_eq!(f.names(), [namespace_name(&token)]);
     b.delete(&token).await.unwrap();
     assert!(f.names().is_empty() && f.records().is_empty());
+}
+
+#[tokio::test]
+async fn a_namespace_left_disabled_by_a_killed_create_is_destroyed_on_retry() {
+    let f = Fixture::new().await;
+    let token = Token::for_name("pvc-1");
+    f.backend
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    // As if the daemon and its ndctl died inside create-namespace: a pending record and
+    // a named fsdax namespace, disabled, with no size in the listing.
+    let mut file = f.backend.read_record(&token).await.unwrap().unwrap();
+    file.pending = true;
+    f.backend.write_record(&token, &file).await.unwrap();
+    {
+        let mut region = f.region.lock().unwrap();
+        region.namespaces[0].half_made = true;
+        region.namespaces[0].enabled = false;
+    }
+    // The restarted daemon opens the class (the listing parses) and the replayed create
+    // destroys the half-made namespace before it makes the volume's.
+    let host = Host {
+        commands: f.commands.clone(),
+        syscalls: Arc::new(FakeSyscalls::default()),
+    };
+    let restarted = PmemBackend::open(
+        ClassName::parse("pmem").unwrap(),
+        "region0".into(),
+        f.backend.dir.clone(),
+        host,
+    )
+    .await
+    .unwrap();
+    assert!(restarted.get(&token).await.unwrap().is_none());
+    let before = f.changes().len();
+    restarted
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.changes()[before..before + 2],
+        [
+            "ndctl destroy-namespace -f namespace0.0",
+            "ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-1",
+        ]
+    );
+    assert!(restarted.get(&token).await.unwrap().is_some());
+    assert_eq!(f.names(), ["pvc-1"]);
 }
