@@ -50,6 +50,10 @@ else
   echo "deploy server-side dry run: NOT RUN (no KUBECONFIG)"
 fi
 
+step "image: the Dockerfile's runtime stage in a bookworm chroot (no container engine here)"
+echo "image build with docker/BuildKit: NOT RUN (no container engine or image registry)"
+tests/image/runtime-stage.sh
+
 step "fuzz: request conversion and parsers (${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
