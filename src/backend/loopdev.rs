@@ -332,18 +332,23 @@ impl LoopBackend {
         Ok(PathBuf::from(out.stdout_str().trim()))
     }
 
-    pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {
-        // Also the devices still holding an image that was deleted under them (the
-        // kernel reports `<path> (deleted)`): nothing else would ever detach them.
+    /// The devices on the volume's image, and those still holding an image that was
+    /// deleted under them (the kernel reports `<path> (deleted)`): nothing else would
+    /// ever detach the latter.
+    async fn devices_holding(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
         let image = self.image_path(token);
         let mut deleted = image.clone().into_os_string();
         deleted.push(" (deleted)");
         let devices = self.host.syscalls.loop_devices().await?;
-        let devices = devices
+        Ok(devices
             .into_iter()
             .filter(|d| d.backing_file == image || d.backing_file.as_os_str() == deleted)
-            .map(|d| d.device);
-        for device in devices {
+            .map(|d| d.device)
+            .collect())
+    }
+
+    pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {
+        for device in self.devices_holding(token).await? {
             let result = self
                 .host
                 .commands
@@ -372,7 +377,7 @@ impl LoopBackend {
         let mut pause = Duration::from_millis(2);
         let deadline = tokio::time::Instant::now() + DETACH_WAIT;
         loop {
-            let remaining = self.devices_of(token).await?;
+            let remaining = self.devices_holding(token).await?;
             let Some(device) = remaining.first() else {
                 return Ok(());
             };

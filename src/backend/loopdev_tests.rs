@@ -137,8 +137,12 @@ async fn corrupt_records_are_reported_not_ignored() {
 async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
     let dir = tempfile::tempdir().unwrap();
     let commands = Arc::new(FakeCommands::default());
-    commands.ok("losetup", "");
     let syscalls = Arc::new(FakeSyscalls::default());
+    let detached = Arc::clone(&syscalls);
+    commands.on("losetup", move |cmd| {
+        detached.detach_loop(Path::new(cmd.args.last().unwrap()));
+        Ok(crate::host::CommandOutput::default())
+    });
     let b = LoopBackend::new(
         ClassName::parse("default").unwrap(),
         dir.path().join("c"),
@@ -155,4 +159,12 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
     assert_eq!(b.device(&Token::for_name("pvc-a")).await.unwrap(), None);
     b.detach(&Token::for_name("pvc-a")).await.unwrap();
     assert_eq!(commands.calls_of("losetup"), vec!["losetup --detach /dev/loop7"]);
+    // Unstage waits until the deleted image's device is really gone, too.
+    let left: Vec<_> = crate::host::Syscalls::loop_devices(syscalls.as_ref())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.device)
+        .collect();
+    assert_eq!(left, [PathBuf::from("/dev/loop8")]);
 }
