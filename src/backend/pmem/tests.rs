@@ -9,6 +9,8 @@ use crate::backend::CreateSpec;
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandError, CommandOutput};
 
+mod seeds;
+
 const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 16 * MIB;
 
@@ -575,85 +577,4 @@ async fn older_records_and_pending_creates_are_handled() {
         b.begin_format(&Token::for_name("none")).await,
         Err(BackendError::NotFound { .. })
     ));
-}
-
-#[tokio::test]
-async fn a_destroyed_namespace_left_as_a_named_seed_is_not_a_volume() {
-    let f = Fixture::new().await;
-    let b = &f.backend;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    b.delete(&token).await.unwrap();
-    let seeds = f.region.lock().unwrap().namespaces.clone();
-    assert_eq!(
-        seeds.len(),
-        1,
-        "the kernel keeps the destroyed namespace as a seed"
-    );
-    assert_eq!(
-        (seeds[0].raw, seeds[0].name.clone()),
-        (0, Some(namespace_name(&token)))
-    );
-    assert!(b.get(&token).await.unwrap().is_none());
-    // The same name again (a claim recreated, a retried create): a new namespace, not
-    // NameTaken, and never the seed.
-    let again = b
-        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    assert_eq!(again.size_bytes, ndctl::fsdax_usable(64 * MIB));
-    assert_eq!(f.names(), [namespace_name(&token)]);
-    b.delete(&token).await.unwrap();
-    assert!(f.names().is_empty() && f.records().is_empty());
-}
-
-#[tokio::test]
-async fn a_namespace_left_disabled_by_a_killed_create_is_destroyed_on_retry() {
-    let f = Fixture::new().await;
-    let token = Token::for_name("pvc-1");
-    f.backend
-        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    // As if the daemon and its ndctl died inside create-namespace: a pending record and
-    // a named fsdax namespace, disabled, with no size in the listing.
-    let mut file = f.backend.read_record(&token).await.unwrap().unwrap();
-    file.pending = true;
-    f.backend.write_record(&token, &file).await.unwrap();
-    {
-        let mut region = f.region.lock().unwrap();
-        region.namespaces[0].half_made = true;
-        region.namespaces[0].enabled = false;
-    }
-    // The restarted daemon opens the class (the listing parses) and the replayed create
-    // destroys the half-made namespace before it makes the volume's.
-    let host = Host {
-        commands: f.commands.clone(),
-        syscalls: Arc::new(FakeSyscalls::default()),
-    };
-    let restarted = PmemBackend::open(
-        ClassName::parse("pmem").unwrap(),
-        "region0".into(),
-        f.backend.dir.clone(),
-        host,
-    )
-    .await
-    .unwrap();
-    assert!(restarted.get(&token).await.unwrap().is_none());
-    let before = f.changes().len();
-    restarted
-        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    assert_eq!(
-        f.changes()[before..before + 2],
-        [
-            "ndctl destroy-namespace -f namespace0.0",
-            "ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-1",
-        ]
-    );
-    assert!(restarted.get(&token).await.unwrap().is_some());
-    assert_eq!(f.names(), ["pvc-1"]);
 }
