@@ -139,8 +139,14 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
     let commands = Arc::new(FakeCommands::default());
     let syscalls = Arc::new(FakeSyscalls::default());
     let detached = Arc::clone(&syscalls);
+    // As when another opener holds the device at LOOP_CLR_FD: the kernel only marks it
+    // for autoclear, and it goes a moment later.
     commands.on("losetup", move |cmd| {
-        detached.detach_loop(Path::new(cmd.args.last().unwrap()));
+        let (syscalls, device) = (Arc::clone(&detached), PathBuf::from(cmd.args.last().unwrap()));
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            syscalls.detach_loop(&device);
+        });
         Ok(crate::host::CommandOutput::default())
     });
     let b = LoopBackend::new(
@@ -159,7 +165,7 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
     assert_eq!(b.device(&Token::for_name("pvc-a")).await.unwrap(), None);
     b.detach(&Token::for_name("pvc-a")).await.unwrap();
     assert_eq!(commands.calls_of("losetup"), vec!["losetup --detach /dev/loop7"]);
-    // Unstage waits until the deleted image's device is really gone, too.
+    // Detach returns only once the deleted image's device is really gone.
     let left: Vec<_> = crate::host::Syscalls::loop_devices(syscalls.as_ref())
         .await
         .unwrap()
