@@ -1,0 +1,138 @@
+//! Capacity of thick and thin classes, and what open and create refuse.
+
+use super::*;
+
+#[tokio::test]
+async fn thick_capacity_is_vg_free_minus_spare_and_too_big_changes_nothing() {
+    let f = Fixture::new(None);
+    let b = f.thick(256 * MIB).await;
+    let cap = b.capacity().await.unwrap();
+    assert_eq!(cap.available, 768 * MIB);
+    assert_eq!(cap.total, 768 * MIB);
+    assert_eq!(cap.max_volume, 768 * MIB);
+    let err = b
+        .create(&spec("big", 800 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::NoSpace { available, .. } if available == 768 * MIB),
+        "{err}"
+    );
+    assert!(f.changes().is_empty(), "refused before any lvcreate");
+    b.create(&spec("a", 700 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(b.capacity().await.unwrap().available, 68 * MIB);
+
+    // Someone else took the space meanwhile: lvcreate's own refusal is NoSpace too.
+    let f = Fixture::new(None);
+    let b = f.thick(0).await;
+    f.vg.lock().unwrap().fail.push((
+        "lvcreate",
+        "  Volume group \"vg1\" has insufficient free space (1 extents): 2 required.\n".into(),
+    ));
+    let err = b
+        .create(&spec("x", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn thin_volumes_are_bounded_by_the_overprovision_ratio() {
+    let f = Fixture::new(Some(true));
+    let b = f.thin(2.0).await;
+    assert_eq!(b.capacity().await.unwrap().available, 512 * MIB);
+    b.create(&spec("t1", 400 * MIB, VolumeMode::Block)).await.unwrap();
+    assert_eq!(
+        f.changes(),
+        [
+            "lvcreate -y -n t1 -V 419430400b --thinpool pool0 --addtag localvol.csi.dev/class=thin \
+          --addtag localvol.csi.dev/name=t1 --addtag localvol.csi.dev/mode=block \
+          --addtag localvol.csi.dev/pvc=data --addtag localvol.csi.dev/namespace=team \
+          --addtag localvol.csi.dev/pv=pvc-1 vg1"
+        ],
+        "a thin LV reads zeros until written: no pending tag, no zeroing"
+    );
+    let cap = b.capacity().await.unwrap();
+    assert_eq!((cap.available, cap.total), (112 * MIB, 512 * MIB));
+    let err = b
+        .create(&spec("t2", 200 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+    let err = b.expand(&Token::for_name("t1"), 600 * MIB).await.unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+    assert_eq!(
+        b.expand(&Token::for_name("t1"), 500 * MIB).await.unwrap(),
+        500 * MIB
+    );
+    assert!(
+        f.changes()
+            .last()
+            .unwrap()
+            .starts_with("lvextend -L 524288000b vg1/t1")
+    );
+}
+
+#[tokio::test]
+async fn block_volumes_are_refused_on_a_pool_that_does_not_zero() {
+    let f = Fixture::new(Some(false));
+    let b = f.thin(1.0).await;
+    let err = b
+        .create(&spec("t1", 8 * MIB, VolumeMode::Block))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Lvm(LvmError::PoolNotZeroing { .. })),
+        "{err}"
+    );
+    b.create(&spec("t2", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_missing_vg_or_pool_fails_at_open() {
+    let f = Fixture::new(None);
+    let settings = |layout| LvmSettings {
+        kind: "lvm-thin",
+        layout,
+        lvcreate_options: Vec::new(),
+        dax: false,
+    };
+    let missing_vg = VolumeGroup::new("nosuchvg".into(), f.host.clone());
+    let thick = Layout::Thick {
+        spare_bytes: 0,
+        stripes: None,
+        stripe_size: None,
+    };
+    let err = LvmBackend::open(
+        ClassName::parse("a").unwrap(),
+        settings(thick),
+        missing_vg,
+        f.host.clone(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Lvm(LvmError::VgNotFound { .. })),
+        "{err}"
+    );
+    let thin = Layout::Thin {
+        pool: "pool0".into(),
+        overprovision_ratio: 1.0,
+    };
+    let err = LvmBackend::open(
+        ClassName::parse("a").unwrap(),
+        settings(thin),
+        Arc::clone(&f.group),
+        f.host.clone(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Lvm(LvmError::PoolNotFound { .. })),
+        "{err}"
+    );
+}

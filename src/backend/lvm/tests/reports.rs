@@ -1,0 +1,132 @@
+//! Reading lvm: classes sharing one VG report, inconsistent tags, error text, a hung lvs.
+
+use super::*;
+
+#[tokio::test]
+async fn classes_on_one_vg_share_one_report_and_see_only_their_volumes() {
+    let f = Fixture::new(Some(true));
+    let thick = f.thick(0).await;
+    let thin = f.thin(1.0).await;
+    thick
+        .create(&spec("a", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    thin.create(&spec("b", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    let reports = |f: &Fixture| f.commands.calls_of("lvs").len() + f.commands.calls_of("vgs").len();
+    let before = reports(&f);
+    for _ in 0..3 {
+        assert_eq!(thick.list().await.unwrap().len(), 1);
+        assert_eq!(thin.list().await.unwrap().len(), 1);
+        assert!(thick.get(&Token::for_name("b")).await.unwrap().is_none());
+        thick.capacity().await.unwrap();
+        thin.check_health().await.unwrap();
+    }
+    assert!(
+        reports(&f) - before <= 2,
+        "one lvs and one vgs at most: {}",
+        reports(&f) - before
+    );
+}
+
+#[tokio::test]
+async fn inconsistent_tags_fail_get_and_are_skipped_by_list() {
+    let f = Fixture::new(None);
+    let b = f.thick(0).await;
+    f.vg.lock().unwrap().lvs.push(FakeLv {
+        name: "pvc-9".into(),
+        size: 8 * MIB,
+        tags: vec![
+            "localvol.csi.dev/class=thick".into(),
+            "localvol.csi.dev/name=pvc-9".into(),
+        ],
+        pool: None,
+        thin_pool: false,
+        zeroing: false,
+        in_use: false,
+    });
+    f.group.invalidate();
+    let err = b.get(&Token::for_name("pvc-9")).await.unwrap_err();
+    assert!(matches!(err, BackendError::CorruptRecord { .. }), "{err}");
+    assert!(b.list().await.unwrap().is_empty());
+    // Deleting it is still possible: it is this class's LV.
+    b.delete(&Token::for_name("pvc-9")).await.unwrap();
+    assert!(f.lv_names().is_empty());
+}
+
+#[test]
+fn lvm_error_text_is_classified() {
+    let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+    macro_rules! fixture {
+        ($name:literal) => {
+            text(include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/lvm/",
+                $name
+            )))
+        };
+    }
+    use super::vg::stderr::*;
+    assert!(is_no_space(&fixture!("lvcreate-insufficient-space.txt")));
+    assert!(is_no_space(&fixture!("lvextend-thick-insufficient-space.txt")));
+    assert!(is_no_space(&fixture!("lvextend-thinpool-insufficient-space.txt")));
+    assert!(is_name_taken(&fixture!("lvcreate-name-exists.txt")));
+    assert!(is_vg_not_found(&fixture!("lvs-missing-vg.txt")));
+    assert!(is_vg_not_found(&fixture!("lvremove-missing-vg.txt")));
+    assert!(is_lv_not_found(&fixture!("lvremove-missing-lv.txt")));
+    assert!(is_pool_not_found(&fixture!("lvcreate-missing-pool.txt")));
+    assert!(is_in_use(&fixture!("lvremove-fs-in-use.txt")));
+    assert!(is_in_use(&fixture!("lvremove-open.txt")));
+    for other in [
+        fixture!("lvcreate-invalid-tag.txt"),
+        fixture!("lvcreate-thin-overprovision.txt"),
+    ] {
+        assert!(
+            !is_no_space(&other) && !is_in_use(&other) && !is_vg_not_found(&other),
+            "{other}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_hung_lvs_costs_one_timeout_not_one_per_call() {
+    let commands = Arc::new(FakeCommands::default());
+    commands.on("lvs", |cmd| {
+        Err(CommandError::TimedOut {
+            program: cmd.program,
+            args: cmd.args_display(),
+            timeout: cmd.timeout,
+        })
+    });
+    let host = Host {
+        commands: commands.clone(),
+        syscalls: Arc::new(FakeSyscalls::default()),
+    };
+    let group = VolumeGroup::new("vg1".into(), host);
+    let first = group.state().await.unwrap_err();
+    assert!(
+        matches!(&first, BackendError::Lvm(LvmError::Command { source, .. }) if source.is_timeout()),
+        "{first}"
+    );
+    assert!(
+        first.to_string().starts_with("lvs vg1: lvs --reportformat json"),
+        "{first}"
+    );
+    for _ in 0..5 {
+        let again = group.state().await.unwrap_err();
+        assert!(
+            matches!(&again, BackendError::Lvm(LvmError::ReportUnavailable { .. })),
+            "{again}"
+        );
+    }
+    assert_eq!(
+        commands.calls_of("lvs").len(),
+        1,
+        "waiters get the failure, not a new scan"
+    );
+    assert_eq!(
+        crate::error::Error::from(crate::volume::VolumeError::Backend(first)).code(),
+        tonic::Code::DeadlineExceeded
+    );
+}

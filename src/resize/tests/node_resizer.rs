@@ -1,0 +1,363 @@
+//! The node resizer (`--node-resizer`) against the scripted mock API server of the
+//! parent module, over a loop class on fake host seams.
+
+use super::*;
+
+/// A loop class `default` on fake host seams, in a temp dir.
+struct Node {
+    volumes: Arc<Volumes>,
+    locks: VolumeLocks,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let syscalls = FakeSyscalls::default();
+        syscalls.set_usage(FsUsage {
+            total_bytes: 100 << 30,
+            available_bytes: 50 << 30,
+            ..FsUsage::default()
+        });
+        let host = Host {
+            commands: Arc::new(FakeCommands::default()),
+            syscalls: Arc::new(syscalls),
+        };
+        let class = ClassName::parse("default").unwrap();
+        std::fs::create_dir_all(dir.path().join("loop")).unwrap();
+        let backend = LoopBackend::new(class.clone(), dir.path().join("loop"), 10 << 30, host.clone());
+        let volumes = Volumes::new(
+            vec![Backend::Loop(backend)],
+            class,
+            Default::default(),
+            host,
+            "node-a".to_string(),
+        );
+        Self {
+            volumes: Arc::new(volumes),
+            locks: VolumeLocks::default(),
+            dir,
+        }
+    }
+
+    /// A 64 MiB filesystem volume created for apps/data (PV pvc-1).
+    async fn create(&self) -> VolumeId {
+        let req = CreateRequest {
+            name: PV.to_string(),
+            token: Token::for_name(PV),
+            capacity: CapacityRange {
+                required: 64 << 20,
+                limit: None,
+            },
+            capabilities: vec![Capability {
+                access: AccessType::Mount {
+                    fs_type: None,
+                    mount_flags: Vec::new(),
+                },
+                mode: AccessMode::SingleNodeWriter,
+            }],
+            class: None,
+            claim: claim(),
+            topologies: Vec::new(),
+        };
+        let guard = self.locks.try_lock(&req.token, "create").unwrap();
+        self.volumes.create(&guard, &req).await.unwrap().record.id
+    }
+
+    fn image_size(&self) -> u64 {
+        let dir = self.dir.path().join("loop");
+        let image = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .find(|e| e.path().extension().is_some_and(|x| x == "img"))
+            .unwrap();
+        image.metadata().unwrap().len()
+    }
+}
+
+fn pv_json(id: &VolumeId, rv: &str, capacity: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": PV, "resourceVersion": rv},
+        "spec": {
+            "capacity": {"storage": capacity},
+            "csi": {"driver": "localvol.csi.dev", "volumeHandle": id.to_string()},
+            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": NS, "name": PVC},
+        },
+    })
+}
+
+fn storage_class(allow: bool) -> Step {
+    step(
+        Method::GET,
+        "/apis/storage.k8s.io/v1/storageclasses/localvol",
+        200,
+        json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "localvol"}, "provisioner": "localvol.csi.dev",
+            "allowVolumeExpansion": allow,
+        }),
+    )
+}
+
+fn resizer(client: Client, node: &Node) -> NodeResizer {
+    NodeResizer::new(
+        client,
+        "node-a",
+        FailureValue::Auto,
+        Arc::clone(&node.volumes),
+        node.locks.clone(),
+    )
+}
+
+fn key() -> (String, String) {
+    (NS.to_string(), PVC.to_string())
+}
+
+#[tokio::test]
+async fn node_resizer_grows_the_volume_records_it_and_leaves_the_filesystem_to_kubelet() {
+    let node = Node::new();
+    let id = node.create().await;
+    let (client, server) = serve(vec![
+        step(Method::GET, PVC_PATH, 200, pvc("41", "128Mi", "64Mi", None, json!([]))),
+        step(Method::GET, "/api/v1/persistentvolumes/pvc-1", 200, pv_json(&id, "7", "64Mi")),
+        storage_class(true),
+        step(Method::PATCH, STATUS_PATH, 200, pvc("42", "128Mi", "64Mi", Some("ControllerResizeInProgress"), json!([{"type": "Resizing", "status": "True"}])))
+            .body(json!({
+                "metadata": {"resourceVersion": "41"},
+                "status": {
+                    "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+                    "allocatedResources": {"storage": "128Mi"},
+                    "conditions": [{"type": "Resizing", "status": "True", "lastTransitionTime": TIME}],
+                },
+            })),
+        event("Normal", "Resizing"),
+        step(Method::PUT, "/api/v1/persistentvolumes/pvc-1?&fieldManager=localvol", 200, pv_json(&id, "8", "128Mi"))
+            .check(|pv| {
+                assert_eq!(pv["metadata"]["resourceVersion"], "7");
+                assert_eq!(pv["spec"]["capacity"]["storage"], "128Mi");
+            }),
+        step(Method::PATCH, STATUS_PATH, 200, pvc("43", "128Mi", "64Mi", Some("NodeResizePending"), json!([])))
+            .body(json!({
+                "metadata": {"resourceVersion": "42"},
+                "status": {
+                    "allocatedResourceStatuses": {"storage": "NodeResizePending"},
+                    "conditions": [
+                        {
+                            "type": "FileSystemResizePending", "status": "True", "lastTransitionTime": TIME,
+                            "message": "The volume has grown; its node grows the filesystem when a pod mounts the claim.",
+                        },
+                        {"$patch": "delete", "type": "Resizing"},
+                    ],
+                },
+            })),
+        event("Normal", "FileSystemResizeRequired"),
+        // Looked at again: the node's part is kubelet's.
+        step(Method::GET, PVC_PATH, 200, pvc("43", "128Mi", "64Mi", Some("NodeResizePending"), json!([]))),
+        step(Method::GET, "/api/v1/persistentvolumes/pvc-1", 200, pv_json(&id, "8", "128Mi")),
+    ]);
+    let resizer = resizer(client, &node);
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    assert_eq!(node.image_size(), 128 << 20, "the backing file grew");
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    drop(resizer);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn node_resizer_marks_an_expansion_that_cannot_fit_as_infeasible() {
+    let node = Node::new();
+    let id = node.create().await;
+    let (client, server) = serve(vec![
+        step(
+            Method::GET,
+            PVC_PATH,
+            200,
+            pvc("41", "20Gi", "64Mi", None, json!([])),
+        ),
+        step(
+            Method::GET,
+            "/api/v1/persistentvolumes/pvc-1",
+            200,
+            pv_json(&id, "7", "64Mi"),
+        ),
+        storage_class(true),
+        step(
+            Method::PATCH,
+            STATUS_PATH,
+            200,
+            pvc(
+                "42",
+                "20Gi",
+                "64Mi",
+                Some("ControllerResizeInProgress"),
+                json!([]),
+            ),
+        )
+        .check(|b| assert_eq!(b["status"]["allocatedResources"]["storage"], "20Gi")),
+        event("Normal", "Resizing"),
+        version("32"),
+        step(
+            Method::PATCH,
+            STATUS_PATH,
+            200,
+            pvc(
+                "43",
+                "20Gi",
+                "64Mi",
+                Some("ControllerResizeInfeasible"),
+                json!([]),
+            ),
+        )
+        .check(|b| {
+            assert_eq!(b["metadata"]["resourceVersion"], "42");
+            assert_eq!(
+                b["status"]["allocatedResourceStatuses"]["storage"],
+                "ControllerResizeInfeasible"
+            );
+            let condition = &b["status"]["conditions"][0];
+            assert_eq!(condition["type"], "ControllerResizeError");
+            let message = condition["message"].as_str().unwrap();
+            assert!(message.contains("bytes free"), "{message}");
+        }),
+        event("Warning", "VolumeResizeFailed"),
+        // Not retried at the same size.
+        step(
+            Method::GET,
+            PVC_PATH,
+            200,
+            pvc(
+                "43",
+                "20Gi",
+                "64Mi",
+                Some("ControllerResizeInfeasible"),
+                json!([]),
+            ),
+        ),
+    ]);
+    let resizer = resizer(client, &node);
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    assert_eq!(node.image_size(), 64 << 20, "nothing grew");
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    drop(resizer);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn node_resizer_leaves_claims_it_may_not_or_need_not_grow() {
+    let node = Node::new();
+    let id = node.create().await;
+    let (client, server) = serve(vec![
+        // The class does not allow expansion.
+        step(
+            Method::GET,
+            PVC_PATH,
+            200,
+            pvc("41", "128Mi", "64Mi", None, json!([])),
+        ),
+        step(
+            Method::GET,
+            "/api/v1/persistentvolumes/pvc-1",
+            200,
+            pv_json(&id, "7", "64Mi"),
+        ),
+        storage_class(false),
+        // Nothing asked beyond the capacity.
+        step(
+            Method::GET,
+            PVC_PATH,
+            200,
+            pvc("41", "64Mi", "64Mi", None, json!([])),
+        ),
+    ]);
+    let resizer = resizer(client, &node);
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    // Not a claim of this node: no request at all.
+    let other = (NS.to_string(), "elsewhere".to_string());
+    assert_eq!(resizer.reconcile(&other).await.unwrap(), Outcome::Done);
+    assert_eq!(node.image_size(), 64 << 20);
+    drop(resizer);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn node_resizer_retries_a_busy_volume_without_touching_the_status_more() {
+    let node = Node::new();
+    let id = node.create().await;
+    let _held = node.locks.try_lock(&id.token, "NodeExpandVolume").unwrap();
+    let (client, server) = serve(vec![
+        step(
+            Method::GET,
+            PVC_PATH,
+            200,
+            pvc("41", "128Mi", "64Mi", None, json!([])),
+        ),
+        step(
+            Method::GET,
+            "/api/v1/persistentvolumes/pvc-1",
+            200,
+            pv_json(&id, "7", "64Mi"),
+        ),
+        storage_class(true),
+        step(
+            Method::PATCH,
+            STATUS_PATH,
+            200,
+            pvc(
+                "42",
+                "128Mi",
+                "64Mi",
+                Some("ControllerResizeInProgress"),
+                json!([]),
+            ),
+        ),
+        event("Normal", "Resizing"),
+        event("Warning", "VolumeResizeRetrying"),
+    ]);
+    let resizer = resizer(client, &node);
+    assert_eq!(
+        resizer.reconcile(&key()).await.unwrap(),
+        Outcome::RetryAfter(crate::resize::node_resizer::RETRY)
+    );
+    drop(resizer);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn reporting_off_makes_no_request_at_all() {
+    let node = Node::new();
+    let id = node.create().await;
+    let (client, server) = serve(vec![]);
+    let args = ResizeArgs::default();
+    assert!(!args.needs_api());
+    let reporting = crate::resize::reporting(&args, Some(&client), "node-a").unwrap();
+    assert!(matches!(reporting, NodeReporting::Off));
+    let report = reporting.started(&node.volumes, &id, GI2).await;
+    reporting.finished(report, &Err(no_space())).await;
+    drop((reporting, client));
+    server.await.unwrap();
+}
+
+#[test]
+fn flags_parse_from_the_command_line() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        resize: ResizeArgs,
+    }
+    let cli = Cli::parse_from([
+        "x",
+        "--report-resize-status",
+        "--node-resizer",
+        "--resize-failure-value",
+        "NodeResizeFailed",
+    ]);
+    assert!(cli.resize.report_resize_status && cli.resize.node_resizer);
+    assert_eq!(cli.resize.resize_failure_value, FailureValue::NodeResizeFailed);
+    let cli = Cli::parse_from(["x"]);
+    assert_eq!(cli.resize, ResizeArgs::default());
+    assert!(Cli::try_parse_from(["x", "--resize-failure-value", "Failed"]).is_err());
+}
