@@ -5,8 +5,7 @@
 //! Results print as a table and go to `target/bench/lifecycle.json`.
 //! `-- --quick` runs fewer iterations (for CI smoke runs).
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use localvol::proto::csi::v1 as csi;
@@ -14,222 +13,29 @@ use nix::mount::{MntFlags, MsFlags};
 use serde_json::json;
 use tonic::transport::Channel;
 
+#[path = "support/harness.rs"]
+mod harness;
 #[path = "support/pod_api.rs"]
 mod pod_api;
 
-const MIB: i64 = 1 << 20;
-const VOLUME_BYTES: i64 = 64 * MIB;
-
-struct Daemon {
-    child: tokio::process::Child,
-    socket: PathBuf,
-    dir: PathBuf,
-}
-
-impl Daemon {
-    /// Starts the release daemon as its own process; returns it and the time until its
-    /// socket accepted a connection.
-    async fn start(dir: &Path) -> (Self, Duration) {
-        Self::start_with(dir, &["--kube", "off"], None).await
-    }
-
-    /// As [`Daemon::start`], with more arguments and, for `--kube on`, a kubeconfig.
-    async fn start_with(dir: &Path, args: &[&str], kubeconfig: Option<&Path>) -> (Self, Duration) {
-        std::fs::create_dir_all(dir).unwrap();
-        let socket = dir.join("csi.sock");
-        let started = Instant::now();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
-            .args(["serve", "--node-id", "bench", "--metrics-addr", "127.0.0.1:0"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", socket.display()))
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .env("KUBECONFIG", kubeconfig.unwrap_or(Path::new("/nonexistent")))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("daemon starts");
-        loop {
-            if tokio::net::UnixStream::connect(&socket).await.is_ok() {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "daemon did not serve within 10 s"
-            );
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
-        let elapsed = started.elapsed();
-        (
-            Self {
-                child,
-                socket,
-                dir: dir.to_path_buf(),
-            },
-            elapsed,
-        )
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id().unwrap())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-            .unwrap()
-    }
-
-    async fn stop(mut self) {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let status = self.child.wait().await.unwrap();
-        assert!(status.success(), "SIGTERM exits 0: {status}");
-    }
-}
-
-fn cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume {
-                fs_type: "ext4".into(),
-                ..Default::default()
-            },
-        )),
-    }
-}
-
-/// The six steps of a lifecycle, in order: what each costs tells where the time goes.
-const STEPS: [&str; 6] = ["create", "stage", "publish", "unpublish", "unstage", "delete"];
-
-/// Times the steps of one lifecycle.
-struct StepClock {
-    last: Instant,
-    steps: [Duration; 6],
-    next: usize,
-}
-
-impl StepClock {
-    fn start() -> Self {
-        Self {
-            last: Instant::now(),
-            steps: [Duration::ZERO; 6],
-            next: 0,
-        }
-    }
-
-    fn lap(&mut self) {
-        let now = Instant::now();
-        self.steps[self.next] = now - self.last;
-        self.last = now;
-        self.next += 1;
-    }
-}
-
-/// One full lifecycle through the socket, as external-provisioner and kubelet drive it;
-/// returns the time of each step.
-async fn lifecycle(channel: Channel, base: &Path, name: &str) -> [Duration; 6] {
-    use csi::controller_client::ControllerClient;
-    use csi::node_client::NodeClient;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
-    let stage = base.join(format!("{name}-stage"));
-    let target = base.join(format!("{name}-target"));
-    std::fs::create_dir_all(&stage).unwrap();
-    let mut clock = StepClock::start();
-    let volume = controller
-        .create_volume(csi::CreateVolumeRequest {
-            name: name.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: VOLUME_BYTES,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    clock.lap();
-    let id = volume.volume_id;
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-        volume_capability: Some(cap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    clock.lap();
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(cap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    clock.lap();
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    clock.lap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-    })
-    .await
-    .unwrap();
-    clock.lap();
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    clock.lap();
-    std::fs::remove_dir(&stage).unwrap();
-    clock.steps
-}
-
-async fn run(program: &str, args: &[&str]) -> String {
-    let out = tokio::process::Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success() || (program == "blkid" && out.status.code() == Some(2)),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use harness::{
+    Daemon, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, blocking, cap, lifecycle, ms, percentile, run,
+    step_p50,
+};
 
 /// The same work with the same tools and syscalls, and nothing else: sparse file,
 /// losetup, blkid, mkfs, mount, bind mount, unmounts, detach, unlink. Returns the time
-/// of each step, split as the CSI calls split the work.
-async fn raw_lifecycle(base: &Path, name: &str) -> [Duration; 6] {
+/// of each step, split as the CSI calls split the work, and the programs run.
+async fn raw_lifecycle(base: &Path, name: &str) -> ([Duration; 6], Vec<String>) {
     let image = base.join(format!("{name}.img"));
     let stage = base.join(format!("{name}-stage"));
     let target = base.join(format!("{name}-target"));
     std::fs::create_dir_all(&stage).unwrap();
+    let mut programs = Vec::new();
+    let mut tool = async |program: &'static str, args: &[&str]| {
+        programs.push(program.to_string());
+        run(program, args).await
+    };
     let mut clock = StepClock::start();
     std::fs::File::create(&image)
         .unwrap()
@@ -237,9 +43,9 @@ async fn raw_lifecycle(base: &Path, name: &str) -> [Duration; 6] {
         .unwrap();
     clock.lap();
     let image_arg = image.to_str().unwrap();
-    let device = run("losetup", &["--find", "--show", image_arg]).await;
-    run("blkid", &["-p", "-o", "export", &device]).await;
-    run(
+    let device = tool("losetup", &["--find", "--show", image_arg]).await;
+    tool("blkid", &["-p", "-o", "export", &device]).await;
+    tool(
         "mkfs.ext4",
         &[
             "-F",
@@ -279,25 +85,12 @@ async fn raw_lifecycle(base: &Path, name: &str) -> [Duration; 6] {
     clock.lap();
     let s = stage.clone();
     blocking(move || nix::mount::umount2(&s, MntFlags::empty())).await;
-    run("losetup", &["--detach", &device]).await;
+    tool("losetup", &["--detach", &device]).await;
     clock.lap();
     std::fs::remove_file(&image).unwrap();
     clock.lap();
     std::fs::remove_dir(&stage).unwrap();
-    clock.steps
-}
-
-/// Runs a syscall off the async threads, as the daemon does.
-async fn blocking(f: impl FnOnce() -> nix::Result<()> + Send + 'static) {
-    tokio::task::spawn_blocking(f).await.unwrap().unwrap();
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+    (clock.steps, programs)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -318,14 +111,21 @@ async fn main() {
     // 5. Start-up to a serving socket (median of several starts).
     let mut starts = Vec::new();
     for i in 0..if quick { 3 } else { 7 } {
-        let (d, took) = Daemon::start(&base.path().join(format!("start-{i}"))).await;
+        let (d, took) = Daemon::start(&base.path().join(format!("start-{i}")), Launch::default()).await;
         starts.push(took);
         d.stop().await;
     }
     starts.sort();
     let startup = percentile(&starts, 0.5);
 
-    let (daemon, _) = Daemon::start(&base.path().join("main")).await;
+    let (daemon, _) = Daemon::start(
+        &base.path().join("main"),
+        Launch {
+            log_commands: true,
+            ..Launch::default()
+        },
+    )
+    .await;
     let idle_rss = daemon.rss_kib();
     let channel = localvol::csi::socket::connect(&daemon.socket).await.unwrap();
     let work = daemon.dir.join("work");
@@ -334,21 +134,20 @@ async fn main() {
     // 1. Lifecycle: ours and raw interleaved so both see the same machine noise.
     let (mut ours, mut raw) = (Vec::new(), Vec::new());
     let (mut ours_steps, mut raw_steps) = (Vec::new(), Vec::new());
-    lifecycle(channel.clone(), &work, "warmup").await;
+    lifecycle(channel.clone(), &work, "warmup", None).await;
     raw_lifecycle(&work, "warmup-raw").await;
+    let (mut ours_programs, mut raw_programs) = (Vec::new(), Vec::new());
     for i in 0..rounds {
-        let steps = lifecycle(channel.clone(), &work, &format!("life-{i}")).await;
+        let before = daemon.commands_run().len();
+        let steps = lifecycle(channel.clone(), &work, &format!("life-{i}"), None).await;
+        ours_programs = daemon.commands_run().split_off(before);
         ours.push(steps.iter().sum::<Duration>());
         ours_steps.push(steps);
-        let steps = raw_lifecycle(&work, &format!("raw-{i}")).await;
+        let (steps, programs) = raw_lifecycle(&work, &format!("raw-{i}")).await;
+        raw_programs = programs;
         raw.push(steps.iter().sum::<Duration>());
         raw_steps.push(steps);
     }
-    let step_p50 = |runs: &[[Duration; 6]], step: usize| {
-        let mut times: Vec<_> = runs.iter().map(|r| r[step]).collect();
-        times.sort();
-        percentile(&times, 0.5)
-    };
     ours.sort();
     raw.sort();
     let (ours_p50, raw_p50) = (percentile(&ours, 0.5), percentile(&raw, 0.5));
@@ -372,7 +171,7 @@ async fn main() {
                     let channel = channel.clone();
                     let work = work.clone();
                     tokio::spawn(async move {
-                        lifecycle(channel, &work, &format!("c{concurrency}-{}", done + j)).await
+                        lifecycle(channel, &work, &format!("c{concurrency}-{}", done + j), None).await
                     })
                 })
                 .collect();
@@ -414,7 +213,15 @@ async fn main() {
         let dir = base.path().join(format!("kube-{pods}"));
         std::fs::create_dir_all(&dir).unwrap();
         let api = pod_api::PodApi::start(&dir, "bench", pods).await;
-        let (daemon, _) = Daemon::start_with(&dir, &["--kube", "on"], Some(&api.kubeconfig)).await;
+        let (daemon, _) = Daemon::start(
+            &dir,
+            Launch {
+                args: &["--kube", "on"],
+                kubeconfig: Some(&api.kubeconfig),
+                ..Launch::default()
+            },
+        )
+        .await;
         let t = Instant::now();
         while api.pod_watches.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             assert!(
@@ -454,6 +261,8 @@ async fn main() {
             ms(*ours) / ms(*raw)
         );
     }
+    println!("  tools, localvol: {}", harness::tally_line(&ours_programs));
+    println!("  tools, raw:      {}", harness::tally_line(&raw_programs));
     for (label, (p50, p99)) in [
         ("bind-mount syscalls", latency.syscall),
         ("mount/umount commands", latency.command),
@@ -516,6 +325,7 @@ async fn main() {
     report.insert(
         "lifecycle_ms".into(),
         json!({"localvol_p50": ms(ours_p50), "raw_p50": ms(raw_p50), "ratio": ms(ours_p50) / ms(raw_p50),
+               "localvol_programs": harness::tally(&ours_programs), "raw_programs": harness::tally(&raw_programs),
                "steps": steps.iter().map(|(step, ours, raw)| json!({
                    "step": step, "localvol_p50": ms(*ours), "raw_p50": ms(*raw)})).collect::<Vec<_>>()}),
     );

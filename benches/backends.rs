@@ -1,0 +1,293 @@
+//! `bench/run` runs this in the tests/vm guest (device-mapper and an emulated NVDIMM,
+//! which the host lacks): one volume's lifecycle on LVM thick, LVM thin and PMEM
+//! (fsdax, `mode: direct`) through the daemon's socket, against the same tools run
+//! directly, measured in one run and reported as ratios, with the tool calls each side
+//! made. Results print as a table and go to `target/bench/backends.json`.
+//!
+//! It takes the guest's /dev/vda, /dev/vdb and region0 for itself: it refuses to run
+//! anywhere else (`VMTEST_GUEST=1` is set by tests/vm/run.sh).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use localvol::backend::pmem::ndctl;
+use nix::mount::{MntFlags, MsFlags};
+use serde_json::json;
+
+#[path = "support/harness.rs"]
+mod harness;
+
+use harness::{Daemon, Launch, StepClock, VOLUME_BYTES, blocking, lifecycle, ms, percentile, run, step_p50};
+
+const VG: &str = "benchvg";
+const POOL: &str = "pool0";
+const REGION: &str = "region0";
+
+const CONFIG: &str = "\
+device-classes:
+  - name: thick
+    kind: lvm
+    volume-group: benchvg
+    spare-gb: 0
+    default: true
+  - name: thin
+    kind: lvm-thin
+    volume-group: benchvg
+    thin-pool: {name: pool0, overprovision-ratio: 2.0}
+  - name: pmem
+    kind: pmem
+    mode: direct
+    region: region0
+";
+
+/// The device classes measured, as named in [`CONFIG`].
+const CLASSES: [&str; 3] = ["thick", "thin", "pmem"];
+
+/// Fresh storage: a VG on both disks with a zeroing thin pool, and region0 emptied.
+async fn prepare_storage() {
+    run("pvcreate", &["-q", "-y", "-ff", "/dev/vda", "/dev/vdb"]).await;
+    run("vgcreate", &["-q", VG, "/dev/vda", "/dev/vdb"]).await;
+    run(
+        "lvcreate",
+        &["-q", "-y", "-T", &format!("{VG}/{POOL}"), "-L", "1G", "-Zy"],
+    )
+    .await;
+    run("ndctl", &["disable-region", REGION]).await;
+    run("ndctl", &["init-labels", "-f", "nmem0"]).await;
+    run("ndctl", &["enable-region", REGION]).await;
+}
+
+/// The region's alignment as the daemon uses it: its `align`, at least fsdax's.
+async fn region_align() -> u64 {
+    let out = run("ndctl", &["list", "-R", "-r", REGION]).await;
+    let region: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let region = if region.is_array() { &region[0] } else { &region };
+    region["align"].as_u64().unwrap_or(0).max(ndctl::FSDAX_ALIGN)
+}
+
+/// The tools a person would run for the same volume, and nothing else, split as the
+/// CSI calls split the work. Returns each step's time and the programs run.
+async fn raw_lifecycle(class: &str, base: &Path, name: &str) -> ([Duration; 6], Vec<String>) {
+    let stage = base.join(format!("{name}-stage"));
+    let target = base.join(format!("{name}-target"));
+    std::fs::create_dir_all(&stage).unwrap();
+    let mut programs = Vec::new();
+    let mut tool = async |program: &'static str, args: &[&str]| {
+        programs.push(program.to_string());
+        run(program, args).await
+    };
+    let size = format!("{VOLUME_BYTES}b");
+    let lv = format!("{VG}/{name}");
+    let mut clock = StepClock::start();
+    let (device, namespace) = match class {
+        "thick" => {
+            tool("lvcreate", &["-y", "-n", name, "-L", &size, "-Wy", "-Zy", VG]).await;
+            (format!("/dev/{lv}"), None)
+        }
+        "thin" => {
+            tool(
+                "lvcreate",
+                &["-y", "-n", name, "-V", &size, "--thinpool", POOL, VG],
+            )
+            .await;
+            (format!("/dev/{lv}"), None)
+        }
+        "pmem" => {
+            let raw = ndctl::raw_for_usable(VOLUME_BYTES as u64, region_align().await).to_string();
+            let out = tool(
+                "ndctl",
+                &[
+                    "create-namespace",
+                    "-r",
+                    REGION,
+                    "-m",
+                    "fsdax",
+                    "-M",
+                    "dev",
+                    "-s",
+                    &raw,
+                    "-n",
+                    name,
+                ],
+            )
+            .await;
+            let ns = ndctl::parse_namespace(out.as_bytes()).unwrap();
+            (
+                format!("/dev/{}", ns.blockdev.expect("a block device")),
+                Some(ns.dev),
+            )
+        }
+        other => panic!("unknown class {other}"),
+    };
+    clock.lap();
+    tool("blkid", &["-p", "-o", "export", &device]).await;
+    let mut mkfs = vec!["-F", "-q", "-E"];
+    mkfs.push(match class {
+        // As the daemon formats a thin LV with nothing mapped yet.
+        "thin" => "lazy_itable_init=1,lazy_journal_init=1,assume_storage_prezeroed=1",
+        _ => "lazy_itable_init=1,lazy_journal_init=1",
+    });
+    if namespace.is_some() {
+        mkfs.extend(["-b", "4096"]);
+    }
+    mkfs.push(&device);
+    tool("mkfs.ext4", &mkfs).await;
+    let dax = namespace.is_some();
+    let (s, d) = (stage.clone(), device.clone());
+    blocking(move || {
+        nix::mount::mount(
+            Some(Path::new(&d)),
+            &s,
+            Some("ext4"),
+            MsFlags::empty(),
+            dax.then_some("dax"),
+        )
+    })
+    .await;
+    clock.lap();
+    let (s, t) = (stage.clone(), target.clone());
+    blocking(move || {
+        std::fs::create_dir(&t).unwrap();
+        nix::mount::mount(Some(&s), &t, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+    })
+    .await;
+    clock.lap();
+    let t = target.clone();
+    blocking(move || {
+        nix::mount::umount2(&t, MntFlags::empty())?;
+        std::fs::remove_dir(&t).unwrap();
+        Ok(())
+    })
+    .await;
+    clock.lap();
+    let s = stage.clone();
+    blocking(move || nix::mount::umount2(&s, MntFlags::empty())).await;
+    clock.lap();
+    match namespace {
+        Some(ns) => tool("ndctl", &["destroy-namespace", "-f", &ns]).await,
+        None => tool("lvremove", &["-y", &lv]).await,
+    };
+    clock.lap();
+    std::fs::remove_dir(&stage).unwrap();
+    (clock.steps, programs)
+}
+
+/// One class's results.
+struct ClassResult {
+    class: &'static str,
+    ours: Vec<[Duration; 6]>,
+    raw: Vec<[Duration; 6]>,
+    /// Programs run per lifecycle (the last round's).
+    ours_programs: Vec<String>,
+    raw_programs: Vec<String>,
+}
+
+fn total_p50(runs: &[[Duration; 6]]) -> Duration {
+    let mut totals: Vec<Duration> = runs.iter().map(|r| r.iter().sum()).collect();
+    totals.sort();
+    percentile(&totals, 0.5)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::var("VMTEST_GUEST").as_deref() != Ok("1") || !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "the backends bench takes /dev/vda, /dev/vdb and region0 for itself: run it through bench/run \
+             (in the tests/vm guest)"
+        );
+        std::process::exit(1);
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rounds = if quick { 2 } else { 5 };
+    prepare_storage().await;
+    let base = tempfile::Builder::new()
+        .prefix("localvol-bench-")
+        .tempdir()
+        .unwrap();
+    let config = base.path().join("config.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let (daemon, _) = Daemon::start(
+        &base.path().join("daemon"),
+        Launch {
+            args: &["--kube", "off", "--config", config.to_str().unwrap()],
+            log_commands: true,
+            ..Launch::default()
+        },
+    )
+    .await;
+    let channel = localvol::csi::socket::connect(&daemon.socket).await.unwrap();
+    let work: PathBuf = base.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+
+    let mut results = Vec::new();
+    for class in CLASSES {
+        // Ours and raw interleaved so both see the same machine noise; one warm-up each.
+        lifecycle(channel.clone(), &work, &format!("{class}-warm"), Some(class)).await;
+        raw_lifecycle(class, &work, &format!("{class}-rawwarm")).await;
+        let mut result = ClassResult {
+            class,
+            ours: Vec::new(),
+            raw: Vec::new(),
+            ours_programs: Vec::new(),
+            raw_programs: Vec::new(),
+        };
+        for i in 0..rounds {
+            let before = daemon.commands_run().len();
+            let steps = lifecycle(channel.clone(), &work, &format!("{class}-{i}"), Some(class)).await;
+            result.ours.push(steps);
+            result.ours_programs = daemon.commands_run().split_off(before);
+            let (steps, programs) = raw_lifecycle(class, &work, &format!("{class}-raw{i}")).await;
+            result.raw.push(steps);
+            result.raw_programs = programs;
+        }
+        results.push(result);
+    }
+    daemon.stop().await;
+
+    println!("\nlocalvol backends benchmark ({rounds} rounds; tests/vm guest, 64 MiB ext4)\n");
+    println!(
+        "{:<34} {:>11} {:>11} {:>7}",
+        "measure (p50)", "localvol", "raw tools", "ratio"
+    );
+    let mut report = serde_json::Map::new();
+    for r in &results {
+        let (ours, raw) = (total_p50(&r.ours), total_p50(&r.raw));
+        println!(
+            "{:<34} {:>9.0}ms {:>9.0}ms {:>7.3}",
+            format!("{} lifecycle", r.class),
+            ms(ours),
+            ms(raw),
+            ms(ours) / ms(raw)
+        );
+        let mut steps = Vec::new();
+        for (i, step) in harness::STEPS.iter().enumerate() {
+            let (o, w) = (step_p50(&r.ours, i), step_p50(&r.raw, i));
+            println!(
+                "{:<34} {:>9.0}ms {:>9.0}ms {:>7.3}",
+                format!("  {step}"),
+                ms(o),
+                ms(w),
+                ms(o) / ms(w)
+            );
+            steps.push(json!({"step": step, "localvol_p50": ms(o), "raw_p50": ms(w)}));
+        }
+        println!("  tools, localvol: {}", harness::tally_line(&r.ours_programs));
+        println!("  tools, raw:      {}", harness::tally_line(&r.raw_programs));
+        report.insert(
+            r.class.to_string(),
+            json!({"localvol_p50_ms": ms(ours), "raw_p50_ms": ms(raw), "ratio": ms(ours) / ms(raw),
+                   "steps": steps,
+                   "localvol_programs": harness::tally(&r.ours_programs),
+                   "raw_programs": harness::tally(&r.raw_programs)}),
+        );
+    }
+    report.insert("rounds".into(), json!(rounds));
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(
+        out.join("backends.json"),
+        serde_json::to_vec_pretty(&report).unwrap(),
+    )
+    .unwrap();
+    println!("\nwritten: target/bench/backends.json");
+}

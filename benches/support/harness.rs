@@ -1,0 +1,297 @@
+#![allow(dead_code)] // each benchmark uses its own part of this
+//! What both benchmarks share: the release daemon as its own process, one volume's
+//! lifecycle through its socket timed per step, the tools run directly, and
+//! percentiles.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use localvol::proto::csi::v1 as csi;
+use tonic::transport::Channel;
+
+pub const MIB: i64 = 1 << 20;
+pub const VOLUME_BYTES: i64 = 64 * MIB;
+
+pub struct Daemon {
+    pub child: tokio::process::Child,
+    pub socket: PathBuf,
+    pub dir: PathBuf,
+    /// Where the daemon logs each external command it runs, when asked to.
+    command_log: Option<PathBuf>,
+}
+
+/// How to start the daemon beyond its socket and data directory.
+#[derive(Default)]
+pub struct Launch<'a> {
+    pub args: &'a [&'a str],
+    /// For `--kube on`.
+    pub kubeconfig: Option<&'a Path>,
+    /// Log every external command the daemon runs (debug level of its runner).
+    pub log_commands: bool,
+}
+
+impl Daemon {
+    /// Starts the release daemon as its own process; returns it and the time until its
+    /// socket accepted a connection.
+    pub async fn start(dir: &Path, launch: Launch<'_>) -> (Self, Duration) {
+        std::fs::create_dir_all(dir).unwrap();
+        let socket = dir.join("csi.sock");
+        let command_log = launch.log_commands.then(|| dir.join("commands.log"));
+        let stderr = match &command_log {
+            Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+            None => Stdio::inherit(),
+        };
+        let started = Instant::now();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
+            .args(["serve", "--node-id", "bench", "--metrics-addr", "127.0.0.1:0"])
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(launch.args)
+            .env(
+                "RUST_LOG",
+                if launch.log_commands {
+                    "warn,localvol::host::command=debug"
+                } else {
+                    "warn"
+                },
+            )
+            .env("LOCALVOL_LOG_FORMAT", "json")
+            .env(
+                "KUBECONFIG",
+                launch.kubeconfig.unwrap_or(Path::new("/nonexistent")),
+            )
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("daemon starts");
+        loop {
+            if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "daemon did not serve within 60 s"
+            );
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        let elapsed = started.elapsed();
+        (
+            Self {
+                child,
+                socket,
+                dir: dir.to_path_buf(),
+                command_log,
+            },
+            elapsed,
+        )
+    }
+
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id().unwrap())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// The programs the daemon has run so far, in order (needs `log_commands`).
+    pub fn commands_run(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self.command_log.as_ref().expect("log_commands")).unwrap();
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|event| event["message"] == "running")
+            .filter_map(|event| {
+                let command = event["command"].as_str()?;
+                Some(command.split_whitespace().next()?.to_string())
+            })
+            .collect()
+    }
+
+    pub async fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let status = self.child.wait().await.unwrap();
+        assert!(status.success(), "SIGTERM exits 0: {status}");
+    }
+}
+
+/// Programs counted by name: `{"lvcreate": 1, "mkfs.ext4": 1}`.
+pub fn tally(programs: &[String]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for p in programs {
+        *counts.entry(p.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// `blkid losetup×2 mkfs.ext4`: the programs and how often each ran.
+pub fn tally_line(programs: &[String]) -> String {
+    tally(programs)
+        .iter()
+        .map(|(p, n)| if *n == 1 { p.clone() } else { format!("{p}×{n}") })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub fn cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+/// The six steps of a lifecycle, in order: what each costs tells where the time goes.
+pub const STEPS: [&str; 6] = ["create", "stage", "publish", "unpublish", "unstage", "delete"];
+
+/// Times the steps of one lifecycle.
+pub struct StepClock {
+    last: Instant,
+    pub steps: [Duration; 6],
+    next: usize,
+}
+
+impl StepClock {
+    pub fn start() -> Self {
+        Self {
+            last: Instant::now(),
+            steps: [Duration::ZERO; 6],
+            next: 0,
+        }
+    }
+
+    pub fn lap(&mut self) {
+        let now = Instant::now();
+        self.steps[self.next] = now - self.last;
+        self.last = now;
+        self.next += 1;
+    }
+}
+
+/// One full lifecycle through the socket, as external-provisioner and kubelet drive it,
+/// in the device class `class` (the default class if `None`); returns each step's time.
+pub async fn lifecycle(channel: Channel, base: &Path, name: &str, class: Option<&str>) -> [Duration; 6] {
+    use csi::controller_client::ControllerClient;
+    use csi::node_client::NodeClient;
+    let mut controller = ControllerClient::new(channel.clone());
+    let mut node = NodeClient::new(channel);
+    let stage = base.join(format!("{name}-stage"));
+    let target = base.join(format!("{name}-target"));
+    std::fs::create_dir_all(&stage).unwrap();
+    let parameters = class
+        .map(|c| [("localvol.csi.dev/device-class".to_string(), c.to_string())].into())
+        .unwrap_or_default();
+    let mut clock = StepClock::start();
+    let volume = controller
+        .create_volume(csi::CreateVolumeRequest {
+            name: name.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: VOLUME_BYTES,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap()],
+            parameters,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    clock.lap();
+    let id = volume.volume_id;
+    node.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    clock.lap();
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    clock.lap();
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    clock.lap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: stage.display().to_string(),
+    })
+    .await
+    .unwrap();
+    clock.lap();
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    clock.lap();
+    std::fs::remove_dir(&stage).unwrap();
+    clock.steps
+}
+
+/// Runs a tool directly; it must succeed (blkid may also find nothing); returns stdout.
+pub async fn run(program: &str, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .env("LC_ALL", "C")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success() || (program == "blkid" && out.status.code() == Some(2)),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Runs a syscall off the async threads, as the daemon does.
+pub async fn blocking(f: impl FnOnce() -> nix::Result<()> + Send + 'static) {
+    tokio::task::spawn_blocking(f).await.unwrap().unwrap();
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The median of each step over several lifecycles.
+pub fn step_p50(runs: &[[Duration; 6]], step: usize) -> Duration {
+    let mut times: Vec<_> = runs.iter().map(|r| r[step]).collect();
+    times.sort();
+    percentile(&times, 0.5)
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
