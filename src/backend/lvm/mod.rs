@@ -186,7 +186,7 @@ impl LvmBackend {
     }
 
     pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         Ok(match self.lookup(&state, token)? {
             Lookup::Ready(_, record) => Some(record),
             Lookup::Absent | Lookup::Foreign | Lookup::Pending => None,
@@ -335,7 +335,7 @@ impl LvmBackend {
                 prezeroed: false,
             });
         };
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         let lv = match self.lookup(&state, token)? {
             Lookup::Ready(lv, _) if state.lv(pool).is_some_and(|p| p.zeroes_new_blocks()) => lv,
             _ => {
@@ -360,7 +360,7 @@ impl LvmBackend {
 
     /// The volume's LV, which must be a finished volume.
     async fn ready_lv(&self, token: &Token) -> Result<Lv, BackendError> {
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         match self.lookup(&state, token)? {
             Lookup::Ready(lv, _) => Ok(lv.clone()),
             _ => Err(BackendError::NotFound {
@@ -372,7 +372,7 @@ impl LvmBackend {
 
     /// True when the LV carries [`tags::FORMATTING`]: a mkfs began and never finished.
     pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         Ok(match self.lookup(&state, token)? {
             Lookup::Ready(lv, _) => tags::format_unfinished(lv),
             _ => false,
@@ -386,39 +386,51 @@ impl LvmBackend {
         if tags::format_unfinished(&lv) {
             return Ok(());
         }
-        let mut cmd = CommandSpec::new("lvchange").args(["--addtag", tags::FORMATTING]);
-        if lv.has_tag(tags::FORMATTED) {
-            cmd = cmd.args(["--deltag", tags::FORMATTED]);
-        }
-        self.tag_change(cmd, &lv.name).await
+        let remove: &[&str] = if lv.has_tag(tags::FORMATTED) {
+            &[tags::FORMATTED]
+        } else {
+            &[]
+        };
+        self.retag(&lv.name, remove, &[tags::FORMATTING]).await
     }
 
     /// Replaces [`tags::FORMATTING`] with [`tags::FORMATTED`] in one lvchange, so the
     /// LV never has neither (which would hand the decision back to blkid).
     pub async fn mark_formatted(&self, token: &Token) -> Result<(), BackendError> {
         let lv = self.ready_lv(token).await?;
-        if !tags::format_unfinished(&lv) && lv.has_tag(tags::FORMATTED) {
+        let remove: &[&str] = if tags::format_unfinished(&lv) {
+            &[tags::FORMATTING]
+        } else {
+            &[]
+        };
+        let add: &[&str] = if lv.has_tag(tags::FORMATTED) {
+            &[]
+        } else {
+            &[tags::FORMATTED]
+        };
+        if remove.is_empty() && add.is_empty() {
             return Ok(());
         }
-        let mut cmd = CommandSpec::new("lvchange");
-        if tags::format_unfinished(&lv) {
-            cmd = cmd.args(["--deltag", tags::FORMATTING]);
-        }
-        if !lv.has_tag(tags::FORMATTED) {
-            cmd = cmd.args(["--addtag", tags::FORMATTED]);
-        }
-        self.tag_change(cmd, &lv.name).await
+        self.retag(&lv.name, remove, add).await
     }
 
-    async fn tag_change(&self, cmd: CommandSpec, lv: &str) -> Result<(), BackendError> {
+    /// One lvchange that removes and adds tags (for the format mark).
+    async fn retag(&self, lv: &str, remove: &[&str], add: &[&str]) -> Result<(), BackendError> {
+        let mut cmd = CommandSpec::new("lvchange");
+        for tag in remove {
+            cmd = cmd.args(["--deltag", tag]);
+        }
+        for tag in add {
+            cmd = cmd.args(["--addtag", tag]);
+        }
         self.vg
-            .change(cmd.arg(self.target(lv)))
+            .change_known(cmd.arg(self.target(lv)), |state| state.retagged(lv, remove, add))
             .await
             .map_err(|e| self.failed("lvchange (format mark)", lv, e))
     }
 
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         Ok(match self.lookup(&state, token)? {
             Lookup::Ready(lv, _) if lv.is_active() => Some(self.device_path(lv)),
             _ => None,
@@ -426,7 +438,7 @@ impl LvmBackend {
     }
 
     pub async fn attach(&self, token: &Token) -> Result<PathBuf, BackendError> {
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         let Lookup::Ready(lv, _) = self.lookup(&state, token)? else {
             return Err(BackendError::NotFound {
                 class: self.class.clone(),
@@ -436,7 +448,7 @@ impl LvmBackend {
         if !lv.is_active() {
             let cmd = CommandSpec::new("lvchange").arg("-ay").arg(self.target(&lv.name));
             self.vg
-                .change(cmd)
+                .change_known(cmd, |state| state.activated(&lv.name))
                 .await
                 .map_err(|e| self.failed("lvchange -ay", &lv.name, e))?;
         }

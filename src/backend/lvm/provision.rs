@@ -28,19 +28,54 @@ impl LvmBackend {
             Layout::Thin { pool, .. } => cmd.args(["-V", &size, "--thinpool", pool]),
         };
         cmd = cmd.args(&self.settings.lvcreate_options);
-        for tag in tags::volume_tags(&self.class, spec) {
+        for tag in self.creation_tags(spec) {
             cmd = cmd.arg("--addtag").arg(tag);
         }
-        if self.is_thick() {
-            cmd = cmd.arg("--addtag").arg(tags::PENDING);
-        }
         cmd.arg(self.vg_name())
+    }
+
+    /// The tags lvcreate gives a new LV. A thick block volume is [`tags::PENDING`] until
+    /// zeroed. A filesystem volume is born [`tags::FORMATTING`]: whatever its device
+    /// holds (an interrupted lvcreate may not have wiped its start) is formatted over at
+    /// the first stage, never mounted, and no lvchange is needed before mkfs.
+    fn creation_tags(&self, spec: &CreateSpec) -> Vec<String> {
+        let mut tags = tags::volume_tags(&self.class, spec);
+        match spec.mode {
+            VolumeMode::Block if self.is_thick() => tags.push(tags::PENDING.to_string()),
+            VolumeMode::Block => {}
+            VolumeMode::Filesystem => tags.push(tags::FORMATTING.to_string()),
+        }
+        tags
+    }
+
+    /// The LV lvcreate makes for `spec`, as `lvs` would report it: the size is already a
+    /// multiple of the class's alignment, so lvcreate does not round it.
+    fn created_lv(&self, lv: &str, spec: &CreateSpec) -> report::Lv {
+        let pool = match &self.settings.layout {
+            Layout::Thin { pool, .. } => Some(pool.clone()),
+            Layout::Thick { .. } => None,
+        };
+        report::Lv {
+            name: lv.to_string(),
+            vg: self.vg.name.clone(),
+            size: spec.size_bytes,
+            attr: if pool.is_some() {
+                "Vwi-a-tz--"
+            } else {
+                "-wi-a-----"
+            }
+            .to_string(),
+            tags: self.creation_tags(spec),
+            data_percent: pool.as_ref().map(|_| 0.0),
+            pool,
+            path: Some(PathBuf::from(format!("/dev/{}/{lv}", self.vg.name))),
+        }
     }
 
     /// Removes an LV of `token`'s volume (its own, or its temporary zeroing LV).
     async fn remove_lv(&self, lv: &str, token: &Token) -> Result<(), BackendError> {
         let cmd = CommandSpec::new("lvremove").arg("-y").arg(self.target(lv));
-        match self.vg.change(cmd).await {
+        match self.vg.change_known(cmd, |state| state.removed(lv)).await {
             Ok(()) => Ok(()),
             Err(e) if stderr::is_lv_not_found(e.stderr()) => Ok(()),
             Err(e) if stderr::is_in_use(e.stderr()) => Err(BackendError::InUse {
@@ -63,7 +98,7 @@ impl LvmBackend {
     pub async fn create(&self, spec: &CreateSpec) -> Result<VolumeRecord, BackendError> {
         let allocation = self.vg.allocation.lock().await;
         let lv = tags::lv_name(&spec.token, self.vg_name());
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         match self.lookup(&state, &spec.token)? {
             Lookup::Ready(_, record) => return Ok(record),
             Lookup::Foreign => {
@@ -78,7 +113,7 @@ impl LvmBackend {
                 warn!(class = %self.class, lv = %lv, "removing an LV whose creation did not finish");
                 self.remove_lv(&lv, &spec.token).await?;
                 // Read again: the removal freed space.
-                let state = self.vg.state().await?;
+                let state = self.vg.known_state().await?;
                 return self.create_checked(spec, &lv, &state, allocation).await;
             }
             Lookup::Absent => {}
@@ -96,7 +131,12 @@ impl LvmBackend {
         state: &VgState,
         allocation: MutexGuard<'_, ()>,
     ) -> Result<VolumeRecord, BackendError> {
-        let available = self.capacity_of(state)?.available;
+        let mut available = self.capacity_of(state)?.available;
+        if spec.size_bytes > available {
+            // The report may predate what others freed (a vgextend): refuse only on one
+            // within the TTL.
+            available = self.capacity_of(&*self.vg.state().await?)?.available;
+        }
         if spec.size_bytes > available {
             return Err(self.no_space(spec.size_bytes, available));
         }
@@ -110,7 +150,12 @@ impl LvmBackend {
             }
             .into());
         }
-        if let Err(e) = self.vg.change(self.lvcreate_command(lv, spec)).await {
+        let created = self.created_lv(lv, spec);
+        let extents_bytes = if self.is_thick() { spec.size_bytes } else { 0 };
+        let lvcreate = self.vg.change_known(self.lvcreate_command(lv, spec), |state| {
+            state.created(created, extents_bytes)
+        });
+        if let Err(e) = lvcreate.await {
             return Err(if stderr::is_no_space(e.stderr()) {
                 self.no_space(spec.size_bytes, available)
             } else if stderr::is_name_taken(e.stderr()) {
@@ -135,6 +180,7 @@ impl LvmBackend {
         }
         drop(allocation);
         if self.is_thick()
+            && spec.mode == VolumeMode::Block
             && let Err(e) = self.finish_thick(spec, lv).await
         {
             // Leave nothing behind; if even that fails, the LV stays pending: not a
@@ -154,21 +200,19 @@ impl LvmBackend {
 
     /// Zeroes a new thick block volume, then marks the LV as a finished volume.
     async fn finish_thick(&self, spec: &CreateSpec, lv: &str) -> Result<(), BackendError> {
-        if spec.mode == VolumeMode::Block {
-            let device = PathBuf::from(format!("/dev/{}/{lv}", self.vg.name));
-            self.zero_device(&device, spec.size_bytes).await?;
-        }
+        let device = PathBuf::from(format!("/dev/{}/{lv}", self.vg.name));
+        self.zero_device(&device, spec.size_bytes).await?;
         let cmd = CommandSpec::new("lvchange")
             .args(["--deltag", tags::PENDING])
             .arg(self.target(lv));
         self.vg
-            .change(cmd)
+            .change_known(cmd, |state| state.retagged(lv, &[tags::PENDING], &[]))
             .await
             .map_err(|e| self.failed("lvchange --deltag", lv, e))
     }
 
     pub async fn delete(&self, token: &Token) -> Result<(), BackendError> {
-        let state = self.vg.state().await?;
+        let state = self.vg.known_state().await?;
         let lv = tags::lv_name(token, self.vg_name());
         let zeroing = tags::zeroing_lv_name(&lv);
         match self.lookup(&state, token) {

@@ -8,7 +8,7 @@ use tokio::sync::Mutex;
 
 use super::report::{self, Lv, ThinPool, Vg};
 use crate::backend::BackendError;
-use crate::backend::cache::{DEFAULT_TTL, ReportCache};
+use crate::backend::cache::{DEFAULT_TTL, KNOWN_TTL, ReportCache};
 use crate::host::{CommandError, CommandSpec, Host};
 use crate::model::ClassName;
 
@@ -90,7 +90,7 @@ pub mod stderr {
 }
 
 /// What lvm reports about one VG.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct VgState {
     pub vg: Vg,
     pub lvs: Vec<Lv>,
@@ -101,6 +101,50 @@ pub struct VgState {
 impl VgState {
     pub fn lv(&self, name: &str) -> Option<&Lv> {
         self.lvs.iter().find(|l| l.name == name)
+    }
+
+    fn lv_mut(&mut self, name: &str) -> Option<&mut Lv> {
+        self.lvs.iter_mut().find(|l| l.name == name)
+    }
+
+    /// The report after lvcreate made `lv`, taking `extents_bytes` of the VG's free
+    /// space (0 for a thin volume). Replaces an LV of that name a rescan already saw.
+    pub(super) fn created(&mut self, lv: Lv, extents_bytes: u64) {
+        self.lvs.retain(|l| l.name != lv.name);
+        self.lvs.push(lv);
+        self.vg.free = self.vg.free.saturating_sub(extents_bytes);
+    }
+
+    /// The report after lvremove of `name`: a thick LV's extents are free again.
+    pub(super) fn removed(&mut self, name: &str) {
+        if let Some(i) = self.lvs.iter().position(|l| l.name == name) {
+            let lv = self.lvs.remove(i);
+            if lv.pool.is_none() && !lv.is_thin_volume() {
+                self.vg.free += lv.size;
+            }
+        }
+    }
+
+    /// The report after `lvchange --deltag`/`--addtag` on `name`.
+    pub(super) fn retagged(&mut self, name: &str, remove: &[&str], add: &[&str]) {
+        if let Some(lv) = self.lv_mut(name) {
+            lv.tags.retain(|t| !remove.contains(&t.as_str()));
+            for tag in add {
+                if !lv.tags.iter().any(|t| t == tag) {
+                    lv.tags.push(tag.to_string());
+                }
+            }
+        }
+    }
+
+    /// The report after `lvchange -ay` on `name`.
+    pub(super) fn activated(&mut self, name: &str) {
+        if let Some(lv) = self.lv_mut(name) {
+            let mut attr: Vec<char> = lv.attr.chars().collect();
+            attr.resize(attr.len().max(10), '-');
+            attr[4] = 'a';
+            lv.attr = attr.into_iter().collect();
+        }
     }
 }
 
@@ -132,6 +176,22 @@ impl VolumeGroup {
     pub async fn state(&self) -> Result<Arc<VgState>, BackendError> {
         self.cache
             .get(
+                || self.read(),
+                |reason| LvmError::ReportUnavailable {
+                    vg: self.name.clone(),
+                    reason,
+                },
+            )
+            .await
+            .map_err(BackendError::from)
+    }
+
+    /// The cached report up to [`KNOWN_TTL`] old (with our own changes applied), or a
+    /// fresh one: for decisions about our own LVs.
+    pub async fn known_state(&self) -> Result<Arc<VgState>, BackendError> {
+        self.cache
+            .get_within(
+                KNOWN_TTL,
                 || self.read(),
                 |reason| LvmError::ReportUnavailable {
                     vg: self.name.clone(),
@@ -213,6 +273,21 @@ impl VolumeGroup {
     pub(super) async fn change(&self, cmd: CommandSpec) -> Result<(), CommandError> {
         let result = self.host.commands.run(cmd.timeout(CHANGE_TIMEOUT)).await;
         self.invalidate();
+        result.map(drop)
+    }
+
+    /// Runs a changing lvm command whose effect on the report is `patch`: on success the
+    /// cached report gets the patch instead of a rescan (see [`ReportCache`]).
+    pub(super) async fn change_known(
+        &self,
+        cmd: CommandSpec,
+        patch: impl FnOnce(&mut VgState),
+    ) -> Result<(), CommandError> {
+        let ticket = self.cache.begin_change().await;
+        let result = self.host.commands.run(cmd.timeout(CHANGE_TIMEOUT)).await;
+        self.cache
+            .finish_change(ticket, result.is_ok().then_some(patch))
+            .await;
         result.map(drop)
     }
 }

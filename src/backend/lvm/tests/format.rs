@@ -14,21 +14,44 @@ fn mark_changes(f: &Fixture) -> Vec<String> {
 const BEGIN: &str = "lvchange --addtag localvol.csi.dev/format=formatting vg1/pvc-1";
 const FINISH: &str = "lvchange --deltag localvol.csi.dev/format=formatting \
                       --addtag localvol.csi.dev/format=formatted vg1/pvc-1";
-const BEGIN_AGAIN: &str = "lvchange --addtag localvol.csi.dev/format=formatting \
-                           --deltag localvol.csi.dev/format=formatted vg1/pvc-1";
+const BEGIN_AGAIN: &str = "lvchange --deltag localvol.csi.dev/format=formatted \
+                           --addtag localvol.csi.dev/format=formatting vg1/pvc-1";
 
 #[tokio::test]
-async fn the_mark_is_set_before_mkfs_and_replaced_after_in_one_change() {
+async fn a_new_filesystem_volume_is_born_marked() {
     let f = Fixture::new(None);
     let b = f.thick(0).await;
     let token = Token::for_name("pvc-1");
     b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
         .await
         .unwrap();
-    assert!(
-        !b.format_unfinished(&token).await.unwrap(),
-        "a new LV has no mark"
-    );
+    assert!(b.format_unfinished(&token).await.unwrap());
+    b.begin_format(&token).await.unwrap();
+    assert!(mark_changes(&f).is_empty(), "already marked by lvcreate");
+    b.mark_formatted(&token).await.unwrap();
+    assert_eq!(mark_changes(&f), [FINISH]);
+    // A block volume has no mark: it is never formatted.
+    b.create(&spec("blk", 8 * MIB, VolumeMode::Block)).await.unwrap();
+    assert!(!b.format_unfinished(&Token::for_name("blk")).await.unwrap());
+}
+
+#[tokio::test]
+async fn the_mark_is_set_before_mkfs_and_replaced_after_in_one_change() {
+    let f = Fixture::new(None);
+    let b = f.thick(0).await;
+    let token = Token::for_name("pvc-1");
+    // A volume made before lvcreate set the mark: its tags have none.
+    f.vg.lock().unwrap().lvs.push(FakeLv {
+        name: "pvc-1".into(),
+        size: 64 * MIB,
+        tags: tags::volume_tags(b.class(), &spec("pvc-1", 64 * MIB, VolumeMode::Filesystem)),
+        pool: None,
+        thin_pool: false,
+        zeroing: false,
+        in_use: false,
+    });
+    f.group.invalidate();
+    assert!(!b.format_unfinished(&token).await.unwrap(), "no mark");
 
     b.begin_format(&token).await.unwrap();
     assert_eq!(mark_changes(&f), [BEGIN]);
