@@ -35,7 +35,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use self::ndctl::{Namespace, Region};
-use super::cache::{DEFAULT_TTL, ReportCache};
+use super::cache::{DEFAULT_TTL, KNOWN_TTL, ReportCache};
 use super::files;
 use super::{BackendError, ClassCapacity, VolumeRecord};
 use crate::fs::FsType;
@@ -200,6 +200,33 @@ impl PmemBackend {
             .await
     }
 
+    /// The cached report up to [`KNOWN_TTL`] old, with our own creates and destroys
+    /// applied: for looking up this class's namespaces.
+    async fn known_state(&self) -> Result<Arc<Region>, BackendError> {
+        self.cache
+            .get_within(
+                KNOWN_TTL,
+                || self.read(),
+                |reason| {
+                    BackendError::from(PmemError::ReportUnavailable {
+                        region: self.region.clone(),
+                        reason,
+                    })
+                },
+            )
+            .await
+    }
+
+    /// A report whose free sizes are ndctl's own: for capacity.
+    async fn sized_state(&self) -> Result<Arc<Region>, BackendError> {
+        let region = self.state().await?;
+        if !region.sizes_unknown {
+            return Ok(region);
+        }
+        self.cache.invalidate();
+        self.state().await
+    }
+
     async fn read(&self) -> Result<Region, BackendError> {
         let cmd = CommandSpec::new("ndctl")
             .args(["list", "-R", "-N", "-i", "-r", &self.region])
@@ -297,7 +324,7 @@ impl PmemBackend {
         let Some(file) = self.read_record(token).await?.filter(|f| !f.pending) else {
             return Ok(None);
         };
-        let region = self.state().await?;
+        let region = self.known_state().await?;
         match self.namespace(&region, &file.namespace)? {
             Some(ns) => Ok(Some((self.to_record(token.clone(), file, ns), ns.clone()))),
             None => {
@@ -355,7 +382,7 @@ impl PmemBackend {
     }
 
     pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
-        Ok(self.capacity_of(&*self.state().await?))
+        Ok(self.capacity_of(&*self.sized_state().await?))
     }
 
     fn device_of(&self, ns: &Namespace) -> Option<PathBuf> {

@@ -18,6 +18,10 @@ pub struct Region {
     pub max_available_extent: u64,
     #[serde(default)]
     pub namespaces: Vec<Namespace>,
+    /// Set when our own create or destroy was applied to a cached report: the
+    /// namespaces are exact, the free sizes are not (ndctl picks where a namespace goes).
+    #[serde(skip)]
+    pub sizes_unknown: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

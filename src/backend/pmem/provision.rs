@@ -3,7 +3,7 @@
 
 use tracing::warn;
 
-use super::ndctl::Namespace;
+use super::ndctl::{Namespace, Region};
 use super::{CHANGE_TIMEOUT, PmemBackend, PmemError, RecordFile, namespace_name, ndctl, zero_timeout};
 use crate::backend::files;
 use crate::backend::{BackendError, CreateSpec, VolumeRecord};
@@ -15,8 +15,15 @@ impl PmemBackend {
         let cmd = CommandSpec::new("ndctl")
             .args(["destroy-namespace", "-f", &ns.dev])
             .timeout(CHANGE_TIMEOUT);
+        let ticket = self.cache.begin_change().await;
         let result = self.host.commands.run(cmd).await;
-        self.cache.invalidate();
+        let destroyed = |region: &mut Region| {
+            region.namespaces.retain(|n| n.dev != ns.dev);
+            region.sizes_unknown = true;
+        };
+        self.cache
+            .finish_change(ticket, result.is_ok().then_some(destroyed))
+            .await;
         match result {
             Ok(_) => Ok(()),
             Err(e) if ndctl::stderr::is_missing(e.stderr()) => Ok(()),
@@ -38,7 +45,7 @@ impl PmemBackend {
         }
         let name = namespace_name(&spec.token);
         let earlier = self.read_record(&spec.token).await?;
-        let region = self.state().await?;
+        let region = self.known_state().await?;
         if let Some(ns) = self.namespace(&region, &name)? {
             if earlier.as_ref().is_none_or(|f| f.namespace != name) {
                 return Err(PmemError::NameTaken {
@@ -56,14 +63,15 @@ impl PmemBackend {
     }
 
     async fn create_fresh(&self, spec: &CreateSpec, name: String) -> Result<VolumeRecord, BackendError> {
-        let region = self.state().await?;
+        let region = self.known_state().await?;
         let raw = ndctl::raw_for_usable(spec.size_bytes, self.align);
-        let capacity = self.capacity_of(&region);
-        if raw > region.max_available_extent {
+        // After our own create or destroy the report knows the namespaces but not the
+        // free space; then ndctl's own refusal decides, which costs no listing.
+        if !region.sizes_unknown && raw > region.max_available_extent {
             return Err(BackendError::NoSpace {
                 class: self.class.clone(),
                 requested: spec.size_bytes,
-                available: capacity.max_volume,
+                available: self.capacity_of(&region).max_volume,
             });
         }
         let mut file = RecordFile {
@@ -83,20 +91,35 @@ impl PmemBackend {
             .args(["create-namespace", "-r", &self.region, "-m", "fsdax", "-M", "dev"])
             .args(["-s", &raw.to_string(), "-n", &name])
             .timeout(CHANGE_TIMEOUT);
+        let ticket = self.cache.begin_change().await;
         let created = self.host.commands.run(cmd).await;
-        self.cache.invalidate();
-        let ns = match created {
-            Ok(out) => ndctl::parse_namespace(&out.stdout).map_err(|reason| PmemError::Report {
-                region: self.region.clone(),
-                reason,
+        let parsed = created
+            .as_ref()
+            .ok()
+            .map(|out| ndctl::parse_namespace(&out.stdout));
+        let patch = match &parsed {
+            Some(Ok(ns)) => Some(|region: &mut Region| {
+                region.namespaces.retain(|n| n.dev != ns.dev);
+                region.namespaces.push(ns.clone());
+                region.sizes_unknown = true;
             }),
+            _ => None,
+        };
+        self.cache.finish_change(ticket, patch).await;
+        let ns = match created {
+            Ok(_) => parsed
+                .expect("parsed when created")
+                .map_err(|reason| PmemError::Report {
+                    region: self.region.clone(),
+                    reason,
+                }),
             Err(e) => {
                 files::remove_durably(&self.dir, &self.record_path(&spec.token)).await?;
                 return Err(if ndctl::stderr::is_no_space(e.stderr()) {
                     BackendError::NoSpace {
                         class: self.class.clone(),
                         requested: spec.size_bytes,
-                        available: capacity.max_volume,
+                        available: self.capacity().await?.max_volume,
                     }
                 } else {
                     self.command_error("ndctl create-namespace", name, e)
@@ -121,7 +144,10 @@ impl PmemBackend {
         }
     }
 
-    /// Checks the new namespace and clears what an earlier tenant left on it.
+    /// Checks the new namespace and clears what an earlier tenant left on it: a block
+    /// volume is zeroed. A filesystem volume needs nothing here: its record says
+    /// unformatted until mkfs has run, so its first stage formats over whatever the
+    /// namespace holds without asking blkid, and no old filesystem is ever mounted.
     async fn clear(
         &self,
         spec: &CreateSpec,
@@ -141,14 +167,13 @@ impl PmemBackend {
             region: self.region.clone(),
             reason: format!("new namespace {} has no block device", ns.dev),
         })?;
-        let cmd = match spec.mode {
-            VolumeMode::Block => CommandSpec::new("blkdiscard")
+        if spec.mode == VolumeMode::Block {
+            let cmd = CommandSpec::new("blkdiscard")
                 .args(["-f", "-z"])
                 .arg(&device)
-                .timeout(zero_timeout(ns.size)),
-            VolumeMode::Filesystem => CommandSpec::new("wipefs").arg("-a").arg(&device),
-        };
-        self.host.commands.run(cmd).await?;
+                .timeout(zero_timeout(ns.size));
+            self.host.commands.run(cmd).await?;
+        }
         Ok(ns)
     }
 
@@ -157,7 +182,7 @@ impl PmemBackend {
         let Some(file) = self.read_record(token).await? else {
             return Ok(());
         };
-        let region = self.state().await?;
+        let region = self.known_state().await?;
         if let Some(ns) = self.namespace(&region, &file.namespace)? {
             self.destroy(token, ns).await?;
         }

@@ -272,10 +272,19 @@ async fn sizes_are_rounded_up_to_usable_bytes_and_never_shrunk() {
 }
 
 #[tokio::test]
-async fn a_filesystem_volume_is_a_wiped_named_namespace_with_a_record() {
+async fn a_filesystem_volume_is_a_named_namespace_with_an_unformatted_record() {
     let f = Fixture::new().await;
     let b = &f.backend;
     let token = Token::for_name("pvc-1");
+    let listings = || {
+        f.commands
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("ndctl list"))
+            .count()
+    };
+    b.capacity().await.unwrap();
+    let listed = listings();
     let record = b
         .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
         .await
@@ -283,17 +292,23 @@ async fn a_filesystem_volume_is_a_wiped_named_namespace_with_a_record() {
     assert_eq!(record.size_bytes, 62 * MIB);
     assert_eq!(
         f.changes(),
-        [
-            "ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-1",
-            "wipefs -a /dev/pmem0",
-        ]
+        ["ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-1"],
+        "nothing is wiped: the first stage formats over whatever the namespace holds"
     );
+    assert!(b.format_unfinished(&token).await.unwrap());
     assert_eq!(f.records(), ["pvc-1.json"]);
     assert_eq!(b.get(&token).await.unwrap(), Some(record.clone()));
     assert_eq!(b.list().await.unwrap(), [record]);
     assert_eq!(b.device(&token).await.unwrap(), Some(PathBuf::from("/dev/pmem0")));
     assert_eq!(b.attach(&token).await.unwrap(), PathBuf::from("/dev/pmem0"));
+    assert_eq!(
+        listings(),
+        listed,
+        "the create was applied to the cached listing: lookups list nothing"
+    );
+    // Free space is ndctl's to say: capacity lists the region again.
     let cap = b.capacity().await.unwrap();
+    assert_eq!(listings(), listed + 1);
     assert_eq!(cap.max_volume, ndctl::fsdax_usable((1 << 30) - 64 * MIB));
     assert_eq!(cap.total, 1 << 30);
 }
@@ -333,19 +348,40 @@ async fn too_big_is_no_space_and_leaves_nothing() {
 }
 
 #[tokio::test]
+async fn after_our_own_changes_too_big_is_still_no_space_and_leaves_nothing() {
+    let f = Fixture::new().await;
+    let b = &f.backend;
+    b.create(&spec("a", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    b.delete(&Token::for_name("a")).await.unwrap();
+    // The cached listing now knows the namespaces but not the free space: ndctl decides.
+    let err = b
+        .create(&spec("big", 2 << 30, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::NoSpace { available, .. } if available == ndctl::fsdax_usable(1 << 30)),
+        "{err}"
+    );
+    assert!(f.records().is_empty());
+    assert!(f.names().is_empty());
+}
+
+#[tokio::test]
 async fn a_failed_clear_destroys_the_namespace_and_the_record() {
     let f = Fixture::new().await;
     f.region
         .lock()
         .unwrap()
         .fail
-        .push(("wipefs", "wipefs: error".into()));
+        .push(("blkdiscard", "blkdiscard: error".into()));
     let err = f
         .backend
-        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
+        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Block))
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("wipefs"), "{err}");
+    assert!(err.to_string().contains("blkdiscard"), "{err}");
     assert!(f.names().is_empty());
     assert!(f.records().is_empty());
 }
