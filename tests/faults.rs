@@ -257,8 +257,9 @@ fn processes_with(needle: &str) -> usize {
         .count()
 }
 
-/// A storage tool that hangs (blkid, run by every filesystem stage): the call fails
-/// with DEADLINE_EXCEEDED when the daemon's timeout (30s for blkid) kills the tool;
+/// A storage tool that hangs (losetup, run by every stage of a detached volume): the
+/// call fails with DEADLINE_EXCEEDED when the daemon's timeout (30s for losetup) kills
+/// the tool;
 /// meanwhile the daemon answers other calls at once and the same volume is ABORTED, not
 /// queued; afterwards the lock is free and the retried stage succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,7 +275,7 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
     // A sleep long enough to hang, with a duration no other process has.
     let marker = format!("1000.{}", std::process::id());
     std::fs::create_dir_all(dir.join("bin")).unwrap();
-    let fake = dir.join("bin/blkid");
+    let fake = dir.join("bin/losetup");
     // `exec`, so the process the daemon kills is the one that hangs.
     std::fs::write(&fake, format!("#!/bin/sh\nexec sleep {marker}\n")).unwrap();
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -296,7 +297,7 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
     };
     // Wait until the tool is really hanging.
     while processes_with(&marker) == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "blkid never ran");
+        assert!(started.elapsed() < Duration::from_secs(10), "losetup never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Responsive meanwhile: other volumes and lock-free calls are answered at once.
@@ -322,7 +323,7 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
 
     let timed_out = tokio::time::timeout(Duration::from_secs(60), hung)
         .await
-        .expect("the hung call is answered within blkid's timeout")
+        .expect("the hung call is answered within losetup's timeout")
         .unwrap()
         .unwrap_err();
     assert_eq!(
@@ -331,9 +332,9 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
         "{}",
         timed_out.message()
     );
-    assert!(timed_out.message().contains("blkid"), "{}", timed_out.message());
+    assert!(timed_out.message().contains("losetup"), "{}", timed_out.message());
     eprintln!(
-        "hung blkid answered after {:?}: {}",
+        "hung losetup answered after {:?}: {}",
         started.elapsed(),
         timed_out.message()
     );

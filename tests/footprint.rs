@@ -145,7 +145,7 @@ async fn resident_memory_idle_and_with_50_volumes() {
     );
     println!(
         "CPU over {:.1}s of creating, staging and publishing {VOLUMES} volumes: \
-         localvol {:.2}s, its children (losetup, blkid, mkfs) {children:.2}s",
+         localvol {:.2}s, its children (losetup, mkfs) {children:.2}s",
         started.elapsed().as_secs_f64(),
         cpu - cpu_before,
     );

@@ -107,17 +107,18 @@ impl Volumes {
         let fs_type = fs_type
             .or(record.fs_type)
             .unwrap_or_else(|| self.default_fs(&req.id.class));
-        // A format this node began and never finished (killed mid-mkfs) can leave a
-        // valid-looking but broken signature; such a volume never held data, so it is
-        // formatted again. Any other signature is left alone. The mark is written before
-        // mkfs starts and cleared after it ends, so a kill at any point in between is
-        // seen here on the retry.
-        let interrupted = backend.format_unfinished(&req.id.token).await?;
-        match fs::probe(&self.host, &device).await? {
-            signature if signature == Signature::Empty || interrupted => {
-                if signature != Signature::Empty {
-                    warn!(volume.id = %req.id, ?signature, "an earlier format was interrupted; formatting again");
-                }
+        // A volume whose format mark says no mkfs has finished on it (new, or killed
+        // mid-mkfs, which can leave a valid-looking but broken signature) never held
+        // data: it is formatted without asking blkid. Any other volume is formatted only
+        // if blkid finds no signature at all. The mark is cleared only after mkfs ends,
+        // so a kill at any point in between is seen here on the retry.
+        let found = if backend.format_unfinished(&req.id.token).await? {
+            Signature::Empty
+        } else {
+            fs::probe(&self.host, &device).await?
+        };
+        match found {
+            Signature::Empty => {
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
                 backend.begin_format(&req.id.token).await?;
                 let options = backend.format_options(&req.id.token).await?;
@@ -125,7 +126,6 @@ impl Volumes {
                 backend.mark_formatted(&req.id.token).await?;
             }
             Signature::Filesystem(found) if found == fs_type.as_str() => {}
-            Signature::Empty => unreachable!("an empty device is formatted by the first arm"),
             Signature::Filesystem(found) | Signature::Other(found) => {
                 return Err(VolumeError::WrongFilesystem {
                     device,
