@@ -374,7 +374,10 @@ impl LoopBackend {
     /// detach happens when that opener closes. Unstage is done only when the device has
     /// really let go of the file, so a DeleteVolume right after it never sees it in use.
     async fn wait_detached(&self, token: &Token) -> Result<(), BackendError> {
-        let mut pause = Duration::from_millis(2);
+        // Short, slowly growing pauses: the opener holding the device is usually a
+        // tool probing loop devices (another volume's `losetup --find`) that lets go
+        // within milliseconds, and a doubling pause would oversleep that by as much.
+        let mut pause = Duration::from_millis(1);
         let deadline = tokio::time::Instant::now() + DETACH_WAIT;
         loop {
             let remaining = self.devices_holding(token).await?;
@@ -391,7 +394,7 @@ impl LoopBackend {
                 });
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(100));
+            pause = (pause * 5 / 4).min(Duration::from_millis(20));
         }
     }
 
