@@ -162,23 +162,26 @@ async fn main() {
     let mut scaling = Vec::new();
     let total = if quick { 16 } else { 64 };
     for concurrency in [1usize, 8, 32, 64] {
+        // `concurrency` lifecycles in flight at all times, as kubelet starts pods as
+        // they come (not in batches that wait for their slowest member).
         let t = Instant::now();
-        let mut done = 0;
-        while done < total {
-            let batch = concurrency.min(total - done);
-            let tasks: Vec<_> = (0..batch)
-                .map(|j| {
-                    let channel = channel.clone();
-                    let work = work.clone();
-                    tokio::spawn(async move {
-                        lifecycle(channel, &work, &format!("c{concurrency}-{}", done + j), None).await
-                    })
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let workers: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (channel, work, next) = (channel.clone(), work.clone(), next.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if i >= total {
+                            break;
+                        }
+                        lifecycle(channel.clone(), &work, &format!("c{concurrency}-{i}"), None).await;
+                    }
                 })
-                .collect();
-            for task in tasks {
-                task.await.unwrap();
-            }
-            done += batch;
+            })
+            .collect();
+        for worker in workers {
+            worker.await.unwrap();
         }
         scaling.push((concurrency, total as f64 / t.elapsed().as_secs_f64()));
     }
