@@ -3,15 +3,17 @@
 //! fsdax namespaces, formatted and mounted for DAX).
 //!
 //! **State** is read from one `lvs` and one `vgs` JSON report per refresh, cached per
-//! VG and shared by every class on it ([`VolumeGroup`]); our own changes invalidate
-//! the cache. The LV tags are the record of each volume (see [`tags`]).
+//! VG and shared by every class on it ([`VolumeGroup`]). Our own lvcreate, lvremove
+//! and lvchange apply their known effect to the cached report instead of forcing a
+//! rescan, so a volume's lifecycle reads no report; anything else invalidates it.
+//! The LV tags are the record of each volume (see [`tags`]).
 //!
-//! **Crash ordering.** A thick LV is created with the tag `state=zeroing` and becomes
-//! a volume only when that tag is removed, after lvcreate has wiped its start
-//! (`-Wy -Zy`) and, for a raw block volume, after the whole LV has been zeroed. A
-//! create that finds such a pending LV (the daemon or lvcreate died) removes it and
-//! starts again; a delete removes it too. Thin LVs read zeros until written, so they
-//! are volumes as soon as lvcreate returns.
+//! **Crash ordering.** A thick raw block LV is created with the tag `state=zeroing`
+//! and becomes a volume only when that tag is removed, after the whole LV has been
+//! zeroed. A create that finds such a pending LV (the daemon or lvcreate died) removes
+//! it and starts again; a delete removes it too. A filesystem LV (thick or thin) is
+//! created with the format mark `format=formatting`: a volume at once, formatted over
+//! at its first stage whatever its device holds. Thin LVs read zeros until written.
 //!
 //! **Raw block volumes never show old bytes.** Thick: the LV is zeroed before it
 //! becomes a volume, and an extension is made only of extents zeroed beforehand (a

@@ -17,8 +17,14 @@
 //!
 //! **No old bytes.** A new namespace shows whatever an earlier one left in the same
 //! place (captured in the fixtures). Raw block volumes are zeroed whole before they
-//! become volumes; filesystem volumes have every signature wiped, so nothing old is
-//! mounted and the new filesystem's files read only what was written to them.
+//! become volumes. A filesystem volume's record says unformatted until mkfs has run,
+//! so its first stage formats over whatever the namespace holds without asking blkid:
+//! nothing old is mounted, and the new filesystem's files read only what was written
+//! to them.
+//!
+//! **State** is one `ndctl list` of the region, cached. Our own creates and destroys
+//! apply the namespace they made or removed to it; the free sizes they changed are
+//! left to ndctl (capacity lists again; a create lets ndctl refuse).
 
 pub mod ndctl;
 mod provision;
