@@ -65,8 +65,8 @@ async fn region_align() -> u64 {
     region["align"].as_u64().unwrap_or(0).max(ndctl::FSDAX_ALIGN)
 }
 
-/// The tools a person would run for the same volume, and nothing else, split as the
-/// CSI calls split the work. Returns each step's time and the programs run.
+/// The tools a person would run for the same new volume, and nothing else (no blkid:
+/// the volume is known to be new), split as the CSI calls split the work. Returns each step's time and the programs run.
 async fn raw_lifecycle(class: &str, base: &Path, name: &str) -> ([Duration; 6], Vec<String>) {
     let stage = base.join(format!("{name}-stage"));
     let target = base.join(format!("{name}-target"));
@@ -120,7 +120,6 @@ async fn raw_lifecycle(class: &str, base: &Path, name: &str) -> ([Duration; 6], 
         other => panic!("unknown class {other}"),
     };
     clock.lap();
-    tool("blkid", &["-p", "-o", "export", &device]).await;
     let mut mkfs = vec!["-F", "-q", "-E"];
     mkfs.push(match class {
         // As the daemon formats a thin LV with nothing mapped yet.
