@@ -19,7 +19,8 @@ mod capacity;
 mod format;
 /// Growth, leftover zeroing LVs and deletion.
 mod grow_delete;
-/// Reading lvm: one shared report per VG, tags, error text, a hung lvs.
+/// Reading lvm: one shared report per VG, patched by our own changes, tags, error
+/// text, a hung lvs.
 mod reports;
 
 const EXTENT: u64 = 4 << 20;
@@ -462,98 +463,6 @@ async fn a_thick_filesystem_volume_is_tagged_committed_and_listed() {
         .await
         .unwrap();
     assert!(f.changes().iter().filter(|c| c.starts_with("lvcreate")).count() == 1);
-}
-
-/// The report reads (`lvs`, `vgs`) run so far.
-fn report_reads(f: &Fixture) -> usize {
-    f.commands
-        .calls()
-        .iter()
-        .filter(|c| c.starts_with("lvs --reportformat json --units b --nosuffix -o") || c.starts_with("vgs "))
-        .count()
-}
-
-#[tokio::test]
-async fn a_lifecycle_reads_no_report_after_the_first() {
-    for thin in [false, true] {
-        let f = Fixture::new(Some(true));
-        let b = if thin { f.thin(2.0).await } else { f.thick(0).await };
-        f.commands
-            .on("dmsetup", |_| ok("0 131072 thin 0 131071\n".to_string()));
-        let token = Token::for_name("pvc-1");
-        let size = b.capacity().await.unwrap().available;
-        let reads = report_reads(&f);
-        for round in 0..2 {
-            b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
-                .await
-                .unwrap();
-            assert!(b.get(&token).await.unwrap().is_some());
-            assert!(b.format_unfinished(&token).await.unwrap());
-            b.begin_format(&token).await.unwrap();
-            b.format_options(&token).await.unwrap();
-            b.mark_formatted(&token).await.unwrap();
-            assert!(!b.format_unfinished(&token).await.unwrap());
-            assert!(b.device(&token).await.unwrap().is_some());
-            b.delete(&token).await.unwrap();
-            assert!(b.get(&token).await.unwrap().is_none());
-            assert_eq!(report_reads(&f), reads, "thin: {thin}, round {round}");
-        }
-        assert_eq!(
-            f.changes()
-                .iter()
-                .map(|c| c.split_whitespace().next().unwrap().to_string())
-                .collect::<Vec<_>>(),
-            if thin {
-                ["lvcreate", "dmsetup", "lvchange", "lvremove"].repeat(2)
-            } else {
-                ["lvcreate", "lvchange", "lvremove"].repeat(2)
-            }
-        );
-        // What the patched report says is what a rescan says.
-        f.group.invalidate();
-        assert_eq!(b.capacity().await.unwrap().available, size);
-        assert_eq!(report_reads(&f), reads + 2);
-    }
-}
-
-/// What the RPCs learn from the report about two volumes.
-async fn seen(
-    b: &LvmBackend,
-    fs: &Token,
-    blk: &Token,
-) -> (
-    ClassCapacity,
-    Vec<VolumeRecord>,
-    Option<PathBuf>,
-    Option<PathBuf>,
-    bool,
-) {
-    (
-        b.capacity().await.unwrap(),
-        b.list().await.unwrap(),
-        b.device(fs).await.unwrap(),
-        b.device(blk).await.unwrap(),
-        b.format_unfinished(fs).await.unwrap(),
-    )
-}
-
-#[tokio::test]
-async fn the_patched_report_says_what_a_rescan_says() {
-    for thin in [false, true] {
-        let f = Fixture::new(Some(true));
-        let b = if thin { f.thin(2.0).await } else { f.thick(0).await };
-        f.commands
-            .on("dmsetup", |_| ok("0 131072 thin 0 131071\n".to_string()));
-        let (fs, blk) = (Token::for_name("fs"), Token::for_name("blk"));
-        b.create(&spec("fs", 64 * MIB, VolumeMode::Filesystem))
-            .await
-            .unwrap();
-        b.create(&spec("blk", 8 * MIB, VolumeMode::Block)).await.unwrap();
-        b.mark_formatted(&fs).await.unwrap();
-        let patched = seen(&b, &fs, &blk).await;
-        f.group.invalidate();
-        assert_eq!(seen(&b, &fs, &blk).await, patched, "thin: {thin}");
-    }
 }
 
 #[tokio::test]
