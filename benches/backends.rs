@@ -11,13 +11,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use localvol::backend::pmem::ndctl;
-use nix::mount::{MntFlags, MsFlags};
 use serde_json::json;
 
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{Daemon, Launch, StepClock, VOLUME_BYTES, blocking, lifecycle, ms, percentile, run, step_p50};
+use harness::{
+    Daemon, Launch, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, run, step_p50,
+};
 
 const VG: &str = "benchvg";
 const POOL: &str = "pool0";
@@ -131,36 +132,8 @@ async fn raw_lifecycle(class: &str, base: &Path, name: &str) -> ([Duration; 6], 
     }
     mkfs.push(&device);
     tool("mkfs.ext4", &mkfs).await;
-    let dax = namespace.is_some();
-    let (s, d) = (stage.clone(), device.clone());
-    blocking(move || {
-        nix::mount::mount(
-            Some(Path::new(&d)),
-            &s,
-            Some("ext4"),
-            MsFlags::empty(),
-            dax.then_some("dax"),
-        )
-    })
-    .await;
-    clock.lap();
-    let (s, t) = (stage.clone(), target.clone());
-    blocking(move || {
-        std::fs::create_dir(&t).unwrap();
-        nix::mount::mount(Some(&s), &t, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-    })
-    .await;
-    clock.lap();
-    let t = target.clone();
-    blocking(move || {
-        nix::mount::umount2(&t, MntFlags::empty())?;
-        std::fs::remove_dir(&t).unwrap();
-        Ok(())
-    })
-    .await;
-    clock.lap();
-    let s = stage.clone();
-    blocking(move || nix::mount::umount2(&s, MntFlags::empty())).await;
+    let dax = namespace.is_some().then_some("dax");
+    raw_mounts(&mut clock, &device, &stage, &target, dax).await;
     clock.lap();
     match namespace {
         Some(ns) => tool("ndctl", &["destroy-namespace", "-f", &ns]).await,

@@ -19,7 +19,7 @@ mod harness;
 mod pod_api;
 
 use harness::{
-    Daemon, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, blocking, cap, lifecycle, ms, percentile, run,
+    Daemon, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, cap, lifecycle, ms, percentile, raw_mounts, run,
     step_p50,
 };
 
@@ -56,35 +56,7 @@ async fn raw_lifecycle(base: &Path, name: &str) -> ([Duration; 6], Vec<String>) 
         ],
     )
     .await;
-    let (s, d) = (stage.clone(), device.clone());
-    blocking(move || {
-        nix::mount::mount(
-            Some(Path::new(&d)),
-            &s,
-            Some("ext4"),
-            MsFlags::empty(),
-            None::<&str>,
-        )
-    })
-    .await;
-    clock.lap();
-    let (s, t) = (stage.clone(), target.clone());
-    blocking(move || {
-        std::fs::create_dir(&t).unwrap();
-        nix::mount::mount(Some(&s), &t, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-    })
-    .await;
-    clock.lap();
-    let t = target.clone();
-    blocking(move || {
-        nix::mount::umount2(&t, MntFlags::empty())?;
-        std::fs::remove_dir(&t).unwrap();
-        Ok(())
-    })
-    .await;
-    clock.lap();
-    let s = stage.clone();
-    blocking(move || nix::mount::umount2(&s, MntFlags::empty())).await;
+    raw_mounts(&mut clock, &device, &stage, &target, None).await;
     tool("losetup", &["--detach", &device]).await;
     clock.lap();
     std::fs::remove_file(&image).unwrap();

@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use localvol::proto::csi::v1 as csi;
+use nix::mount::{MntFlags, MsFlags};
 use tonic::transport::Channel;
 
 pub const MIB: i64 = 1 << 20;
@@ -274,6 +275,38 @@ pub async fn run(program: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The mounts of a raw lifecycle, lapped as the CSI calls split the work: `device`
+/// mounted on `stage` (ending the stage step), bound to `target` (publish), unbound
+/// (unpublish), and `stage` unmounted (the caller ends the unstage step).
+pub async fn raw_mounts(
+    clock: &mut StepClock,
+    device: &str,
+    stage: &Path,
+    target: &Path,
+    data: Option<&'static str>,
+) {
+    let (s, d) = (stage.to_path_buf(), PathBuf::from(device));
+    blocking(move || nix::mount::mount(Some(&d), &s, Some("ext4"), MsFlags::empty(), data)).await;
+    clock.lap();
+    let (s, t) = (stage.to_path_buf(), target.to_path_buf());
+    blocking(move || {
+        std::fs::create_dir(&t).unwrap();
+        nix::mount::mount(Some(&s), &t, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+    })
+    .await;
+    clock.lap();
+    let t = target.to_path_buf();
+    blocking(move || {
+        nix::mount::umount2(&t, MntFlags::empty())?;
+        std::fs::remove_dir(&t).unwrap();
+        Ok(())
+    })
+    .await;
+    clock.lap();
+    let s = stage.to_path_buf();
+    blocking(move || nix::mount::umount2(&s, MntFlags::empty())).await;
 }
 
 /// Runs a syscall off the async threads, as the daemon does.
