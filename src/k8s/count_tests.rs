@@ -162,7 +162,9 @@ async fn publish_after_the_claim_expired_reads_it_once() {
     api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
     let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
     api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
-    let ttl = Duration::from_millis(300);
+    // Long enough that the two publishes below (cold, then warm) fall within it on a
+    // loaded machine.
+    let ttl = Duration::from_secs(2);
     let mut node = node(client, timings(ttl));
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;
