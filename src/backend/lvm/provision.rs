@@ -150,12 +150,19 @@ impl LvmBackend {
             }
             .into());
         }
-        let created = self.created_lv(lv, spec);
-        let extents_bytes = if self.is_thick() { spec.size_bytes } else { 0 };
-        let lvcreate = self.vg.change_known(self.lvcreate_command(lv, spec), |state| {
-            state.created(created, extents_bytes)
-        });
-        if let Err(e) = lvcreate.await {
+        let lvcreate = self.lvcreate_command(lv, spec);
+        let lvcreate = if self.settings.lvcreate_options.is_empty() {
+            let created = self.created_lv(lv, spec);
+            let extents_bytes = if self.is_thick() { spec.size_bytes } else { 0 };
+            self.vg
+                .change_known(lvcreate, |state| state.created(created, extents_bytes))
+                .await
+        } else {
+            // Configured options (`--type raid1`, mirrors) can take more extents than
+            // the size: what they made is read back, not computed.
+            self.vg.change(lvcreate).await
+        };
+        if let Err(e) = lvcreate {
             return Err(if stderr::is_no_space(e.stderr()) {
                 self.no_space(spec.size_bytes, available)
             } else if stderr::is_name_taken(e.stderr()) {

@@ -223,3 +223,31 @@ async fn the_patched_report_says_what_a_rescan_says() {
         assert_eq!(seen(&b, &fs, &blk).await, patched, "thin: {thin}");
     }
 }
+
+#[tokio::test]
+async fn with_configured_lvcreate_options_a_create_is_read_back_not_computed() {
+    let f = Fixture::new(Some(true));
+    let settings = LvmSettings {
+        kind: "lvm",
+        layout: Layout::Thick {
+            spare_bytes: 0,
+            stripes: None,
+            stripe_size: None,
+        },
+        lvcreate_options: vec!["--type".into(), "linear".into()],
+        dax: false,
+    };
+    let b = LvmBackend::open(
+        ClassName::parse("thick").unwrap(),
+        settings,
+        Arc::clone(&f.group),
+        f.host.clone(),
+    )
+    .await
+    .unwrap();
+    let reads = report_reads(&f);
+    b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(report_reads(&f), reads + 2, "lvs and vgs after lvcreate");
+}
