@@ -12,7 +12,7 @@
 //!   generation it started in.
 //! - **Short TTL** for changes made by others (an administrator's `lvextend`); callers
 //!   that only look up what they themselves changed may accept an older report
-//!   ([`ReportCache::get_within`]).
+//!   ([`ReportCache::get_within`] with [`KNOWN_TTL`]).
 //! - **A failing or hung tool does not pile up:** the command runner kills it at its
 //!   timeout, and for [`RETRY_AFTER`] the failure is returned at once to every caller,
 //!   so a hung `lvs` costs one timeout, not one per waiting RPC.
@@ -86,26 +86,20 @@ impl<T> ReportCache<T> {
         }
     }
 
-    /// Forgets the report: the next [`ReportCache::get`] reads the storage again.
+    /// How long a report is trusted when nothing of ours changed the storage.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Forgets the report: the next [`ReportCache::get_within`] reads the storage again.
     pub fn invalidate(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The current report: cached if fresh, else read by `read`. While a recent
-    /// refresh failed, `recent_failure` builds the error from that failure's message.
-    pub async fn get<E, Fut>(
-        &self,
-        read: impl FnOnce() -> Fut,
-        recent_failure: impl FnOnce(String) -> E,
-    ) -> Result<Arc<T>, E>
-    where
-        Fut: Future<Output = Result<T, E>>,
-        E: std::error::Error,
-    {
-        self.get_within(self.ttl, read, recent_failure).await
-    }
-
-    /// As [`ReportCache::get`], accepting a current report read up to `max_age` ago.
+    /// The current report if it was read within `max_age` (the TTL, or longer for
+    /// callers that look up only what they changed themselves), else one read by
+    /// `read`. While a recent refresh failed, `recent_failure` builds the error from
+    /// that failure's message.
     pub async fn get_within<E, Fut>(
         &self,
         max_age: Duration,
@@ -208,7 +202,8 @@ mod tests {
 
     async fn read(cache: &ReportCache<usize>, reads: &AtomicUsize, fail: bool) -> Result<usize, Failed> {
         cache
-            .get(
+            .get_within(
+                cache.ttl(),
                 || async {
                     let n = reads.fetch_add(1, Ordering::SeqCst) + 1;
                     tokio::task::yield_now().await;

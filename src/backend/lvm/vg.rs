@@ -172,26 +172,21 @@ impl VolumeGroup {
         &self.name
     }
 
-    /// The cached report, or a fresh one (`lvs` then `vgs`).
+    /// The cached report within the TTL, or a fresh one (`lvs` then `vgs`).
     pub async fn state(&self) -> Result<Arc<VgState>, BackendError> {
-        self.cache
-            .get(
-                || self.read(),
-                |reason| LvmError::ReportUnavailable {
-                    vg: self.name.clone(),
-                    reason,
-                },
-            )
-            .await
-            .map_err(BackendError::from)
+        self.state_within(self.cache.ttl()).await
     }
 
     /// The cached report up to [`KNOWN_TTL`] old (with our own changes applied), or a
     /// fresh one: for decisions about our own LVs.
     pub async fn known_state(&self) -> Result<Arc<VgState>, BackendError> {
+        self.state_within(KNOWN_TTL).await
+    }
+
+    async fn state_within(&self, max_age: Duration) -> Result<Arc<VgState>, BackendError> {
         self.cache
             .get_within(
-                KNOWN_TTL,
+                max_age,
                 || self.read(),
                 |reason| LvmError::ReportUnavailable {
                     vg: self.name.clone(),

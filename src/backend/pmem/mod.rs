@@ -193,25 +193,19 @@ impl PmemBackend {
     }
 
     async fn state(&self) -> Result<Arc<Region>, BackendError> {
-        self.cache
-            .get(
-                || self.read(),
-                |reason| {
-                    BackendError::from(PmemError::ReportUnavailable {
-                        region: self.region.clone(),
-                        reason,
-                    })
-                },
-            )
-            .await
+        self.state_within(self.cache.ttl()).await
     }
 
     /// The cached report up to [`KNOWN_TTL`] old, with our own creates and destroys
     /// applied: for looking up this class's namespaces.
     async fn known_state(&self) -> Result<Arc<Region>, BackendError> {
+        self.state_within(KNOWN_TTL).await
+    }
+
+    async fn state_within(&self, max_age: Duration) -> Result<Arc<Region>, BackendError> {
         self.cache
             .get_within(
-                KNOWN_TTL,
+                max_age,
                 || self.read(),
                 |reason| {
                     BackendError::from(PmemError::ReportUnavailable {
