@@ -24,6 +24,21 @@ pub struct Region {
     pub sizes_unknown: bool,
 }
 
+impl Region {
+    /// The listing after our `create-namespace` made `ns` (as it printed it).
+    pub fn created(&mut self, ns: Namespace) {
+        self.namespaces.retain(|n| n.dev != ns.dev);
+        self.namespaces.push(ns);
+        self.sizes_unknown = true;
+    }
+
+    /// The listing after our `destroy-namespace` of `dev`.
+    pub fn destroyed(&mut self, dev: &str) {
+        self.namespaces.retain(|n| n.dev != dev);
+        self.sizes_unknown = true;
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct Namespace {
     /// `namespace0.1`: what ndctl commands take.

@@ -17,10 +17,7 @@ impl PmemBackend {
             .timeout(CHANGE_TIMEOUT);
         let ticket = self.cache.begin_change().await;
         let result = self.host.commands.run(cmd).await;
-        let destroyed = |region: &mut Region| {
-            region.namespaces.retain(|n| n.dev != ns.dev);
-            region.sizes_unknown = true;
-        };
+        let destroyed = |region: &mut Region| region.destroyed(&ns.dev);
         self.cache
             .finish_change(ticket, result.is_ok().then_some(destroyed))
             .await;
@@ -92,27 +89,22 @@ impl PmemBackend {
             .args(["-s", &raw.to_string(), "-n", &name])
             .timeout(CHANGE_TIMEOUT);
         let ticket = self.cache.begin_change().await;
-        let created = self.host.commands.run(cmd).await;
-        let parsed = created
-            .as_ref()
-            .ok()
+        let created = self
+            .host
+            .commands
+            .run(cmd)
+            .await
             .map(|out| ndctl::parse_namespace(&out.stdout));
-        let patch = match &parsed {
-            Some(Ok(ns)) => Some(|region: &mut Region| {
-                region.namespaces.retain(|n| n.dev != ns.dev);
-                region.namespaces.push(ns.clone());
-                region.sizes_unknown = true;
-            }),
+        let patch = match &created {
+            Ok(Ok(ns)) => Some(|region: &mut Region| region.created(ns.clone())),
             _ => None,
         };
         self.cache.finish_change(ticket, patch).await;
         let ns = match created {
-            Ok(_) => parsed
-                .expect("parsed when created")
-                .map_err(|reason| PmemError::Report {
-                    region: self.region.clone(),
-                    reason,
-                }),
+            Ok(parsed) => parsed.map_err(|reason| PmemError::Report {
+                region: self.region.clone(),
+                reason,
+            }),
             Err(e) => {
                 files::remove_durably(&self.dir, &self.record_path(&spec.token)).await?;
                 return Err(if ndctl::stderr::is_no_space(e.stderr()) {
