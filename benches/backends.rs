@@ -254,12 +254,5 @@ async fn main() {
         );
     }
     report.insert("rounds".into(), json!(rounds));
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::write(
-        out.join("backends.json"),
-        serde_json::to_vec_pretty(&report).unwrap(),
-    )
-    .unwrap();
-    println!("\nwritten: target/bench/backends.json");
+    harness::write_report("backends.json", report);
 }

@@ -8,7 +8,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use localvol::proto::csi::v1 as csi;
 use nix::mount::{MntFlags, MsFlags};
 use serde_json::json;
 use tonic::transport::Channel;
@@ -19,7 +18,7 @@ mod harness;
 mod pod_api;
 
 use harness::{
-    Daemon, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, cap, lifecycle, ms, percentile, raw_mounts, run,
+    Csi, Daemon, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, run,
     step_p50,
 };
 
@@ -159,25 +158,11 @@ async fn main() {
     }
 
     // 4. Resident memory after 500 volumes exist.
-    let mut controller = csi::controller_client::ControllerClient::new(channel.clone());
+    let mut csi = Csi::new(channel.clone());
     for i in 0..500 {
-        controller
-            .create_volume(csi::CreateVolumeRequest {
-                name: format!("many-{i}"),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: MIB,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![cap()],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        csi.create(&format!("many-{i}"), MIB, None).await;
     }
-    controller
-        .list_volumes(csi::ListVolumesRequest::default())
-        .await
-        .unwrap();
+    csi.list().await;
     let rss_500 = daemon.rss_kib();
     daemon.stop().await;
 
@@ -329,49 +314,17 @@ async fn main() {
                "kube_on_0_pods": rss_kube[0].1, "kube_on_110_pods": rss_kube[1].1}),
     );
     report.insert("startup_ms".into(), json!(ms(startup)));
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    std::fs::create_dir_all(&out).unwrap();
-    std::fs::write(
-        out.join("lifecycle.json"),
-        serde_json::to_vec_pretty(&report).unwrap(),
-    )
-    .unwrap();
-    println!("\nwritten: target/bench/lifecycle.json");
+    harness::write_report("lifecycle.json", report);
 }
 
 /// NodePublish+NodeUnpublish of one staged volume against mkdir + bind mount + umount +
 /// rmdir done directly.
 async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latencies {
-    use csi::controller_client::ControllerClient;
-    use csi::node_client::NodeClient;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    let mut csi = Csi::new(channel);
     let stage = work.join("pub-stage");
     std::fs::create_dir_all(&stage).unwrap();
-    let id = controller
-        .create_volume(csi::CreateVolumeRequest {
-            name: "pub".into(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: VOLUME_BYTES,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-        volume_capability: Some(cap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let id = csi.create("pub", VOLUME_BYTES, None).await;
+    csi.stage(&id, &stage).await;
     let target = work.join("pub-target");
     let bare_target = work.join("bare-target");
     let (mut ours, mut bare, mut command) = (Vec::new(), Vec::new(), Vec::new());
@@ -380,27 +333,12 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
         // The gRPC floor: two calls that do no work, as many round trips as the pair.
         let t = Instant::now();
         for _ in 0..2 {
-            node.node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
-                .await
-                .unwrap();
+            csi.nothing().await;
         }
         floor.push(t.elapsed());
         let t = Instant::now();
-        node.node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: stage.display().to_string(),
-            target_path: target.display().to_string(),
-            volume_capability: Some(cap()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.display().to_string(),
-        })
-        .await
-        .unwrap();
+        csi.publish(&id, &stage, &target).await;
+        csi.unpublish(&id, &target).await;
         ours.push(t.elapsed());
         let (s, b) = (stage.clone(), bare_target.clone());
         let t = Instant::now();
@@ -424,19 +362,8 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
         std::fs::remove_dir(&bare_target).unwrap();
         command.push(t.elapsed());
     }
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-    })
-    .await
-    .unwrap();
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.unstage(&id, &stage).await;
+    csi.delete(&id).await;
     ours.sort();
     bare.sort();
     command.sort();

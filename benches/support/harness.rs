@@ -184,81 +184,146 @@ impl StepClock {
     }
 }
 
+/// The CSI calls of a lifecycle, each of which must succeed.
+pub struct Csi {
+    controller: csi::controller_client::ControllerClient<Channel>,
+    node: csi::node_client::NodeClient<Channel>,
+}
+
+impl Csi {
+    pub fn new(channel: Channel) -> Self {
+        Self {
+            controller: csi::controller_client::ControllerClient::new(channel.clone()),
+            node: csi::node_client::NodeClient::new(channel),
+        }
+    }
+
+    /// Creates an ext4 volume of `bytes` in `class` (the default class if `None`);
+    /// returns its id.
+    pub async fn create(&mut self, name: &str, bytes: i64, class: Option<&str>) -> String {
+        let parameters = class
+            .map(|c| [("localvol.csi.dev/device-class".to_string(), c.to_string())].into())
+            .unwrap_or_default();
+        self.controller
+            .create_volume(csi::CreateVolumeRequest {
+                name: name.to_string(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![cap()],
+                parameters,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id
+    }
+
+    pub async fn stage(&mut self, id: &str, stage: &Path) {
+        self.node
+            .node_stage_volume(csi::NodeStageVolumeRequest {
+                volume_id: id.to_string(),
+                staging_target_path: stage.display().to_string(),
+                volume_capability: Some(cap()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    pub async fn publish(&mut self, id: &str, stage: &Path, target: &Path) {
+        self.node
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_id: id.to_string(),
+                staging_target_path: stage.display().to_string(),
+                target_path: target.display().to_string(),
+                volume_capability: Some(cap()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    pub async fn unpublish(&mut self, id: &str, target: &Path) {
+        self.node
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: id.to_string(),
+                target_path: target.display().to_string(),
+            })
+            .await
+            .unwrap();
+    }
+
+    pub async fn unstage(&mut self, id: &str, stage: &Path) {
+        self.node
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: id.to_string(),
+                staging_target_path: stage.display().to_string(),
+            })
+            .await
+            .unwrap();
+    }
+
+    pub async fn delete(&mut self, id: &str) {
+        self.controller
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id.to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    /// A call that does no work: one round trip of the transport.
+    pub async fn nothing(&mut self) {
+        self.node
+            .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+            .await
+            .unwrap();
+    }
+
+    pub async fn list(&mut self) {
+        self.controller
+            .list_volumes(csi::ListVolumesRequest::default())
+            .await
+            .unwrap();
+    }
+}
+
 /// One full lifecycle through the socket, as external-provisioner and kubelet drive it,
 /// in the device class `class` (the default class if `None`); returns each step's time.
 pub async fn lifecycle(channel: Channel, base: &Path, name: &str, class: Option<&str>) -> [Duration; 6] {
-    use csi::controller_client::ControllerClient;
-    use csi::node_client::NodeClient;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    let mut csi = Csi::new(channel);
     let stage = base.join(format!("{name}-stage"));
     let target = base.join(format!("{name}-target"));
     std::fs::create_dir_all(&stage).unwrap();
-    let parameters = class
-        .map(|c| [("localvol.csi.dev/device-class".to_string(), c.to_string())].into())
-        .unwrap_or_default();
     let mut clock = StepClock::start();
-    let volume = controller
-        .create_volume(csi::CreateVolumeRequest {
-            name: name.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: VOLUME_BYTES,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap()],
-            parameters,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let id = csi.create(name, VOLUME_BYTES, class).await;
     clock.lap();
-    let id = volume.volume_id;
-    node.node_stage_volume(csi::NodeStageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-        volume_capability: Some(cap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    csi.stage(&id, &stage).await;
     clock.lap();
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(cap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    csi.publish(&id, &stage, &target).await;
     clock.lap();
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
+    csi.unpublish(&id, &target).await;
     clock.lap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: stage.display().to_string(),
-    })
-    .await
-    .unwrap();
+    csi.unstage(&id, &stage).await;
     clock.lap();
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.delete(&id).await;
     clock.lap();
     std::fs::remove_dir(&stage).unwrap();
     clock.steps
+}
+
+/// Writes `report` to `target/bench/<file>` and says so.
+pub fn write_report(file: &str, report: serde_json::Map<String, serde_json::Value>) {
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join(file), serde_json::to_vec_pretty(&report).unwrap()).unwrap();
+    println!("\nwritten: target/bench/{file}");
 }
 
 /// Runs a tool directly; it must succeed; returns stdout.
