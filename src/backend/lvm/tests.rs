@@ -385,6 +385,21 @@ impl Fixture {
         .unwrap()
     }
 
+    /// A thick LV made behind the daemon's back (an earlier version, a killed create,
+    /// an administrator), seen at the next report.
+    fn plant_thick(&self, name: &str, size: u64, tags: Vec<String>) {
+        self.vg.lock().unwrap().lvs.push(FakeLv {
+            name: name.into(),
+            size,
+            tags,
+            pool: None,
+            thin_pool: false,
+            zeroing: false,
+            in_use: false,
+        });
+        self.group.invalidate();
+    }
+
     fn lv_names(&self) -> Vec<String> {
         self.vg
             .lock()
@@ -505,16 +520,7 @@ async fn a_pending_lv_from_a_crash_is_not_a_volume_and_is_redone() {
     // The daemon died while zeroing: the LV exists with the pending tag.
     let mut tags = tags::volume_tags(b.class(), &spec("blk", 8 * MIB, VolumeMode::Block));
     tags.push(tags::PENDING.to_string());
-    f.vg.lock().unwrap().lvs.push(FakeLv {
-        name: "blk".into(),
-        size: 8 * MIB,
-        tags,
-        pool: None,
-        thin_pool: false,
-        zeroing: false,
-        in_use: false,
-    });
-    f.group.invalidate();
+    f.plant_thick("blk", 8 * MIB, tags);
     assert!(b.get(&Token::for_name("blk")).await.unwrap().is_none());
     assert!(b.list().await.unwrap().is_empty());
     assert!(b.device(&Token::for_name("blk")).await.unwrap().is_none());

@@ -41,16 +41,11 @@ async fn the_mark_is_set_before_mkfs_and_replaced_after_in_one_change() {
     let b = f.thick(0).await;
     let token = Token::for_name("pvc-1");
     // A volume made before lvcreate set the mark: its tags have none.
-    f.vg.lock().unwrap().lvs.push(FakeLv {
-        name: "pvc-1".into(),
-        size: 64 * MIB,
-        tags: tags::volume_tags(b.class(), &spec("pvc-1", 64 * MIB, VolumeMode::Filesystem)),
-        pool: None,
-        thin_pool: false,
-        zeroing: false,
-        in_use: false,
-    });
-    f.group.invalidate();
+    f.plant_thick(
+        "pvc-1",
+        64 * MIB,
+        tags::volume_tags(b.class(), &spec("pvc-1", 64 * MIB, VolumeMode::Filesystem)),
+    );
     assert!(!b.format_unfinished(&token).await.unwrap(), "no mark");
 
     b.begin_format(&token).await.unwrap();
@@ -101,16 +96,7 @@ async fn only_finished_volumes_are_marked() {
     let mut tags = tags::volume_tags(b.class(), &spec("half", 8 * MIB, VolumeMode::Filesystem));
     tags.push(tags::PENDING.to_string());
     tags.push(tags::FORMATTING.to_string());
-    f.vg.lock().unwrap().lvs.push(FakeLv {
-        name: "half".into(),
-        size: 8 * MIB,
-        tags,
-        pool: None,
-        thin_pool: false,
-        zeroing: false,
-        in_use: false,
-    });
-    f.group.invalidate();
+    f.plant_thick("half", 8 * MIB, tags);
     let half = Token::for_name("half");
     assert!(!b.format_unfinished(&half).await.unwrap());
     assert!(b.begin_format(&half).await.is_err());

@@ -88,16 +88,7 @@ async fn delete_is_idempotent_refuses_busy_lvs_and_spares_foreign_ones() {
     assert!(f.lv_names().is_empty());
 
     // An LV of the same name that is not this class's volume is left alone.
-    f.vg.lock().unwrap().lvs.push(FakeLv {
-        name: "root".into(),
-        size: 8 * MIB,
-        tags: Vec::new(),
-        pool: None,
-        thin_pool: false,
-        zeroing: false,
-        in_use: false,
-    });
-    f.group.invalidate();
+    f.plant_thick("root", 8 * MIB, Vec::new());
     b.delete(&Token::for_name("root")).await.unwrap();
     assert_eq!(f.lv_names(), ["root"]);
     let err = b

@@ -35,19 +35,14 @@ async fn classes_on_one_vg_share_one_report_and_see_only_their_volumes() {
 async fn inconsistent_tags_fail_get_and_are_skipped_by_list() {
     let f = Fixture::new(None);
     let b = f.thick(0).await;
-    f.vg.lock().unwrap().lvs.push(FakeLv {
-        name: "pvc-9".into(),
-        size: 8 * MIB,
-        tags: vec![
+    f.plant_thick(
+        "pvc-9",
+        8 * MIB,
+        vec![
             "localvol.csi.dev/class=thick".into(),
             "localvol.csi.dev/name=pvc-9".into(),
         ],
-        pool: None,
-        thin_pool: false,
-        zeroing: false,
-        in_use: false,
-    });
-    f.group.invalidate();
+    );
     let err = b.get(&Token::for_name("pvc-9")).await.unwrap_err();
     assert!(matches!(err, BackendError::CorruptRecord { .. }), "{err}");
     assert!(b.list().await.unwrap().is_empty());
