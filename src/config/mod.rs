@@ -96,6 +96,16 @@ pub struct ServeArgs {
     pub loop_capacity: u64,
     #[command(flatten)]
     pub resize: crate::resize::ResizeArgs,
+    /// kubelet's root directory. Staging and target paths of node calls must lie below
+    /// it (or below another one given here: the flag repeats; the environment variable
+    /// takes a comma-separated list). Anything else is refused before any change.
+    #[arg(
+        long = "kubelet-root-dir",
+        env = "LOCALVOL_KUBELET_ROOT_DIR",
+        value_delimiter = ',',
+        default_value = "/var/lib/kubelet"
+    )]
+    pub kubelet_root_dirs: Vec<PathBuf>,
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOCALVOL_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
@@ -252,6 +262,8 @@ pub struct Config {
     pub socket_path: PathBuf,
     pub node_id: String,
     pub data_dir: PathBuf,
+    /// Roots under which node calls may stage and publish (kubelet's root directory).
+    pub kubelet_root_dirs: Vec<PathBuf>,
     pub metrics_addr: SocketAddr,
     pub device_classes: Vec<DeviceClass>,
     pub resize: crate::resize::ResizeArgs,
@@ -283,6 +295,7 @@ impl Config {
                 "--data-dir must be an absolute path".to_string(),
             ));
         }
+        let kubelet_root_dirs = kubelet_root_dirs(&args.kubelet_root_dirs)?;
         let registration = registration_config(args, &socket_path)?;
         let file = load_file_config(args.config.as_deref())?;
         let csi_addons_socket = match &args.reclaim.csi_addons_endpoint {
@@ -311,6 +324,7 @@ impl Config {
             socket_path,
             node_id,
             data_dir: args.data_dir.clone(),
+            kubelet_root_dirs,
             metrics_addr: args.metrics_addr,
             device_classes: validate_classes(file, &args.data_dir, args.loop_capacity)?,
             resize: args.resize.clone(),
@@ -325,6 +339,36 @@ impl Config {
             .find(|c| c.default)
             .expect("validation guarantees a default class")
     }
+}
+
+/// Each root must be absolute and normal (no `.`, `..` or empty components): a root is
+/// compared component by component with the paths of node calls.
+fn kubelet_root_dirs(roots: &[PathBuf]) -> Result<Vec<PathBuf>, ConfigError> {
+    use std::path::Component;
+    if roots.is_empty() {
+        return Err(ConfigError::Invalid(
+            "--kubelet-root-dir: at least one directory".to_string(),
+        ));
+    }
+    for root in roots {
+        // components() silently drops `.`, `//` and a trailing `/`: rebuilding the path
+        // from them and comparing the bytes finds those too.
+        let rebuilt: PathBuf = root.components().collect();
+        let normal = root.is_absolute()
+            && root
+                .components()
+                .skip(1)
+                .all(|c| matches!(c, Component::Normal(_)))
+            && root.components().count() > 1
+            && rebuilt.as_os_str() == root.as_os_str();
+        if !normal {
+            return Err(ConfigError::Invalid(format!(
+                "--kubelet-root-dir {}: must be an absolute path without ., .., // or a trailing / (and not /)",
+                root.display()
+            )));
+        }
+    }
+    Ok(roots.to_vec())
 }
 
 fn registration_config(args: &ServeArgs, socket_path: &Path) -> Result<RegistrationConfig, ConfigError> {
@@ -395,6 +439,37 @@ mod tests {
         let err = Config::from_args(&serve_args(&["--kubelet-csi-endpoint", "tcp://x:1"])).unwrap_err();
         assert!(err.to_string().contains("--kubelet-csi-endpoint"), "{err}");
         assert!(Cli::try_parse_from(["localvol", "serve", "--kubelet-registration", "off"]).is_err());
+    }
+
+    #[test]
+    fn kubelet_root_dirs_default_repeat_and_must_be_normal() {
+        let config = Config::from_args(&serve_args(&[])).unwrap();
+        assert_eq!(config.kubelet_root_dirs, vec![PathBuf::from("/var/lib/kubelet")]);
+        let config = Config::from_args(&serve_args(&[
+            "--kubelet-root-dir",
+            "/var/lib/k0s/kubelet",
+            "--kubelet-root-dir",
+            "/tmp/sanity",
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.kubelet_root_dirs,
+            vec![
+                PathBuf::from("/var/lib/k0s/kubelet"),
+                PathBuf::from("/tmp/sanity")
+            ]
+        );
+        for bad in [
+            "/",
+            "kubelet",
+            "/var/../etc",
+            "/var/./lib",
+            "/var/lib/kubelet/",
+            "/var//lib",
+        ] {
+            let err = Config::from_args(&serve_args(&["--kubelet-root-dir", bad])).unwrap_err();
+            assert!(err.to_string().contains("--kubelet-root-dir"), "{bad}: {err}");
+        }
     }
 
     #[test]
