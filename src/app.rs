@@ -91,10 +91,10 @@ pub async fn serve(
     let kube = crate::k8s::connect(&config).await?;
     if config.resize.needs_api() && kube.is_none() {
         bail!(
-            "--report-resize-status and --node-resizer need the Kubernetes API (--kube on or auto with a configuration)"
+            "--report-resize-status on and --node-resizer need the Kubernetes API (--kube on or auto with a configuration)"
         );
     }
-    let resize = crate::resize::reporting(&config.resize, kube.as_ref(), &config.node_id)?;
+    let resize = crate::resize::reporting(&config.resize, kube.as_ref(), &config.node_id).await?;
     let owner_check = crate::k8s::owner_check(kube.clone(), &config, Arc::clone(&health));
     let locks = VolumeLocks::default();
     let states = VolumeStates::new();

@@ -330,9 +330,14 @@ async fn reporting_off_makes_no_request_at_all() {
     let node = Node::new();
     let id = node.create().await;
     let (client, server) = serve(vec![]);
-    let args = ResizeArgs::default();
+    let args = ResizeArgs {
+        report_resize_status: ReportResizeStatus::Off,
+        ..ResizeArgs::default()
+    };
     assert!(!args.needs_api());
-    let reporting = crate::resize::reporting(&args, Some(&client), "node-a").unwrap();
+    let reporting = crate::resize::reporting(&args, Some(&client), "node-a")
+        .await
+        .unwrap();
     assert!(matches!(reporting, NodeReporting::Off));
     let report = reporting.started(&node.volumes, &id, GI2).await;
     reporting.finished(report, &Err(no_space())).await;
@@ -355,9 +360,64 @@ fn flags_parse_from_the_command_line() {
         "--resize-failure-value",
         "NodeResizeFailed",
     ]);
-    assert!(cli.resize.report_resize_status && cli.resize.node_resizer);
+    assert!(cli.resize.report_resize_status == ReportResizeStatus::On && cli.resize.node_resizer);
     assert_eq!(cli.resize.resize_failure_value, FailureValue::NodeResizeFailed);
     let cli = Cli::parse_from(["x"]);
     assert_eq!(cli.resize, ResizeArgs::default());
+    assert_eq!(cli.resize.report_resize_status, ReportResizeStatus::Auto);
+    assert!(!cli.resize.needs_api(), "auto works without an API");
+    for (value, expected) in [
+        ("on", ReportResizeStatus::On),
+        ("true", ReportResizeStatus::On),
+        ("off", ReportResizeStatus::Off),
+        ("false", ReportResizeStatus::Off),
+        ("auto", ReportResizeStatus::Auto),
+    ] {
+        let cli = Cli::parse_from(["x", &format!("--report-resize-status={value}")]);
+        assert_eq!(cli.resize.report_resize_status, expected, "{value}");
+    }
     assert!(Cli::try_parse_from(["x", "--resize-failure-value", "Failed"]).is_err());
+}
+
+/// `auto` reads this node's Node once and reports only for a kubelet before 1.32; an
+/// unreadable version leaves reporting off.
+#[tokio::test]
+async fn auto_reporting_follows_the_kubelet_version() {
+    let node_with = |version: &str| {
+        json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-a"}, "status": {"nodeInfo": {"kubeletVersion": version,
+        "architecture": "amd64", "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "",
+        "kubeProxyVersion": "", "machineID": "", "operatingSystem": "linux", "osImage": "",
+        "systemUUID": ""}}})
+    };
+    let args = ResizeArgs::default();
+    for (status, reply, expect_on) in [
+        (200, node_with("v1.31.9"), true),
+        (200, node_with("v1.36.3"), false),
+        (200, node_with("unknown"), false),
+        (
+            403,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+            "reason": "Forbidden", "message": "nodes \"node-a\" is forbidden"}),
+            false,
+        ),
+    ] {
+        let (client, server) = serve(vec![step(Method::GET, "/api/v1/nodes/node-a", status, reply)]);
+        let reporting = crate::resize::reporting(&args, Some(&client), "node-a")
+            .await
+            .unwrap();
+        assert_eq!(matches!(reporting, NodeReporting::On(_)), expect_on);
+        drop((reporting, client));
+        server.await.unwrap();
+    }
+    let reporting = crate::resize::reporting(&args, None, "node-a").await.unwrap();
+    assert!(
+        matches!(reporting, NodeReporting::Off),
+        "auto without an API is off"
+    );
+    let on = ResizeArgs {
+        report_resize_status: ReportResizeStatus::On,
+        ..ResizeArgs::default()
+    };
+    assert!(crate::resize::reporting(&on, None, "node-a").await.is_err());
 }
