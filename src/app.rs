@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use tokio::sync::watch;
-use tokio_stream::wrappers::UnixListenerStream;
 use tracing::info;
 
 use crate::backend::Opener;
@@ -152,10 +151,7 @@ pub async fn serve(
                 tonic::transport::Server::builder()
                     .add_service(identity)
                     .add_service(node)
-                    .serve_with_incoming_shutdown(
-                        UnixListenerStream::new(listener),
-                        stopped(stop_rx.clone()),
-                    ),
+                    .serve_with_incoming_shutdown(csi::socket::incoming(listener), stopped(stop_rx.clone())),
             )
         }
         None => None,
@@ -235,7 +231,7 @@ pub async fn serve(
         .add_service(controller)
         .add_service(node)
         .add_service(states)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped(stop_rx));
+        .serve_with_incoming_shutdown(csi::socket::incoming(listener), stopped(stop_rx));
     info!(
         endpoint = %config.socket_path.display(),
         node.id = %config.node_id,

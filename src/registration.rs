@@ -14,7 +14,6 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 use tracing::{error, info};
 
@@ -105,7 +104,7 @@ pub fn serve(
     Ok(async move {
         let served = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(socket::incoming(listener), shutdown)
             .await;
         // Gone from plugins_registry, the plugin is deregistered by kubelet.
         if let Err(e) = std::fs::remove_file(&path)

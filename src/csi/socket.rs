@@ -9,7 +9,11 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::{Stream, StreamExt};
+
+use super::authority::NormalizedStream;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
@@ -95,6 +99,13 @@ pub fn bind_private(path: &Path) -> Result<UnixListener, SocketError> {
     })();
     let _ = std::fs::remove_dir(&private_dir);
     result
+}
+
+/// The connections a gRPC server on `listener` serves: each read through
+/// [`NormalizedStream`], so that h2 takes whatever `:authority` the client sends.
+/// Every unix socket localvol serves is served from this.
+pub fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<NormalizedStream<UnixStream>>> {
+    UnixListenerStream::new(listener).map(|accepted| accepted.map(NormalizedStream::new))
 }
 
 /// A gRPC channel to the server listening on the unix socket at `path`: the client side

@@ -1,0 +1,229 @@
+//! kubelet's plugin registration as kubelet 1.36 (grpc-go) really sends it: the
+//! `:authority` of its calls is the percent-encoded socket path, which h2 alone rejects
+//! with RST_STREAM PROTOCOL_ERROR. Every unix socket localvol serves must answer such
+//! calls, and calls with the raw path that grpc-python and grpc-java send.
+//!
+//! The calls are written here as raw HTTP/2 frames, with header blocks encoded as
+//! grpc-go encodes them (Huffman-coded, incrementally indexed, so the second call on a
+//! connection refers to the first one's `:authority` in the dynamic table): a tonic
+//! client cannot send an authority the `http` crate rejects.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::Daemon;
+use localvol::proto::csi::v1::GetPluginInfoResponse;
+use localvol::proto::identity::GetIdentityResponse;
+use localvol::proto::pluginregistration::PluginInfo;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+const GRPC_GO_AUTHORITY: &str = "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Flocalvol.csi.dev-reg.sock";
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+const SETTINGS: u8 = 0x4;
+const GOAWAY: u8 = 0x7;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len().to_be_bytes();
+    let mut out = vec![len[5], len[6], len[7], kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// What came back for one call.
+#[derive(Debug, Default)]
+struct Reply {
+    /// Response headers and trailers, in order.
+    headers: Vec<(String, String)>,
+    /// The gRPC message, without its 5-octet prefix.
+    message: Vec<u8>,
+    /// The RST_STREAM or GOAWAY error code, if the server gave up on the call.
+    reset: Option<u32>,
+}
+
+impl Reply {
+    fn grpc_status(&self) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == "grpc-status")
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/2 connection to `socket`, speaking like grpc-go.
+struct RawClient {
+    stream: UnixStream,
+    encoder: httlib_hpack::Encoder<'static>,
+    decoder: loona_hpack::Decoder<'static>,
+    next_stream: u32,
+}
+
+impl RawClient {
+    async fn connect(socket: &Path) -> Self {
+        let mut stream = UnixStream::connect(socket).await.unwrap();
+        let mut hello = PREFACE.to_vec();
+        hello.extend(frame(SETTINGS, 0, 0, &[]));
+        stream.write_all(&hello).await.unwrap();
+        Self {
+            stream,
+            encoder: httlib_hpack::Encoder::default(),
+            decoder: loona_hpack::Decoder::new(),
+            next_stream: 1,
+        }
+    }
+
+    /// A unary call with an empty request message, answered within ten seconds.
+    async fn call(&mut self, authority: &str, path: &str) -> Reply {
+        use httlib_hpack::Encoder;
+        let id = self.next_stream;
+        self.next_stream += 2;
+        let flags =
+            Encoder::HUFFMAN_NAME | Encoder::HUFFMAN_VALUE | Encoder::WITH_INDEXING | Encoder::BEST_FORMAT;
+        let mut block = Vec::new();
+        for (name, value) in [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", path),
+            (":authority", authority),
+            ("content-type", "application/grpc"),
+            ("user-agent", "grpc-go/1.72.1"),
+            ("te", "trailers"),
+        ] {
+            self.encoder
+                .encode(
+                    (name.as_bytes().to_vec(), value.as_bytes().to_vec(), flags),
+                    &mut block,
+                )
+                .unwrap();
+        }
+        let mut request = frame(HEADERS, END_HEADERS, id, &block);
+        request.extend(frame(DATA, END_STREAM, id, &[0, 0, 0, 0, 0]));
+        self.stream.write_all(&request).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.reply(id))
+            .await
+            .expect("a reply within 10 s")
+    }
+
+    async fn reply(&mut self, id: u32) -> Reply {
+        let mut reply = Reply::default();
+        let mut block = Vec::new();
+        let mut body = Vec::new();
+        loop {
+            let mut header = [0u8; 9];
+            self.stream.read_exact(&mut header).await.unwrap();
+            let len = usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+            let (kind, flags) = (header[3], header[4]);
+            let stream = u32::from_be_bytes(header[5..9].try_into().unwrap()) & 0x7fff_ffff;
+            let mut payload = vec![0u8; len];
+            self.stream.read_exact(&mut payload).await.unwrap();
+            match kind {
+                SETTINGS if flags & ACK == 0 => {
+                    self.stream
+                        .write_all(&frame(SETTINGS, ACK, 0, &[]))
+                        .await
+                        .unwrap();
+                }
+                GOAWAY => {
+                    reply.reset = Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()));
+                    return reply;
+                }
+                RST_STREAM if stream == id => {
+                    reply.reset = Some(u32::from_be_bytes(payload[..4].try_into().unwrap()));
+                    return reply;
+                }
+                HEADERS | CONTINUATION => {
+                    // The server's blocks all share the connection's table: decode each.
+                    block.extend_from_slice(&payload);
+                    if flags & END_HEADERS != 0 {
+                        let decoded = self.decoder.decode(&block).unwrap();
+                        block.clear();
+                        if stream == id {
+                            reply.headers.extend(decoded.into_iter().map(|(n, v)| {
+                                (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap())
+                            }));
+                        }
+                    }
+                }
+                DATA if stream == id => body.extend_from_slice(&payload),
+                _ => {}
+            }
+            if stream == id && flags & END_STREAM != 0 && matches!(kind, HEADERS | DATA) {
+                break;
+            }
+        }
+        if body.len() >= 5 {
+            let len = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+            assert_eq!(body[0], 0, "an uncompressed message");
+            reply.message = body[5..5 + len].to_vec();
+        }
+        reply
+    }
+}
+
+/// Two calls on one connection with each authority (the second indexes the first's
+/// `:authority` from the dynamic table), then a valid one.
+async fn answers_any_authority<T: Message + Default>(socket: &Path, path: &str, check: impl Fn(T)) {
+    let mut client = RawClient::connect(socket).await;
+    for authority in [
+        GRPC_GO_AUTHORITY,
+        GRPC_GO_AUTHORITY,
+        "/run/x.sock",
+        "/run/x.sock",
+        "localhost",
+    ] {
+        let reply = client.call(authority, path).await;
+        assert_eq!(
+            reply.reset, None,
+            "{path} with :authority {authority:?} was reset (1 = PROTOCOL_ERROR): {reply:?}"
+        );
+        assert_eq!(
+            reply.grpc_status(),
+            Some("0"),
+            "{path} with {authority:?}: {reply:?}"
+        );
+        assert!(
+            reply.headers.contains(&(":status".into(), "200".into())),
+            "{reply:?}"
+        );
+        check(T::decode(reply.message.as_slice()).unwrap());
+    }
+}
+
+#[tokio::test]
+async fn every_unix_socket_answers_calls_whatever_their_authority() {
+    let daemon = Daemon::start(&[]).await;
+    answers_any_authority(
+        &daemon.registration_socket,
+        "/pluginregistration.Registration/GetInfo",
+        |info: PluginInfo| {
+            assert_eq!(info.name, "localvol.csi.dev");
+            assert_eq!(info.r#type, "CSIPlugin");
+            assert_eq!(info.endpoint, daemon.socket.to_str().unwrap());
+        },
+    )
+    .await;
+    answers_any_authority(
+        &daemon.socket,
+        "/csi.v1.Identity/GetPluginInfo",
+        |info: GetPluginInfoResponse| assert_eq!(info.name, "localvol.csi.dev"),
+    )
+    .await;
+    answers_any_authority(
+        &daemon.addons_socket,
+        "/identity.Identity/GetIdentity",
+        |identity: GetIdentityResponse| assert_eq!(identity.name, "localvol.csi.dev"),
+    )
+    .await;
+    daemon.stop().await;
+}
