@@ -9,6 +9,9 @@
 //! client cannot send an authority the `http` crate rejects.
 
 mod common;
+#[allow(dead_code)] // the rewriter's unit tests use the rest
+#[path = "../src/csi/authority/test_frames.rs"]
+mod test_frames;
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,25 +24,10 @@ use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-const GRPC_GO_AUTHORITY: &str = "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Flocalvol.csi.dev-reg.sock";
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const GOAWAY: u8 = 0x7;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const ACK: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len().to_be_bytes();
-    let mut out = vec![len[5], len[6], len[7], kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
+use test_frames::{
+    ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, GRPC_GO_AUTHORITY, GrpcGoEncoder, HEADERS,
+    RST_STREAM, SETTINGS, frame, grpc_request, preface_and_settings,
+};
 
 /// What came back for one call.
 #[derive(Debug, Default)]
@@ -64,7 +52,7 @@ impl Reply {
 /// One HTTP/2 connection to `socket`, speaking like grpc-go.
 struct RawClient {
     stream: UnixStream,
-    encoder: httlib_hpack::Encoder<'static>,
+    encoder: GrpcGoEncoder,
     decoder: loona_hpack::Decoder<'static>,
     next_stream: u32,
 }
@@ -72,12 +60,10 @@ struct RawClient {
 impl RawClient {
     async fn connect(socket: &Path) -> Self {
         let mut stream = UnixStream::connect(socket).await.unwrap();
-        let mut hello = PREFACE.to_vec();
-        hello.extend(frame(SETTINGS, 0, 0, &[]));
-        stream.write_all(&hello).await.unwrap();
+        stream.write_all(&preface_and_settings()).await.unwrap();
         Self {
             stream,
-            encoder: httlib_hpack::Encoder::default(),
+            encoder: GrpcGoEncoder::default(),
             decoder: loona_hpack::Decoder::new(),
             next_stream: 1,
         }
@@ -85,28 +71,9 @@ impl RawClient {
 
     /// A unary call with an empty request message, answered within ten seconds.
     async fn call(&mut self, authority: &str, path: &str) -> Reply {
-        use httlib_hpack::Encoder;
         let id = self.next_stream;
         self.next_stream += 2;
-        let flags =
-            Encoder::HUFFMAN_NAME | Encoder::HUFFMAN_VALUE | Encoder::WITH_INDEXING | Encoder::BEST_FORMAT;
-        let mut block = Vec::new();
-        for (name, value) in [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path),
-            (":authority", authority),
-            ("content-type", "application/grpc"),
-            ("user-agent", "grpc-go/1.72.1"),
-            ("te", "trailers"),
-        ] {
-            self.encoder
-                .encode(
-                    (name.as_bytes().to_vec(), value.as_bytes().to_vec(), flags),
-                    &mut block,
-                )
-                .unwrap();
-        }
+        let block = self.encoder.encode(&grpc_request(authority, path));
         let mut request = frame(HEADERS, END_HEADERS, id, &block);
         request.extend(frame(DATA, END_STREAM, id, &[0, 0, 0, 0, 0]));
         self.stream.write_all(&request).await.unwrap();

@@ -3,7 +3,27 @@ use crate::csi::authority::test_frames::{GRPC_GO_AUTHORITY, GrpcGoEncoder, grpc_
 
 const PATH: &str = "/pluginregistration.Registration/GetInfo";
 
-/// Decodes blocks in order, as h2's decoder would.
+/// One connection: the client's encoder, the rewriter, and h2's decoder behind it.
+#[derive(Default)]
+struct Connection {
+    client: GrpcGoEncoder,
+    blocks: HeaderBlocks,
+    h2: loona_hpack::Decoder<'static>,
+}
+
+impl Connection {
+    /// Sends `block` through the rewriter: whether it was rewritten, and what h2 decodes.
+    fn pass(&mut self, block: &[u8]) -> (bool, Vec<(String, String)>) {
+        let outcome = self.blocks.rewrite(block).unwrap();
+        let rewritten = outcome != Outcome::Unchanged;
+        let sent = match outcome {
+            Outcome::Unchanged => block.to_vec(),
+            Outcome::Rewritten { block, .. } => block,
+        };
+        (rewritten, h2_decode(&mut self.h2, &sent))
+    }
+}
+
 fn h2_decode(decoder: &mut loona_hpack::Decoder<'static>, block: &[u8]) -> Vec<(String, String)> {
     decoder
         .decode(block)
@@ -11,14 +31,6 @@ fn h2_decode(decoder: &mut loona_hpack::Decoder<'static>, block: &[u8]) -> Vec<(
         .into_iter()
         .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
         .collect()
-}
-
-/// What goes to h2 for `block`.
-fn sent(outcome: Outcome, block: &[u8]) -> Vec<u8> {
-    match outcome {
-        Outcome::Unchanged => block.to_vec(),
-        Outcome::Rewritten { block, .. } => block,
-    }
 }
 
 #[test]
@@ -80,25 +92,23 @@ fn valid_authorities_are_left_alone() {
 /// table; h2's table never saw it, so the second block must be rewritten too.
 #[test]
 fn dynamic_table_references_across_requests_resolve_against_the_clients_table() {
-    let mut client = GrpcGoEncoder::default();
-    let mut blocks = HeaderBlocks::default();
-    let mut h2 = loona_hpack::Decoder::new();
+    let mut connection = Connection::default();
     let first = grpc_request(GRPC_GO_AUTHORITY, PATH);
     let second = grpc_request(
         GRPC_GO_AUTHORITY,
         "/pluginregistration.Registration/NotifyRegistrationStatus",
     );
-    let first_block = client.encode(&first);
-    let second_block = client.encode(&second);
+    let first_block = connection.client.encode(&first);
+    let second_block = connection.client.encode(&second);
     // The second block ends with :authority, content-type, user-agent, te and
     // grpc-timeout, each one octet indexing the dynamic table (index 62 and up).
     let tail = &second_block[second_block.len() - 5..];
     assert!(tail.iter().all(|&octet| octet >= 0x80 | 62), "{second_block:?}");
     for (block, request) in [(&first_block, &first), (&second_block, &second)] {
-        let outcome = blocks.rewrite(block).unwrap();
-        assert!(matches!(outcome, Outcome::Rewritten { .. }));
-        let seen = h2_decode(&mut h2, &sent(outcome, block));
-        assert_eq!(seen, with_authority(request, "localhost"));
+        assert_eq!(
+            connection.pass(block),
+            (true, with_authority(request, "localhost"))
+        );
     }
 }
 
@@ -107,9 +117,7 @@ fn dynamic_table_references_across_requests_resolve_against_the_clients_table() 
 /// even a valid one that indexes entries h2's table does not hold.
 #[test]
 fn blocks_after_a_rewrite_are_re_encoded() {
-    let mut client = GrpcGoEncoder::default();
-    let mut blocks = HeaderBlocks::default();
-    let mut h2 = loona_hpack::Decoder::new();
+    let mut connection = Connection::default();
     let calls = [
         grpc_request("localhost", PATH),
         grpc_request("/run/x.sock", PATH),
@@ -117,11 +125,9 @@ fn blocks_after_a_rewrite_are_re_encoded() {
         grpc_request("/run/x.sock", PATH),
     ];
     for (i, request) in calls.iter().enumerate() {
-        let block = client.encode(request);
-        let outcome = blocks.rewrite(&block).unwrap();
-        assert_eq!(i == 0, outcome == Outcome::Unchanged, "call {i}");
-        let seen = h2_decode(&mut h2, &sent(outcome, &block));
-        assert_eq!(seen, with_authority(request, "localhost"), "call {i}");
+        let block = connection.client.encode(request);
+        let expected = (i > 0, with_authority(request, "localhost"));
+        assert_eq!(connection.pass(&block), expected, "call {i}");
     }
 }
 
@@ -129,25 +135,21 @@ fn blocks_after_a_rewrite_are_re_encoded() {
 /// indices refer to the entries made after that.
 #[test]
 fn table_size_updates_are_tracked() {
-    let mut client = GrpcGoEncoder::default();
-    let mut blocks = HeaderBlocks::default();
-    let mut h2 = loona_hpack::Decoder::new();
-    let first = grpc_request(GRPC_GO_AUTHORITY, PATH);
-    let block = client.encode(&first);
-    h2_decode(&mut h2, &sent(blocks.rewrite(&block).unwrap(), &block));
+    let mut connection = Connection::default();
+    let block = connection.client.encode(&grpc_request(GRPC_GO_AUTHORITY, PATH));
+    connection.pass(&block);
 
     let mut block = Vec::new();
-    client.size_update(0, &mut block);
-    client.size_update(4096, &mut block);
+    connection.client.size_update(0, &mut block);
+    connection.client.size_update(4096, &mut block);
     let second = grpc_request("/other/path.sock", "/x.Y/Z");
-    block.extend(client.encode(&second));
-    let seen = h2_decode(&mut h2, &sent(blocks.rewrite(&block).unwrap(), &block));
-    assert_eq!(seen, with_authority(&second, "localhost"));
+    block.extend(connection.client.encode(&second));
+    let expected = (true, with_authority(&second, "localhost"));
+    assert_eq!(connection.pass(&block), expected);
 
     // Index 62 is now the second block's first new entry, not the first block's.
-    let third = client.encode(&second);
-    let seen = h2_decode(&mut h2, &sent(blocks.rewrite(&third).unwrap(), &third));
-    assert_eq!(seen, with_authority(&second, "localhost"));
+    let third = connection.client.encode(&second);
+    assert_eq!(connection.pass(&third), expected);
 
     // Growing the table beyond h2's setting is refused, and so is an update after a field.
     let mut block = Vec::new();

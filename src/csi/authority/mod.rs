@@ -12,6 +12,7 @@
 mod frames;
 mod header_block;
 #[cfg(test)]
+#[allow(dead_code)] // shared with tests/authority.rs, which uses the rest
 mod test_frames;
 
 use std::io;

@@ -1,12 +1,23 @@
 //! Byte fixtures for the rewriter's tests: frames built by hand, header blocks encoded
 //! as grpc-go does (Huffman, incremental indexing), and h2's view of the output.
-
-use super::frames::MAX_FRAME_PAYLOAD;
+//!
+//! Standalone (only external crates), so that tests/authority.rs includes it too. The
+//! wire constants are stated here again on purpose: tests do not take the
+//! implementation's word for them.
 
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// SETTINGS_MAX_FRAME_SIZE's initial value (RFC 9113 §6.5.2).
+pub const MAX_FRAME_PAYLOAD: usize = 16_384;
+/// Frame types (RFC 9113 §6).
+pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const GOAWAY: u8 = 0x7;
 pub const CONTINUATION: u8 = 0x9;
+/// Frame flags.
 pub const END_STREAM: u8 = 0x1;
+pub const ACK: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
 pub const PADDED: u8 = 0x8;
 pub const PRIORITY: u8 = 0x20;
@@ -25,7 +36,7 @@ pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 /// The client preface and an empty SETTINGS frame.
 pub fn preface_and_settings() -> Vec<u8> {
     let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(SETTINGS, 0, 0, &[]));
     out
 }
 
