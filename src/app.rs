@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::backend::Opener;
 use crate::config::{Config, DeviceClass, RegistrationConfig};
@@ -39,6 +39,7 @@ pub async fn open_volumes(
 ) -> anyhow::Result<Volumes> {
     let mut opener = Opener::new(host.clone(), data_dir.to_path_buf());
     let mut backends = Vec::new();
+    let mut missing = Vec::new();
     let mut default_fs = BTreeMap::new();
     let mut mount_options = BTreeMap::new();
     for class in classes {
@@ -46,11 +47,19 @@ pub async fn open_volumes(
             default_fs.insert(class.name.clone(), fs);
         }
         mount_options.insert(class.name.clone(), class.mount_options.clone());
-        let backend = opener
-            .open(class)
-            .await
-            .with_context(|| format!("preparing device class {}", class.name))?;
-        backends.push(backend);
+        match opener.open(class).await {
+            Ok(backend) => backends.push(backend),
+            // One configuration serves nodes with different storage: serve the rest.
+            Err(e) if e.is_storage_missing() => {
+                warn!(
+                    device_class = %class.name,
+                    reason = %crate::error::full_message(&e),
+                    "device class not served on this node: its storage is missing (looked for again on every stats refresh)"
+                );
+                missing.push((class.clone(), e));
+            }
+            Err(e) => return Err(e).with_context(|| format!("preparing device class {}", class.name)),
+        }
     }
     let default_class = classes
         .iter()
@@ -60,6 +69,7 @@ pub async fn open_volumes(
         .clone();
     let mut volumes = Volumes::new(backends, default_class, default_fs, host, node_id.to_string());
     volumes.set_class_mount_options(mount_options);
+    volumes.add_missing_classes(missing, opener);
     Ok(volumes)
 }
 

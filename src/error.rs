@@ -50,6 +50,7 @@ impl Error {
             Error::Volume(e) => match e {
                 VolumeError::NotFound(_) => "not_found",
                 VolumeError::UnknownClass(_) => "unknown_class",
+                VolumeError::StorageMissing { .. } => "storage_missing",
                 VolumeError::AlreadyExists { .. } => "already_exists",
                 VolumeError::PathInUse { .. } => "path_in_use",
                 VolumeError::NotStaged { .. } => "not_staged",
@@ -100,7 +101,8 @@ fn volume_code(e: &VolumeError) -> Code {
         | VolumeError::SingleWriter { .. }
         | VolumeError::StillPublished { .. }
         | VolumeError::WrongFilesystem { .. } => Code::FailedPrecondition,
-        VolumeError::Topology { .. } => Code::ResourceExhausted,
+        // As for a full class: external-provisioner then lets the scheduler pick another node.
+        VolumeError::Topology { .. } | VolumeError::StorageMissing { .. } => Code::ResourceExhausted,
         VolumeError::Invalid(v) => validation_code(v),
         VolumeError::Backend(b) => backend_code(b),
         VolumeError::Mount(m) => mount_code(m),

@@ -40,7 +40,13 @@ impl Health {
         }
     }
 
-    /// Ready when every device class is usable and the caches have synced.
+    /// The configured device classes not served on this node for lack of storage. They
+    /// do not make the daemon unready: it serves the others.
+    pub fn missing_classes(&self) -> Vec<crate::volume::MissingClass> {
+        self.volumes.missing_classes()
+    }
+
+    /// Ready when every served device class is usable and the caches have synced.
     pub async fn readiness(&self) -> Result<(), String> {
         if !self.caches_synced.load(Ordering::SeqCst) {
             return Err("Kubernetes caches are not synced (first list, or a new list after a failed watch, not in yet)".to_string());

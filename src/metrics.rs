@@ -37,6 +37,7 @@ pub struct Metrics {
     capacity_bytes: IntGaugeVec,
     storage_bytes: IntGaugeVec,
     stats_errors: IntCounterVec,
+    class_available: IntGaugeVec,
     thin_pool: Arc<OnceLock<ThinPoolMetrics>>,
     pub reclaim: ReclaimMetrics,
     resize: Arc<OnceLock<IntCounterVec>>,
@@ -198,6 +199,13 @@ impl Metrics {
              gauges are dropped until a refresh succeeds)",
             &["device_class"],
         );
+        let class_available = int_gauges(
+            &registry,
+            "device_class_available",
+            "1 when a configured device class's storage is on this node and served, 0 when \
+             it is missing (the class then offers no capacity here)",
+            &["device_class"],
+        );
         let build_info = int_gauges(
             &registry,
             "build_info",
@@ -232,6 +240,7 @@ impl Metrics {
             capacity_bytes,
             storage_bytes,
             stats_errors,
+            class_available,
             thin_pool: Arc::default(),
             reclaim,
             resize: Arc::default(),
@@ -291,6 +300,13 @@ impl Metrics {
             let _ = m.data.remove_label_values(&[class]);
             let _ = m.metadata.remove_label_values(&[class]);
         }
+    }
+
+    /// Whether `class`'s storage is on this node and served.
+    pub fn set_class_available(&self, class: &ClassName, available: bool) {
+        self.class_available
+            .with_label_values(&[class.as_str()])
+            .set(i64::from(available));
     }
 
     /// Records a failed refresh of `class`: its gauges are removed rather than left
@@ -394,7 +410,13 @@ async fn healthz(State(state): State<HttpState>) -> (StatusCode, String) {
 
 async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
     match state.health.readiness().await {
-        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Ok(()) => {
+            let mut body = "ready\n".to_string();
+            for missing in state.health.missing_classes() {
+                body += &format!("device class {} not served: {}\n", missing.class, missing.reason);
+            }
+            (StatusCode::OK, body)
+        }
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
     }
 }

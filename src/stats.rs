@@ -31,9 +31,15 @@ async fn class_stats(backend: &Backend) -> Result<ClassStats, BackendError> {
 }
 
 /// Refreshes every class's gauges once. A class that cannot be read loses its gauges
-/// (and the failure is counted) instead of showing stale numbers.
+/// (and the failure is counted) instead of showing stale numbers. Classes whose storage
+/// was missing are looked for first, so storage that appeared is served from now on.
 pub async fn refresh(volumes: &Volumes, metrics: &Metrics) {
+    volumes.open_missing().await;
+    for missing in volumes.missing_classes() {
+        metrics.set_class_available(&missing.class, false);
+    }
     for backend in volumes.backends() {
+        metrics.set_class_available(backend.class(), true);
         match class_stats(backend).await {
             Ok(stats) => {
                 debug!(device_class = %backend.class(), ?stats, "class stats");

@@ -115,6 +115,16 @@ pub enum BackendError {
 }
 
 impl BackendError {
+    /// The class's storage is not on this node (volume group, thin pool, PMEM region):
+    /// a fact of this node, not a fault of the daemon's.
+    pub fn is_storage_missing(&self) -> bool {
+        matches!(
+            self,
+            BackendError::Lvm(LvmError::VgNotFound { .. } | LvmError::PoolNotFound { .. })
+                | BackendError::Pmem(PmemError::RegionNotFound { .. })
+        )
+    }
+
     pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| BackendError::Io { op, path, source }

@@ -58,6 +58,11 @@ impl Identity for IdentityService {
         if let Err(reason) = &ready {
             tracing::info!(%reason, "probe: not ready");
         }
+        // CSI's ProbeResponse has no message: the log, /readyz and
+        // localvol_device_class_available say which classes lack storage.
+        for missing in self.0.health.missing_classes() {
+            tracing::debug!(device_class = %missing.class, reason = %missing.reason, "probe: ready, device class not served");
+        }
         Ok(Response::new(csi::ProbeResponse {
             ready: Some(ready.is_ok()),
         }))

@@ -91,6 +91,8 @@ fn volume(v: &VolumeError) -> Failure {
         VolumeError::NotStaged { .. }
         | VolumeError::SingleWriter { .. }
         | VolumeError::StillPublished { .. } => Transient,
+        // The storage may still appear (a disk attached late, a VG activated later).
+        VolumeError::StorageMissing { .. } => Transient,
         VolumeError::Backend(b) => backend(b),
         VolumeError::Mount(m) => mount(m),
         VolumeError::Fs(f) => match f {

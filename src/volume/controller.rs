@@ -69,7 +69,7 @@ impl Volumes {
     ) -> Result<CreatedVolume, VolumeError> {
         debug_assert_eq!(guard.token(), &req.token);
         let class = req.class.clone().unwrap_or_else(|| self.default_class.clone());
-        let backend = self.class_backend(&class)?;
+        let backend = self.served_backend(&class)?;
         if !self.serves_topology(&req.topologies) {
             return Err(VolumeError::Topology {
                 node: self.node_id.clone(),
@@ -165,7 +165,12 @@ impl Volumes {
             return Ok(ClassCapacity::default());
         }
         let class = class.unwrap_or(&self.default_class);
-        Ok(self.class_backend(class)?.capacity().await?)
+        match self.served_backend(class) {
+            Ok(backend) => Ok(backend.capacity().await?),
+            // No storage, no capacity: the scheduler then places no claim of this class here.
+            Err(VolumeError::StorageMissing { .. }) => Ok(ClassCapacity::default()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Whether the volume can be used with every one of `capabilities`.

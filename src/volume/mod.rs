@@ -5,16 +5,18 @@
 //! Every step first looks at what is already true (records, the mount table, device
 //! signatures) and does only what is missing: a repeated or retried call converges.
 
+mod classes;
 mod controller;
 mod node;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use classes::MissingClass;
 pub use controller::{CreatedVolume, ExpandedVolume};
 pub use node::{VolumeCondition, VolumeStats};
 
-use crate::backend::{Backend, BackendError, VolumeRecord};
+use crate::backend::{Backend, BackendError, Opener, VolumeRecord};
 use crate::fs::{FsError, FsType};
 use crate::host::{Host, SyscallError};
 use crate::locks::VolumeGuard;
@@ -31,6 +33,8 @@ pub enum VolumeError {
     NotFound(VolumeId),
     #[error("device class {0} is not configured on this node")]
     UnknownClass(ClassName),
+    #[error("device class {class} cannot take volumes on this node: its storage is missing ({reason})")]
+    StorageMissing { class: ClassName, reason: String },
     #[error("a volume named {name:?} already exists and is incompatible: {reason}")]
     AlreadyExists { name: String, reason: String },
     #[error("{path} is already in use: {reason}", path = path.display())]
@@ -86,7 +90,9 @@ fn io_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Vol
 /// The device classes of this node and the operations on their volumes.
 #[derive(Debug)]
 pub struct Volumes {
-    backends: BTreeMap<ClassName, Backend>,
+    backends: BTreeMap<ClassName, classes::ClassSlot>,
+    /// Opens the missing classes when their storage appears (none: nothing missing).
+    opener: tokio::sync::Mutex<Option<Opener>>,
     default_class: ClassName,
     default_fs: BTreeMap<ClassName, FsType>,
     /// Mount options each class adds before the request's own.
@@ -96,7 +102,7 @@ pub struct Volumes {
 }
 
 impl Volumes {
-    /// `backends` must contain `default_class`.
+    /// `backends` must contain `default_class`, unless it is added as missing next.
     pub fn new(
         backends: Vec<Backend>,
         default_class: ClassName,
@@ -104,13 +110,13 @@ impl Volumes {
         host: Host,
         node_id: String,
     ) -> Self {
-        let backends: BTreeMap<_, _> = backends.into_iter().map(|b| (b.class().clone(), b)).collect();
-        assert!(
-            backends.contains_key(&default_class),
-            "default device class is configured"
-        );
+        let backends = backends
+            .into_iter()
+            .map(|b| (b.class().clone(), classes::ClassSlot::open(b)))
+            .collect();
         Self {
             backends,
+            opener: tokio::sync::Mutex::new(None),
             default_class,
             default_fs,
             mount_options: BTreeMap::new(),
@@ -133,25 +139,28 @@ impl Volumes {
         &self.host
     }
 
+    /// The classes served now (those whose storage was found).
     pub fn backends(&self) -> impl Iterator<Item = &Backend> {
-        self.backends.values()
+        self.backends.values().filter_map(classes::ClassSlot::backend)
     }
 
     pub fn topology(&self) -> BTreeMap<String, String> {
         BTreeMap::from([(TOPOLOGY_KEY.to_string(), self.node_id.clone())])
     }
 
-    fn class_backend(&self, class: &ClassName) -> Result<&Backend, VolumeError> {
-        self.backends
-            .get(class)
-            .ok_or_else(|| VolumeError::UnknownClass(class.clone()))
-    }
-
-    /// The backend holding `id`: an id of an unconfigured class names no volume here.
+    /// The backend holding `id`: an id of an unconfigured class names no volume here;
+    /// one of a class whose storage is missing may, once the storage is back.
     fn backend_of(&self, id: &VolumeId) -> Result<&Backend, VolumeError> {
-        self.backends
+        let slot = self
+            .backends
             .get(&id.class)
-            .ok_or_else(|| VolumeError::NotFound(id.clone()))
+            .ok_or_else(|| VolumeError::NotFound(id.clone()))?;
+        slot.backend().ok_or_else(|| {
+            VolumeError::Backend(BackendError::Unavailable {
+                class: id.class.clone(),
+                reason: slot.missing_reason().unwrap_or_default(),
+            })
+        })
     }
 
     async fn record(&self, id: &VolumeId) -> Result<(&Backend, VolumeRecord), VolumeError> {
@@ -170,7 +179,7 @@ impl Volumes {
     /// Every volume of every class, ordered by id.
     pub async fn list(&self) -> Result<Vec<VolumeRecord>, VolumeError> {
         let mut all = Vec::new();
-        for backend in self.backends.values() {
+        for backend in self.backends() {
             all.extend(backend.list().await?);
         }
         all.sort_by(|a, b| a.id.cmp(&b.id));
@@ -181,9 +190,10 @@ impl Volumes {
         Ok(self.record(id).await?.1)
     }
 
-    /// Fails while any class cannot serve volumes.
+    /// Fails while any served class cannot serve volumes; a class whose storage was
+    /// never found is not served, and does not count (see [`Volumes::missing_classes`]).
     pub async fn check_health(&self) -> Result<(), VolumeError> {
-        for backend in self.backends.values() {
+        for backend in self.backends() {
             backend.check_health().await?;
         }
         Ok(())
@@ -191,7 +201,7 @@ impl Volumes {
 
     /// Looks a CreateVolume name up in every class (the token is unique per node).
     async fn find_token(&self, token: &Token) -> Result<Option<VolumeRecord>, VolumeError> {
-        for backend in self.backends.values() {
+        for backend in self.backends() {
             if let Some(record) = backend.get(token).await? {
                 return Ok(Some(record));
             }

@@ -1,0 +1,135 @@
+//! The configured device classes of this node, including those whose storage (volume
+//! group, thin pool, PMEM region) is not there.
+//!
+//! Fleets are not uniform, and one configuration serves them all: a node that lacks a
+//! class's storage still serves its other classes and stays Ready. The missing class
+//! offers no capacity, refuses new volumes with the reason, and is opened as soon as its
+//! storage appears ([`Volumes::open_missing`], run on the stats interval), without a
+//! restart. An opened class stays opened: storage that disappears later fails the
+//! class's health check, as before.
+
+use std::sync::{Mutex, OnceLock};
+
+use tracing::{info, warn};
+
+use super::{VolumeError, Volumes};
+use crate::backend::{Backend, BackendError, Opener};
+use crate::config::DeviceClass;
+use crate::error::full_message;
+use crate::model::ClassName;
+
+/// One configured class: its backend once its storage has been found.
+#[derive(Debug)]
+pub(super) struct ClassSlot {
+    backend: OnceLock<Backend>,
+    /// For a class whose storage was missing: the class as configured (to open it
+    /// later) and why it is not served, as of the last look.
+    missing: Option<(DeviceClass, Mutex<String>)>,
+}
+
+impl ClassSlot {
+    pub(super) fn open(backend: Backend) -> Self {
+        Self {
+            backend: OnceLock::from(backend),
+            missing: None,
+        }
+    }
+
+    pub(super) fn missing(class: DeviceClass, reason: String) -> Self {
+        Self {
+            backend: OnceLock::new(),
+            missing: Some((class, Mutex::new(reason))),
+        }
+    }
+
+    pub(super) fn backend(&self) -> Option<&Backend> {
+        self.backend.get()
+    }
+
+    /// Why the class is not served, while it is not.
+    pub(super) fn missing_reason(&self) -> Option<String> {
+        match (&self.missing, self.backend.get()) {
+            (Some((_, reason)), None) => Some(reason.lock().unwrap_or_else(|p| p.into_inner()).clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A class whose storage is not on this node, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingClass {
+    pub class: ClassName,
+    pub reason: String,
+}
+
+impl Volumes {
+    /// Adds classes whose storage was missing at start-up, and how to open them when it
+    /// appears.
+    pub fn add_missing_classes(&mut self, missing: Vec<(DeviceClass, BackendError)>, opener: Opener) {
+        for (class, error) in missing {
+            let name = class.name.clone();
+            self.backends
+                .insert(name, ClassSlot::missing(class, full_message(&error)));
+        }
+        self.opener = tokio::sync::Mutex::new(Some(opener));
+    }
+
+    /// The configured classes that are not served, with the reason.
+    pub fn missing_classes(&self) -> Vec<MissingClass> {
+        self.backends
+            .iter()
+            .filter_map(|(class, slot)| {
+                slot.missing_reason().map(|reason| MissingClass {
+                    class: class.clone(),
+                    reason,
+                })
+            })
+            .collect()
+    }
+
+    /// Looks again for the storage of every missing class; returns the classes opened now.
+    pub async fn open_missing(&self) -> Vec<ClassName> {
+        let mut opener = self.opener.lock().await;
+        let Some(opener) = opener.as_mut() else {
+            return Vec::new();
+        };
+        let mut opened = Vec::new();
+        for (name, slot) in &self.backends {
+            let Some((class, reason)) = slot.missing.as_ref().filter(|_| slot.backend().is_none()) else {
+                continue;
+            };
+            match opener.open(class).await {
+                Ok(backend) => {
+                    info!(device_class = %name, "the device class's storage appeared: serving it");
+                    let _ = slot.backend.set(backend);
+                    opened.push(name.clone());
+                }
+                Err(e) => {
+                    let now = full_message(&e);
+                    let mut last = reason.lock().unwrap_or_else(|p| p.into_inner());
+                    if *last != now {
+                        warn!(device_class = %name, reason = %now, "device class still not served");
+                        *last = now;
+                    }
+                }
+            }
+        }
+        opened
+    }
+
+    /// The backend of a class that can take new volumes.
+    pub(super) fn served_backend(&self, class: &ClassName) -> Result<&Backend, VolumeError> {
+        let slot = self
+            .backends
+            .get(class)
+            .ok_or_else(|| VolumeError::UnknownClass(class.clone()))?;
+        slot.backend().ok_or_else(|| VolumeError::StorageMissing {
+            class: class.clone(),
+            reason: slot.missing_reason().unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "classes_tests.rs"]
+mod tests;
