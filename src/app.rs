@@ -98,6 +98,16 @@ pub async fn serve(
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
     let kube = crate::k8s::connect(&config).await?;
+    if let Some(client) = &kube {
+        let missing: Vec<_> = volumes
+            .missing_classes()
+            .into_iter()
+            .map(|m| (m.class.to_string(), m.reason))
+            .collect();
+        if !missing.is_empty() {
+            crate::k8s::warn_missing_storage(client.clone(), &config.node_id, missing);
+        }
+    }
     if config.resize.needs_api() && kube.is_none() {
         bail!(
             "--report-resize-status on and --node-resizer need the Kubernetes API (--kube on or auto with a configuration)"

@@ -14,6 +14,8 @@ use crate::csi::DRIVER_NAME;
 
 /// The `reason` of a refusal event.
 pub const REASON_OWNER_MISMATCH: &str = "ClaimOwnerMismatch";
+/// The `reason` of the Warning on the Node for a device class whose storage is missing.
+pub const REASON_STORAGE_MISSING: &str = "DeviceClassStorageMissing";
 
 #[derive(Clone)]
 pub struct Events {
@@ -56,15 +58,39 @@ impl Events {
         let pvc = reference("PersistentVolumeClaim", &refusal.pvc);
         let note = refusal.to_string();
         for pod in pods {
-            self.publish(action, &note, reference("Pod", pod), Some(pvc.clone()))
-                .await;
+            self.publish(
+                REASON_OWNER_MISMATCH,
+                action,
+                &note,
+                reference("Pod", pod),
+                Some(pvc.clone()),
+            )
+            .await;
         }
         let related = pods.first().map(|p| reference("Pod", p));
-        self.publish(action, &note, pvc, related).await;
+        self.publish(REASON_OWNER_MISMATCH, action, &note, pvc, related)
+            .await;
+    }
+
+    /// A Warning on the Node `node`: a configured device class has no storage there and
+    /// is not served (the API server keeps a Node's events in `default`).
+    pub async fn storage_missing(&self, node: &str, class: &str, reason: &str) {
+        let regarding = ObjectReference {
+            api_version: Some("v1".to_string()),
+            kind: Some("Node".to_string()),
+            name: Some(node.to_string()),
+            ..ObjectReference::default()
+        };
+        let note = format!(
+            "device class {class} is not served on this node: {reason}; localvol looks for it again on every stats refresh"
+        );
+        self.publish(REASON_STORAGE_MISSING, "ServeDeviceClass", &note, regarding, None)
+            .await;
     }
 
     async fn publish(
         &self,
+        reason: &str,
         action: &str,
         note: &str,
         regarding: ObjectReference,
@@ -72,7 +98,7 @@ impl Events {
     ) {
         let event = Event {
             type_: EventType::Warning,
-            reason: REASON_OWNER_MISMATCH.to_string(),
+            reason: reason.to_string(),
             // The API limits a note to 1 kB.
             note: Some(truncate(note, 1024)),
             action: action.to_string(),
@@ -100,4 +126,39 @@ fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, StatusCode};
+    use serde_json::json;
+
+    use crate::k8s::fixtures::{Exchange, Reply, mock_api};
+
+    #[tokio::test]
+    async fn a_missing_class_is_a_warning_on_the_node() {
+        let (client, api) = mock_api(vec![Exchange {
+            method: Method::POST,
+            uri: "/apis/events.k8s.io/v1/namespaces/default/events?".to_string(),
+            reply: Reply::Json(StatusCode::CREATED, json!({})),
+            check: Some(Box::new(|body| {
+                assert_eq!(body["regarding"]["kind"], "Node", "{body}");
+                assert_eq!(body["regarding"]["name"], "node-a", "{body}");
+                assert_eq!(body["type"], "Warning", "{body}");
+                assert_eq!(body["reason"], "DeviceClassStorageMissing", "{body}");
+                assert_eq!(body["reportingController"], "localvol.csi.dev", "{body}");
+                let note = body["note"].as_str().unwrap_or_default();
+                assert!(note.contains("device class ssd is not served"), "{note}");
+                assert!(note.contains("volume group vg-late does not exist"), "{note}");
+            })),
+        }]);
+        let missing = vec![(
+            "ssd".to_string(),
+            "volume group vg-late does not exist on this node".to_string(),
+        )];
+        crate::k8s::warn_missing_storage(client, "node-a", missing)
+            .await
+            .unwrap();
+        api.await.unwrap();
+    }
 }

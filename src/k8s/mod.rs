@@ -152,6 +152,22 @@ pub const WATCH_RETRY: Retry = Retry {
 
 /// The Kubernetes client `--kube` asks for: none when off, or when auto finds no
 /// configuration (said once, here); an error when on and there is none.
+/// A Warning on this node's Node object for each `(device class, reason)` not served
+/// for lack of storage, in the background; best effort, as every event.
+pub fn warn_missing_storage(
+    client: Client,
+    node: &str,
+    missing: Vec<(String, String)>,
+) -> tokio::task::JoinHandle<()> {
+    let events = events::Events::new(client, node, Duration::from_secs(10));
+    let node = node.to_string();
+    tokio::spawn(async move {
+        for (class, reason) in missing {
+            events.storage_missing(&node, &class, &reason).await;
+        }
+    })
+}
+
 pub async fn connect(config: &Config) -> anyhow::Result<Option<Client>> {
     match config.kube {
         KubeMode::Off => {
