@@ -224,7 +224,7 @@ impl FrameRewriter {
                     self.logged = true;
                     debug!(
                         authority = %String::from_utf8_lossy(&authority),
-                        "HTTP/2 :authority is no valid authority; sending localhost on for this connection"
+                        "HTTP/2 :authority is not a valid authority; passing localhost on instead, for this connection"
                     );
                 }
                 write_block(&block, &rewritten, output);
