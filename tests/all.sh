@@ -35,6 +35,9 @@ step "unit, privileged, crash, load, fault and hostile-input tests (host)"
 # tests/crash.rs prints its seed first: LOCALVOL_CRASH_SEED=<hex> reproduces a failure.
 cargo test --locked -- --test-threads=2
 
+step "csi-sanity on the host: loop class, filesystem and raw block (tests/sanity/host.sh)"
+tests/sanity/host.sh
+
 step "deploy manifests"
 command -v kubectl >/dev/null || { echo "tests/all.sh: kubectl not found; it renders deploy/ (kustomize)" >&2; exit 1; }
 for overlay in deploy/overlays/*/; do

@@ -3,9 +3,11 @@
 # real device-mapper and an emulated NVDIMM: builds the test binaries on the host,
 # runs them in one tests/vm guest (three 4G disks, a 2G NVDIMM), and prints the wall
 # time of each lifecycle step per device class. The loop backend's privileged tests
-# (tests/privileged.rs) run first in the same guest, with all capabilities.
+# (tests/privileged.rs) run first in the same guest, with all capabilities; csi-sanity
+# runs last, on lvm, lvm-thin, pmem direct and pmem lvm, filesystem and raw block
+# (tests/sanity/vm.sh on the third disk; 8 result lines).
 #
-#   tests/vm/backends.sh [-v] [TEST-NAME-FILTER...]   (a filter skips privileged.rs)
+#   tests/vm/backends.sh [-v] [TEST-NAME-FILTER...]   (a filter skips privileged.rs and csi-sanity)
 #
 # Exits non-zero if the build fails, the guest cannot run, or any test fails. The
 # tests require the guest (LOCALVOL_VM_SUITE=1), so none of them can pass without
@@ -43,30 +45,48 @@ for a in test:vm_backends test:privileged bin:localvol; do
 done
 echo "tests/vm/backends.sh: built vm_backends, privileged, localvol ($(elapsed)s)"
 privileged=$run_dir/privileged
-[ $# -gt 0 ] && privileged=true   # a filter selects vm_backends tests only
+sanity=$HERE/../sanity/vm.sh
+# shellcheck source=tests/sanity/kit.sh
+. "$HERE/../sanity/kit.sh"
+if [ $# -gt 0 ]; then
+  privileged=true sanity=true   # a filter selects vm_backends tests only
+elif ! sanity_kit "csi-sanity (VM: lvm, lvm-thin, pmem, pmem-lvm)"; then
+  sanity=true
+fi
 
 run_log=$run_dir/run.log
 # In the guest: privileged.rs on a scratch ext4 (/dev/vdc; the guest's /tmp is a
-# small tmpfs), then vm_backends.rs, which takes /dev/vda, /dev/vdb and the NVDIMM.
+# small tmpfs), then vm_backends.rs, which takes /dev/vda, /dev/vdb and the NVDIMM,
+# then csi-sanity on /dev/vdc and the NVDIMM's remaining space, timed.
 cat >"$run_dir/guest.sh" <<'GUEST'
 set -e
-privileged=$1; shift
+privileged=$1 sanity=$2; shift 2
 if [ "$privileged" != true ]; then
   mkfs.ext4 -q /dev/vdc && mkdir -p /mnt/scratch && mount /dev/vdc /mnt/scratch
   TMPDIR=/mnt/scratch "$privileged" --test-threads=1
   umount /mnt/scratch
 fi
-exec "$@"
+rc=0
+"$@" || rc=$?
+if [ "$sanity" != true ]; then
+  t=$SECONDS
+  "$sanity" /dev/vdc || rc=1
+  echo "csi-sanity wall time in the guest: $((SECONDS - t))s"
+fi
+exit $rc
 GUEST
 set +e
 LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} "$HERE/run.sh" "${VERBOSE[@]}" \
   --disks 3 --disk-size 4G --pmem-size 2G --mem 1G --timeout 1800 \
-  -- bash "$run_dir/guest.sh" "$privileged" "$run_dir/vm_backends" --test-threads=1 --nocapture "$@" \
+  -- bash "$run_dir/guest.sh" "$privileged" "$sanity" "$run_dir/vm_backends" --test-threads=1 --nocapture "$@" \
   2>&1 | tee "$run_log"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" = 0 ] && { ! grep -q '^test result: ok\. [1-9]' "$run_log" || grep -q '^test result: FAILED' "$run_log"; }; then
   rc=1   # exit 0 without a passing run of at least one test is not a pass
+fi
+if [ "$sanity" != true ] && [ "$(grep -c '^csi-sanity .*: PASS$' "$run_log")" != 8 ]; then
+  rc=1   # nor is one without 8 passing csi-sanity runs
 fi
 
 echo
@@ -75,6 +95,10 @@ echo "==== step timings (wall, emulated guest)"
 grep -o 'vm-step .*' "$run_log" | sed 's/^vm-step //' || true
 echo "==== test results:"
 grep '^test result:' "$run_log" || echo 'no test result'
+echo "==== csi-sanity:"
+if [ "$sanity" = true ]; then echo "not run (a test filter, or no kube-kit)"; else
+  grep -e '^csi-sanity ' -e '^    skipped on purpose' "$run_log" || echo 'no csi-sanity result'
+fi
 echo "==== total wall time $(elapsed)s (build, boot, tests)"
 if [ "$rc" != 0 ]; then
   echo "tests/vm/backends.sh: FAIL (exit $rc)" >&2

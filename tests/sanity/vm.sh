@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# tests/sanity/vm.sh DISK - csi-sanity on the LVM and PMEM classes, in the tests/vm guest:
+# lvm (thick), lvm-thin, pmem direct and pmem lvm, each as filesystem and raw block
+# (8 runs of tests/sanity/run.sh, one result line each). Run by tests/vm/backends.sh after
+# tests/vm_backends.rs, in the same guest.
+#
+# It makes its own storage, beside whatever the backend suite left: VG sanityvg on DISK
+# (wiped) with the zeroing thin pool sanitypool, and on region0 one fsdax namespace holding
+# VG sanitypmemvg (region0's labels are initialised first when nothing did that yet).
+# Every class's sizes come from the class: whole extents of its VG (vgs vg_extent_size),
+# and for pmem direct the usable sizes of real fsdax namespaces made here and destroyed.
+# Exit status: 0 when every run passed; 1 otherwise (each run still runs).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+disk=${1:?usage: tests/sanity/vm.sh DISK}
+[ "${VMTEST_GUEST:-}" = 1 ] || { echo "tests/sanity/vm.sh: only in the tests/vm guest (it wipes $disk)" >&2; exit 1; }
+region=region0 nmem=nmem0
+t0=${EPOCHREALTIME/./}
+secs() { local t=$(( (${EPOCHREALTIME/./} - $1) / 100000 )); echo "$((t / 10)).$((t % 10))"; }
+
+json_num() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" | head -n 1; }
+json_str() { sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p" | head -n 1; }
+
+# ---- storage
+wipefs -q -a "$disk"
+pvcreate -q "$disk"
+vgcreate -q sanityvg "$disk"
+lvcreate -q -y -T sanityvg/sanitypool -L 512M -Zy >/dev/null
+# A region whose labels nobody initialised holds one label-less raw namespace and
+# offers nothing to create-namespace.
+if [ "$(ndctl list -r "$region" | tr -d ' \n' | json_num available_size)" = 0 ]; then
+  ndctl disable-region "$region" >/dev/null
+  ndctl init-labels -f "$nmem" >/dev/null
+  ndctl enable-region "$region" >/dev/null
+fi
+create_ns() {  # create_ns RAW NAME: prints the new namespace's JSON (numeric sizes) on one line
+  ndctl create-namespace -r "$region" -m fsdax -M dev -s "$1" -n "$2" >/dev/null
+  ndctl list -N -r "$region" | tr -d ' \n' | sed 's/},{/}\n{/g' | grep "\"name\":\"$2\""
+}
+ns=$(create_ns 256M sanity-pmemvg)
+pmem_dev=/dev/$(json_str blockdev <<<"$ns")
+pvcreate -q "$pmem_dev"
+vgcreate -q sanitypmemvg "$pmem_dev"
+
+# ---- sizes each class holds exactly
+extent() { vgs --noheadings --units b --nosuffix -o vg_extent_size "$1" | tr -d ' '; }
+lvm_extent=$(extent sanityvg)
+pmem_lvm_extent=$(extent sanitypmemvg)
+# What an fsdax namespace of RAW bytes offers, measured by making one.
+ns_usable() {
+  local j; j=$(create_ns "$1" sanity-probe)
+  ndctl destroy-namespace -f "$(json_str dev <<<"$j")" >/dev/null 2>&1
+  json_num size <<<"$j"
+}
+region_align=$(ndctl list -r "$region" | tr -d ' \n' | json_num align)
+pmem_size=$(ns_usable $((5 * region_align)))
+pmem_expand=$(ns_usable $((10 * region_align)))
+[ -n "$lvm_extent" ] && [ -n "$pmem_lvm_extent" ] && [ -n "$pmem_size" ] && [ -n "$pmem_expand" ] \
+  || { echo "tests/sanity/vm.sh: cannot read the extent sizes or a namespace's size" >&2; exit 1; }
+echo "csi-sanity sizes: lvm, lvm-thin: 16 and 32 extents of $lvm_extent;" \
+  "pmem-lvm: 16 and 32 extents of $pmem_lvm_extent;" \
+  "pmem: fsdax namespaces of $((5 * region_align)) and $((10 * region_align)) bytes offer $pmem_size and $pmem_expand"
+
+config=$(mktemp "${TMPDIR:-/tmp}/sanity-classes.XXXXXX.yaml")
+cat >"$config" <<EOF
+device-classes:
+  - {name: lvm, kind: lvm, volume-group: sanityvg, default: true}
+  - {name: lvm-thin, kind: lvm-thin, volume-group: sanityvg, thin-pool: {name: sanitypool, overprovision-ratio: 1.0}}
+  - {name: pmem, kind: pmem, mode: direct, region: $region}
+  - {name: pmem-lvm, kind: pmem, mode: lvm, volume-group: sanitypmemvg}
+EOF
+echo "csi-sanity setup: $(secs "$t0")s"
+
+# pmem direct volumes cannot grow (docs/backends.md, "PMEM direct: no expansion"): the two
+# specs that grow a volume cannot pass on that class, every other one must.
+pmem_skip='ExpandVolume \[Controller Server\] should work$|NodeExpandVolume should work if node-expand is called after node-publish'
+pmem_why='pmem direct volumes cannot grow: ControllerExpandVolume is OUT_OF_RANGE, the class documents allowVolumeExpansion: false'
+
+failed=0
+for access in mount block; do
+  "$HERE/run.sh" --config "$config" --class lvm --access $access \
+    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent)) || failed=1
+  "$HERE/run.sh" --config "$config" --class lvm-thin --access $access \
+    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent)) || failed=1
+  "$HERE/run.sh" --config "$config" --class pmem --access $access \
+    --size "$pmem_size" --expand-size "$pmem_expand" --skip "$pmem_skip" --why "$pmem_why" || failed=1
+  "$HERE/run.sh" --config "$config" --class pmem-lvm --access $access \
+    --size $((16 * pmem_lvm_extent)) --expand-size $((32 * pmem_lvm_extent)) || failed=1
+done
+echo "csi-sanity guest total: $(secs "$t0")s"
+exit $failed
