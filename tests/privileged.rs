@@ -397,6 +397,21 @@ async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
     d.stop().await;
 }
 
+/// `limit_bytes` kept and GetCapacity's largest volume made on the loop class, which
+/// allocates whole MiB (see tests/common/limits.rs).
+#[tokio::test]
+async fn limits_are_kept_and_the_largest_volume_fits() {
+    let d = Daemon::start(&[]).await;
+    let class = common::limits::Class {
+        name: None,
+        small: 4 * MIB as u64,
+        large: 8 * MIB as u64,
+        grows: true,
+    };
+    common::limits::check(&d.socket, class).await;
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn state_survives_a_restart() {
     if !privileged() {

@@ -20,6 +20,7 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use common::Daemon;
+use common::limits::{self, Class};
 use localvol::proto::csi::v1 as csi;
 use tonic::Code;
 
@@ -833,6 +834,45 @@ async fn capacity_matches_the_tools_and_too_big_leaves_nothing() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
     assert!(err.message().contains("does not zero"), "{}", err.message());
     assert_eq!(storage_snapshot(), before);
+    d.stop().await;
+}
+
+/// `limit_bytes` kept and GetCapacity's largest volume made, on each class (see
+/// tests/common/limits.rs): whole extents of the VG, usable sizes of fsdax namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_kept_and_the_largest_volume_fits() {
+    if !in_guest("limits_are_kept_and_the_largest_volume_fits") {
+        return;
+    }
+    setup();
+    let d = daemon().await;
+    let extent = |vg: &str| {
+        numbers(
+            "vgs",
+            &["--noheadings", "--units", "b", "--nosuffix", "-o", "vg_extent_size", vg],
+        )[0]
+    };
+    let lvm = |name, vg| Class {
+        name: Some(name),
+        small: 16 * extent(vg),
+        large: 32 * extent(vg),
+        grows: true,
+    };
+    for class in [
+        lvm("thick", VG),
+        lvm("thin", VG),
+        lvm("pmem-lvm", PMEM_VG),
+        Class {
+            name: Some("pmem"),
+            small: fsdax_usable(80 * MIB),
+            large: fsdax_usable(160 * MIB),
+            grows: false,
+        },
+    ] {
+        let mut t = Steps::new(class.name.unwrap());
+        limits::check(&d.socket, class).await;
+        t.done("limits and largest volume");
+    }
     d.stop().await;
 }
 

@@ -142,6 +142,16 @@ impl Volumes {
     ) -> Result<ExpandedVolume, VolumeError> {
         guard_matches(guard, &req.id);
         let (backend, record) = self.record(&req.id).await?;
+        // Volumes never shrink: a limit below the size they have cannot be met.
+        if let Some(limit) = req.capacity.limit
+            && record.size_bytes > limit
+        {
+            return Err(ValidationError::OutOfRange(format!(
+                "volume {} has {} bytes, above the limit of {limit}, and volumes never shrink",
+                req.id, record.size_bytes
+            ))
+            .into());
+        }
         let wanted = backend.size_for(&req.capacity)?;
         let size_bytes = backend.expand(&req.id.token, wanted).await?;
         // A filesystem must be grown on the node; so must a loop device's view of its file.

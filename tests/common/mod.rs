@@ -1,6 +1,8 @@
 //! An in-process localvol daemon on temporary paths, and what tests need to drive it.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod limits;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
