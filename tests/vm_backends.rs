@@ -849,7 +849,15 @@ async fn limits_are_kept_and_the_largest_volume_fits() {
     let extent = |vg: &str| {
         numbers(
             "vgs",
-            &["--noheadings", "--units", "b", "--nosuffix", "-o", "vg_extent_size", vg],
+            &[
+                "--noheadings",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "vg_extent_size",
+                vg,
+            ],
         )[0]
     };
     let lvm = |name, vg| Class {

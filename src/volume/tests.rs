@@ -481,18 +481,27 @@ async fn expand_keeps_the_limit_and_never_shrinks() {
         capability: None,
     };
     let guard = f.locks.try_lock(&id.token, "expand").unwrap();
-    let out_of_range = |r: Result<_, VolumeError>| {
-        matches!(r, Err(VolumeError::Invalid(ValidationError::OutOfRange(_))))
-    };
+    let out_of_range =
+        |r: Result<_, VolumeError>| matches!(r, Err(VolumeError::Invalid(ValidationError::OutOfRange(_))));
     // Below the current size: no size fits, the volume is left as it is.
-    assert!(out_of_range(f.volumes.expand(&guard, &expand(1 << 20, Some(32 << 20))).await));
+    assert!(out_of_range(
+        f.volumes.expand(&guard, &expand(1 << 20, Some(32 << 20))).await
+    ));
     // Not a whole MiB within the limit: refused rather than rounded past it.
     let inexact = expand((96 << 20) + 1, Some((96 << 20) + 4096));
     assert!(out_of_range(f.volumes.expand(&guard, &inexact).await));
     assert_eq!(f.volumes.get(&id).await.unwrap().size_bytes, 64 << 20);
-    let grown = f.volumes.expand(&guard, &expand(96 << 20, Some(96 << 20))).await.unwrap();
+    let grown = f
+        .volumes
+        .expand(&guard, &expand(96 << 20, Some(96 << 20)))
+        .await
+        .unwrap();
     assert_eq!(grown.size_bytes, 96 << 20);
     // Already that size: a no-op within the limit.
-    let again = f.volumes.expand(&guard, &expand(64 << 20, Some(96 << 20))).await.unwrap();
+    let again = f
+        .volumes
+        .expand(&guard, &expand(64 << 20, Some(96 << 20)))
+        .await
+        .unwrap();
     assert_eq!(again.size_bytes, 96 << 20);
 }

@@ -53,7 +53,13 @@ async fn capacity(c: &mut Controller, class: &Class<'_>) -> (u64, u64) {
     (r.available_capacity as u64, r.maximum_volume_size.unwrap() as u64)
 }
 
-async fn create(c: &mut Controller, class: &Class<'_>, name: &str, required: u64, limit: u64) -> Result<(String, u64), tonic::Status> {
+async fn create(
+    c: &mut Controller,
+    class: &Class<'_>,
+    name: &str,
+    required: u64,
+    limit: u64,
+) -> Result<(String, u64), tonic::Status> {
     let v = c
         .create_volume(csi::CreateVolumeRequest {
             name: name.to_string(),
@@ -114,7 +120,9 @@ pub async fn check(socket: &Path, class: Class<'_>) {
         &format!("{label}: create in [{}, {}]", small + 1, small + 4096),
     );
     // Exact sizes are given exactly.
-    let (id, size) = create(&mut c, &class, "limits-small", small, small).await.unwrap();
+    let (id, size) = create(&mut c, &class, "limits-small", small, small)
+        .await
+        .unwrap();
     assert_eq!(size, small, "{label}: create of exactly {small}");
     // Below the current size: volumes never shrink, so no size fits the range.
     refused(
@@ -128,7 +136,11 @@ pub async fn check(socket: &Path, class: Class<'_>) {
         &format!("{label}: expand in [{}, {}]", large + 1, large + 4096),
     );
     if class.grows {
-        assert_eq!(expand(&mut c, &id, large, large).await.unwrap(), large, "{label}: expand to exactly {large}");
+        assert_eq!(
+            expand(&mut c, &id, large, large).await.unwrap(),
+            large,
+            "{label}: expand to exactly {large}"
+        );
         let (available, _) = capacity(&mut c, &class).await;
         refused(
             expand(&mut c, &id, large + available + 1, 0).await,
@@ -136,7 +148,11 @@ pub async fn check(socket: &Path, class: Class<'_>) {
             &format!("{label}: grow by {available} available + 1 byte"),
         );
         let grown = expand(&mut c, &id, large + available, large + available).await;
-        assert_eq!(grown.unwrap(), large + available, "{label}: grow by all {available} available");
+        assert_eq!(
+            grown.unwrap(),
+            large + available,
+            "{label}: grow by all {available} available"
+        );
     } else {
         refused(
             expand(&mut c, &id, large, large).await,
@@ -148,7 +164,10 @@ pub async fn check(socket: &Path, class: Class<'_>) {
 
     // The largest volume GetCapacity promises is made; one byte more is not.
     let (available, max) = capacity(&mut c, &class).await;
-    assert!(max > 0 && max <= available, "{label}: available {available}, max {max}");
+    assert!(
+        max > 0 && max <= available,
+        "{label}: available {available}, max {max}"
+    );
     refused(
         create(&mut c, &class, "limits-max-plus-one", max + 1, 0).await,
         Code::ResourceExhausted,
