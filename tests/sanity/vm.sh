@@ -64,7 +64,7 @@ echo "csi-sanity sizes: lvm, lvm-thin: 16 and 32 extents of $lvm_extent;" \
 config=$(mktemp "${TMPDIR:-/tmp}/sanity-classes.XXXXXX.yaml")
 cat >"$config" <<EOF
 device-classes:
-  - {name: lvm, kind: lvm, volume-group: sanityvg, default: true}
+  - {name: lvm, kind: lvm, volume-group: sanityvg, spare-gb: 0, default: true}
   - {name: lvm-thin, kind: lvm-thin, volume-group: sanityvg, thin-pool: {name: sanitypool, overprovision-ratio: 1.0}}
   - {name: pmem, kind: pmem, mode: direct, region: $region}
   - {name: pmem-lvm, kind: pmem, mode: lvm, volume-group: sanitypmemvg}

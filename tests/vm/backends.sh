@@ -77,7 +77,7 @@ exit $rc
 GUEST
 set +e
 LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} "$HERE/run.sh" "${VERBOSE[@]}" \
-  --disks 3 --disk-size 4G --pmem-size 2G --mem 1G --timeout 1800 \
+  --disks 3 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3600 \
   -- bash "$run_dir/guest.sh" "$privileged" "$sanity" "$run_dir/vm_backends" --test-threads=1 --nocapture "$@" \
   2>&1 | tee "$run_log"
 rc=${PIPESTATUS[0]}
