@@ -23,8 +23,8 @@ json_str() { sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p" | head -n 1; }
 
 # ---- storage
 wipefs -q -a "$disk"
-pvcreate -q "$disk"
-vgcreate -q sanityvg "$disk"
+pvcreate -q "$disk" >/dev/null
+vgcreate -q sanityvg "$disk" >/dev/null
 lvcreate -q -y -T sanityvg/sanitypool -L 512M -Zy >/dev/null
 # A region whose labels nobody initialised holds one label-less raw namespace and
 # offers nothing to create-namespace.
@@ -39,8 +39,8 @@ create_ns() {  # create_ns RAW NAME: prints the new namespace's JSON (numeric si
 }
 ns=$(create_ns 256M sanity-pmemvg)
 pmem_dev=/dev/$(json_str blockdev <<<"$ns")
-pvcreate -q "$pmem_dev"
-vgcreate -q sanitypmemvg "$pmem_dev"
+pvcreate -q "$pmem_dev" >/dev/null
+vgcreate -q sanitypmemvg "$pmem_dev" >/dev/null
 
 # ---- sizes each class holds exactly
 extent() { vgs --noheadings --units b --nosuffix -o vg_extent_size "$1" | tr -d ' '; }
