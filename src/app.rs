@@ -19,6 +19,7 @@ use crate::reclaim::scheduler::{NoCluster, Scheduler, SchedulerConfig};
 use crate::reclaim::service::Addons;
 use crate::reclaim::{self, Runner};
 use crate::registration::{self, RegistrationService};
+use crate::request::KubeletRoots;
 use crate::stats;
 use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
@@ -126,6 +127,7 @@ pub async fn serve(
         owner_check,
         max_volumes_per_node: 0,
         states: states.clone(),
+        roots: KubeletRoots::new(config.kubelet_root_dirs.clone()),
     });
 
     let (stop_tx, stop_rx) = watch::channel(false);

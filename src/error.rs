@@ -53,6 +53,8 @@ impl Error {
                 VolumeError::StorageMissing { .. } => "storage_missing",
                 VolumeError::AlreadyExists { .. } => "already_exists",
                 VolumeError::PathInUse { .. } => "path_in_use",
+                VolumeError::Occupied { .. } => "occupied",
+                VolumeError::NotAtPath { .. } => "not_at_path",
                 VolumeError::NotStaged { .. } => "not_staged",
                 VolumeError::SingleWriter { .. } => "single_writer",
                 VolumeError::StillPublished { .. } => "still_published",
@@ -91,13 +93,14 @@ fn validation_code(e: &ValidationError) -> Code {
 
 fn volume_code(e: &VolumeError) -> Code {
     match e {
-        VolumeError::NotFound(_) => Code::NotFound,
+        VolumeError::NotFound(_) | VolumeError::NotAtPath { .. } => Code::NotFound,
         VolumeError::UnknownClass(_) | VolumeError::Symlink { .. } | VolumeError::AccessMismatch { .. } => {
             Code::InvalidArgument
         }
         // CSI: a path already used by an incompatible volume or mount.
         VolumeError::AlreadyExists { .. } | VolumeError::PathInUse { .. } => Code::AlreadyExists,
         VolumeError::NotStaged { .. }
+        | VolumeError::Occupied { .. }
         | VolumeError::SingleWriter { .. }
         | VolumeError::StillPublished { .. }
         | VolumeError::WrongFilesystem { .. } => Code::FailedPrecondition,

@@ -161,9 +161,48 @@ impl Default for MountOptions {
     }
 }
 
+/// How many mount flags a request or device class may give, and how long each may be:
+/// real ones are a handful of short words.
+pub const MAX_MOUNT_FLAGS: usize = 64;
+pub const MAX_MOUNT_FLAG_BYTES: usize = 256;
+
+/// Filesystem options (the part of an option before `=`) localvol passes on to ext4 or
+/// xfs; anything else is refused rather than left for mount(2) to puzzle over.
+#[rustfmt::skip]
+const DATA_OPTIONS: &[&str] = &[
+    // Both filesystems, and the VFS's SELinux labels.
+    "discard", "nodiscard", "dax", "barrier", "nobarrier", "norecovery", "usrquota", "grpquota",
+    "prjquota", "quota", "noquota", "context", "fscontext", "defcontext", "rootcontext",
+    // ext4 (ext4(5)).
+    "errors", "data", "commit", "journal_checksum", "nojournal_checksum", "journal_async_commit",
+    "noload", "user_xattr", "nouser_xattr", "acl", "noacl", "usrjquota", "grpjquota", "jqfmt",
+    "inode_readahead_blks", "stripe", "delalloc", "nodelalloc", "max_batch_time",
+    "min_batch_time", "journal_ioprio", "auto_da_alloc", "noauto_da_alloc", "init_itable",
+    "noinit_itable", "block_validity", "noblock_validity", "dioread_lock", "dioread_nolock",
+    "i_version", "nombcache", "resuid", "resgid", "grpid", "bsdgroups", "nogrpid", "sysvgroups",
+    "data_err", "journal_path", "journal_dev",
+    // xfs (xfs(5)).
+    "allocsize", "attr2", "noattr2", "filestreams", "ikeep", "noikeep", "inode32", "inode64",
+    "largeio", "nolargeio", "logbufs", "logbsize", "logdev", "rtdev", "noalign", "nouuid",
+    "sunit", "swidth", "swalloc", "wsync", "uquota", "gquota", "pquota", "uqnoenforce",
+    "gqnoenforce", "pqnoenforce", "qnoenforce",
+];
+
 impl MountOptions {
     pub fn parse<S: AsRef<str>>(options: &[S]) -> Result<Self, MountError> {
         let mut parsed = MountOptions::default();
+        if options.len() > MAX_MOUNT_FLAGS {
+            return Err(MountError::InvalidOption {
+                option: format!("{} flags", options.len()),
+                reason: "more mount flags than localvol accepts (64)",
+            });
+        }
+        if let Some(long) = options.iter().find(|o| o.as_ref().len() > MAX_MOUNT_FLAG_BYTES) {
+            return Err(MountError::InvalidOption {
+                option: long.as_ref().chars().take(64).collect(),
+                reason: "longer than the 256 bytes localvol accepts for a mount flag",
+            });
+        }
         for option in options.iter().flat_map(|o| o.as_ref().split(',')) {
             if option.is_empty() || option == "defaults" {
                 continue;
@@ -190,6 +229,10 @@ impl MountOptions {
                 Some(FlagEffect::Set(f)) => parsed.flags |= f,
                 Some(FlagEffect::Clear(f)) => parsed.flags &= !f,
                 None => {
+                    let key = option.split_once('=').map_or(option, |(key, _)| key);
+                    if !DATA_OPTIONS.contains(&key) {
+                        return Err(invalid("not a mount option localvol knows for ext4 or xfs"));
+                    }
                     if !parsed.data.iter().any(|d| d == option) {
                         parsed.data.push(option.to_string());
                     }
@@ -292,17 +335,13 @@ pub async fn bind(host: &Host, source: &Path, target: &Path, read_only: bool) ->
     Ok(())
 }
 
-/// Unmounts everything stacked at `target`. Not mounted is success.
-pub async fn unmount_all(host: &Host, target: &Path) -> Result<(), MountError> {
-    // Bounded: a path with more stacked mounts than this is not ours to untangle.
-    for _ in 0..16 {
-        match host.syscalls.umount(target).await {
-            Ok(()) => continue,
-            Err(e) if e.is_not_mounted() || e.is_not_found() => return Ok(()),
-            Err(e) => return Err(e.into()),
-        }
+/// Unmounts the topmost mount at `target`. Not mounted is success.
+pub async fn unmount(host: &Host, target: &Path) -> Result<(), MountError> {
+    match host.syscalls.umount(target).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_mounted() || e.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -378,7 +417,15 @@ mod tests {
 
     #[test]
     fn hostile_options_are_refused() {
-        for bad in ["bind", "rbind", "shared", "-o", "a b", "x;y", "$(id)", "opt\n"] {
+        let long = "a".repeat(5000);
+        let many = vec!["noatime"; 65];
+        assert!(MountOptions::parse(&[long.as_str()]).is_err());
+        assert!(MountOptions::parse(&many).is_err());
+        assert!(MountOptions::parse(&vec!["noatime"; 64]).is_ok());
+        for bad in [
+            "bind", "rbind", "shared", "-o", "a b", "x;y", "$(id)", "opt\n", "x-gvfs-show", "loop",
+            "offset=0", "uid=0", "user", "unknown=1",
+        ] {
             assert!(
                 matches!(MountOptions::parse(&[bad]), Err(MountError::InvalidOption { .. })),
                 "{bad:?} accepted"

@@ -2,11 +2,17 @@
 //! this module works with values that are valid by construction.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
 
 use crate::fs::FsType;
 use crate::model::{AccessMode, AccessType, Capability, ClassName, IdError, Token, VolumeId};
 use crate::proto::csi::v1 as csi;
+
+mod confine;
+mod limits;
+
+pub use confine::{HostPath, KubeletRoots};
+pub use limits::{MAX_MAP_BYTES, MAX_STRING_BYTES};
+use limits::{check_context, check_map, check_name};
 
 /// StorageClass parameter that selects a device class.
 pub const PARAM_DEVICE_CLASS: &str = "localvol.csi.dev/device-class";
@@ -20,7 +26,6 @@ pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
 /// Size of a volume created without a capacity range.
 pub const DEFAULT_VOLUME_BYTES: u64 = 1 << 30;
 const MAX_PATH_LEN: usize = 4096;
-const MAX_NAME_LEN: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ValidationError {
@@ -41,47 +46,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ValidationError {
     ValidationError::Invalid {
         field,
         reason: reason.into(),
-    }
-}
-
-/// A path from kubelet: absolute and normalised (no `.`/`..`/empty components), so it
-/// names exactly one place. Symlinks along it are checked where it is used.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct HostPath(PathBuf);
-
-impl HostPath {
-    pub fn parse(field: &'static str, raw: &str) -> Result<Self, ValidationError> {
-        if raw.is_empty() {
-            return Err(ValidationError::Missing { field });
-        }
-        if raw.len() > MAX_PATH_LEN || raw.contains('\0') {
-            return Err(invalid(field, "longer than 4096 bytes or contains NUL"));
-        }
-        if !raw.starts_with('/') {
-            return Err(invalid(field, format!("{raw:?} is not an absolute path")));
-        }
-        let trimmed = raw.trim_end_matches('/');
-        if trimmed.is_empty() || trimmed.contains("//") {
-            return Err(invalid(field, format!("{raw:?} is not a normalised path")));
-        }
-        // Raw segments, not Path::components(), which silently drops interior `.`.
-        if trimmed
-            .split('/')
-            .any(|segment| segment == "." || segment == "..")
-        {
-            return Err(invalid(field, format!("{raw:?} contains '.' or '..'")));
-        }
-        Ok(Self(PathBuf::from(trimmed)))
-    }
-
-    pub fn as_path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl AsRef<Path> for HostPath {
-    fn as_ref(&self) -> &Path {
-        &self.0
     }
 }
 
@@ -269,9 +233,9 @@ impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
         if req.name.is_empty() {
             return Err(ValidationError::Missing { field: "name" });
         }
-        if req.name.len() > MAX_NAME_LEN {
-            return Err(invalid("name", "longer than 256 bytes"));
-        }
+        check_name("name", &req.name)?;
+        check_map("parameters", &req.parameters)?;
+        check_map("secrets", &req.secrets)?;
         if req.volume_capabilities.is_empty() {
             return Err(ValidationError::Missing {
                 field: "volume_capabilities",
@@ -371,6 +335,7 @@ pub struct VolumeContext {
 
 impl VolumeContext {
     pub fn parse(map: &HashMap<String, String>) -> Result<Self, ValidationError> {
+        check_context(map)?;
         if map
             .get("csi.storage.k8s.io/ephemeral")
             .is_some_and(|v| v == "true")
@@ -404,15 +369,15 @@ pub struct StageRequest {
     pub context: VolumeContext,
 }
 
-impl TryFrom<&csi::NodeStageVolumeRequest> for StageRequest {
-    type Error = ValidationError;
-
-    fn try_from(req: &csi::NodeStageVolumeRequest) -> Result<Self, Self::Error> {
+impl StageRequest {
+    pub fn parse(req: &csi::NodeStageVolumeRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
         // Arguments first, existence second: a missing argument is INVALID_ARGUMENT even
         // for an id that is not ours.
-        let staging_path = HostPath::parse("staging_target_path", &req.staging_target_path)?;
+        let staging_path = HostPath::confined("staging_target_path", &req.staging_target_path, roots)?;
         let capability = required_capability(req.volume_capability.as_ref())?;
         let context = VolumeContext::parse(&req.volume_context)?;
+        check_map("publish_context", &req.publish_context)?;
+        check_map("secrets", &req.secrets)?;
         Ok(Self {
             id: volume_id(&req.volume_id)?,
             staging_path,
@@ -428,11 +393,9 @@ pub struct UnstageRequest {
     pub staging_path: HostPath,
 }
 
-impl TryFrom<&csi::NodeUnstageVolumeRequest> for UnstageRequest {
-    type Error = ValidationError;
-
-    fn try_from(req: &csi::NodeUnstageVolumeRequest) -> Result<Self, Self::Error> {
-        let staging_path = HostPath::parse("staging_target_path", &req.staging_target_path)?;
+impl UnstageRequest {
+    pub fn parse(req: &csi::NodeUnstageVolumeRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
+        let staging_path = HostPath::confined("staging_target_path", &req.staging_target_path, roots)?;
         Ok(Self {
             id: volume_id(&req.volume_id)?,
             staging_path,
@@ -450,14 +413,14 @@ pub struct PublishRequest {
     pub context: VolumeContext,
 }
 
-impl TryFrom<&csi::NodePublishVolumeRequest> for PublishRequest {
-    type Error = ValidationError;
-
-    fn try_from(req: &csi::NodePublishVolumeRequest) -> Result<Self, Self::Error> {
-        let target_path = HostPath::parse("target_path", &req.target_path)?;
-        let staging_path = HostPath::parse("staging_target_path", &req.staging_target_path)?;
+impl PublishRequest {
+    pub fn parse(req: &csi::NodePublishVolumeRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
+        let target_path = HostPath::confined("target_path", &req.target_path, roots)?;
+        let staging_path = HostPath::confined("staging_target_path", &req.staging_target_path, roots)?;
         let capability = required_capability(req.volume_capability.as_ref())?;
         let context = VolumeContext::parse(&req.volume_context)?;
+        check_map("publish_context", &req.publish_context)?;
+        check_map("secrets", &req.secrets)?;
         Ok(Self {
             id: volume_id(&req.volume_id)?,
             target_path,
@@ -475,11 +438,9 @@ pub struct UnpublishRequest {
     pub target_path: HostPath,
 }
 
-impl TryFrom<&csi::NodeUnpublishVolumeRequest> for UnpublishRequest {
-    type Error = ValidationError;
-
-    fn try_from(req: &csi::NodeUnpublishVolumeRequest) -> Result<Self, Self::Error> {
-        let target_path = HostPath::parse("target_path", &req.target_path)?;
+impl UnpublishRequest {
+    pub fn parse(req: &csi::NodeUnpublishVolumeRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
+        let target_path = HostPath::confined("target_path", &req.target_path, roots)?;
         Ok(Self {
             id: volume_id(&req.volume_id)?,
             target_path,
@@ -490,14 +451,13 @@ impl TryFrom<&csi::NodeUnpublishVolumeRequest> for UnpublishRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatsRequest {
     pub id: VolumeId,
-    /// Kept as given: a path where the volume is not (even a relative one) is NOT_FOUND.
-    pub volume_path: PathBuf,
+    /// `None` for a path that cannot hold the volume (relative, malformed, outside the
+    /// roots): the volume is not found there, as CSI asks, rather than an argument error.
+    pub volume_path: Option<HostPath>,
 }
 
-impl TryFrom<&csi::NodeGetVolumeStatsRequest> for StatsRequest {
-    type Error = ValidationError;
-
-    fn try_from(req: &csi::NodeGetVolumeStatsRequest) -> Result<Self, Self::Error> {
+impl StatsRequest {
+    pub fn parse(req: &csi::NodeGetVolumeStatsRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
         // A missing argument is reported before whether the volume exists.
         if req.volume_id.is_empty() {
             return Err(ValidationError::Missing { field: "volume_id" });
@@ -507,7 +467,7 @@ impl TryFrom<&csi::NodeGetVolumeStatsRequest> for StatsRequest {
         }
         Ok(Self {
             id: volume_id(&req.volume_id)?,
-            volume_path: PathBuf::from(&req.volume_path),
+            volume_path: HostPath::confined("volume_path", &req.volume_path, roots).ok(),
         })
     }
 }
@@ -515,24 +475,27 @@ impl TryFrom<&csi::NodeGetVolumeStatsRequest> for StatsRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeExpandRequest {
     pub id: VolumeId,
-    pub volume_path: HostPath,
+    /// `None` outside the roots: the volume is not found there (lexically malformed
+    /// paths are still argument errors).
+    pub volume_path: Option<HostPath>,
     pub staging_path: Option<HostPath>,
     pub capacity: CapacityRange,
     pub capability: Option<Capability>,
 }
 
-impl TryFrom<&csi::NodeExpandVolumeRequest> for NodeExpandRequest {
-    type Error = ValidationError;
-
-    fn try_from(req: &csi::NodeExpandVolumeRequest) -> Result<Self, Self::Error> {
+impl NodeExpandRequest {
+    pub fn parse(req: &csi::NodeExpandVolumeRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
         let id = volume_id(&req.volume_id)?;
+        check_map("secrets", &req.secrets)?;
         Ok(Self {
             id,
-            volume_path: HostPath::parse("volume_path", &req.volume_path)?,
+            volume_path: Some(HostPath::parse("volume_path", &req.volume_path)?)
+                .filter(|p| roots.root_of(p.as_path()).is_some()),
             staging_path: match req.staging_target_path.as_str() {
                 "" => None,
-                raw => Some(HostPath::parse("staging_target_path", raw)?),
+                raw => Some(HostPath::confined("staging_target_path", raw, roots)?),
             },
+
             capacity: CapacityRange::parse(req.capacity_range.as_ref())?,
             capability: req.volume_capability.as_ref().map(capability).transpose()?,
         })

@@ -309,6 +309,11 @@ impl LoopBackend {
         Ok(self.devices_of(token).await?.into_iter().next())
     }
 
+    /// The device holding the volume's data, even one whose image was deleted under it.
+    pub async fn holding_device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
+        Ok(self.devices_holding(token).await?.into_iter().next())
+    }
+
     pub async fn attach(&self, token: &Token) -> Result<PathBuf, BackendError> {
         if let Some(device) = self.device(token).await? {
             return Ok(device);

@@ -289,6 +289,17 @@ impl Backend {
         }
     }
 
+    /// The device that holds the volume's data, to recognise its mounts: as
+    /// [`Backend::device`], and for loop files also a device whose image was deleted under
+    /// it (its mounts are still this volume's and must still be cleaned up).
+    pub async fn holding_device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
+        match self {
+            Backend::Loop(b) => b.holding_device(token).await,
+            Backend::Lvm(b) => b.device(token).await,
+            Backend::Pmem(b) => b.device(token).await,
+        }
+    }
+
     /// Undoes [`Backend::attach`]; idempotent.
     pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {
         match self {

@@ -26,6 +26,7 @@ use crate::proto::csi::v1::controller_server::ControllerServer;
 use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::csi::v1::node_server::NodeServer;
 use crate::proto::localvol::v1::volume_states_server::VolumeStatesServer;
+use crate::request::KubeletRoots;
 use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 
@@ -46,6 +47,8 @@ pub struct Driver {
     pub max_volumes_per_node: i64,
     /// What `localvol status` shows beyond the backends: pods, last reclaim, resize.
     pub states: VolumeStates,
+    /// Where node calls may stage and publish (`--kubelet-root-dir`).
+    pub roots: KubeletRoots,
 }
 
 impl Driver {

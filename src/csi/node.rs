@@ -59,7 +59,7 @@ impl Node for NodeService {
         let raw = request.into_inner();
         self.0
             .observe("NodeStageVolume", &raw.volume_id, async {
-                let req = StageRequest::try_from(&raw)?;
+                let req = StageRequest::parse(&raw, &self.0.roots)?;
                 self.0.owner_check.before_stage(&req).await?;
                 let guard = self.0.lock(&req.id.token, "NodeStageVolume")?;
                 self.0.volumes.stage(&guard, &req).await?;
@@ -75,7 +75,7 @@ impl Node for NodeService {
         let raw = request.into_inner();
         self.0
             .observe("NodeUnstageVolume", &raw.volume_id, async {
-                let req = UnstageRequest::try_from(&raw)?;
+                let req = UnstageRequest::parse(&raw, &self.0.roots)?;
                 let guard = self.0.lock(&req.id.token, "NodeUnstageVolume")?;
                 self.0.volumes.unstage(&guard, &req).await?;
                 Ok(csi::NodeUnstageVolumeResponse {})
@@ -90,7 +90,7 @@ impl Node for NodeService {
         let raw = request.into_inner();
         self.0
             .observe("NodePublishVolume", &raw.volume_id, async {
-                let req = PublishRequest::try_from(&raw)?;
+                let req = PublishRequest::parse(&raw, &self.0.roots)?;
                 self.0.owner_check.before_publish(&req).await?;
                 let guard = self.0.lock(&req.id.token, "NodePublishVolume")?;
                 self.0.volumes.publish(&guard, &req).await?;
@@ -110,7 +110,7 @@ impl Node for NodeService {
         let raw = request.into_inner();
         self.0
             .observe("NodeUnpublishVolume", &raw.volume_id, async {
-                let req = UnpublishRequest::try_from(&raw)?;
+                let req = UnpublishRequest::parse(&raw, &self.0.roots)?;
                 let guard = self.0.lock(&req.id.token, "NodeUnpublishVolume")?;
                 self.0.volumes.unpublish(&guard, &req).await?;
                 self.0.states.unpublished(&req.id, req.target_path.as_path());
@@ -128,7 +128,7 @@ impl Node for NodeService {
         self.0
             .observe("NodeGetVolumeStats", &raw.volume_id, async {
                 // Read-only: no lock, so stats never make a stage or publish wait.
-                let req = StatsRequest::try_from(&raw)?;
+                let req = StatsRequest::parse(&raw, &self.0.roots)?;
                 let (usage, volume_condition) = match self.0.volumes.stats(&req).await? {
                     VolumeStats::Filesystem {
                         usage: u,
@@ -144,7 +144,6 @@ impl Node for NodeService {
                         size_bytes,
                         condition: c,
                     } => (vec![usage(Unit::Bytes, size_bytes, 0, 0)], c),
-                    VolumeStats::Unmounted { condition: c } => (Vec::new(), c),
                 };
                 Ok(csi::NodeGetVolumeStatsResponse {
                     usage,
@@ -161,7 +160,7 @@ impl Node for NodeService {
         let raw = request.into_inner();
         self.0
             .observe("NodeExpandVolume", &raw.volume_id, async {
-                let req = NodeExpandRequest::try_from(&raw)?;
+                let req = NodeExpandRequest::parse(&raw, &self.0.roots)?;
                 let guard = self.0.lock(&req.id.token, "NodeExpandVolume")?;
                 let resize = &self.0.resize;
                 let target_bytes = req.capacity.required;

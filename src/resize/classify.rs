@@ -89,6 +89,8 @@ fn volume(v: &VolumeError) -> Failure {
         // Mount state that changes by itself: kubelet stages the volume again,
         // the other user goes away.
         VolumeError::NotStaged { .. }
+        | VolumeError::NotAtPath { .. }
+        | VolumeError::Occupied { .. }
         | VolumeError::SingleWriter { .. }
         | VolumeError::StillPublished { .. } => Transient,
         // The storage may still appear (a disk attached late, a VG activated later).

@@ -8,6 +8,7 @@
 mod classes;
 mod controller;
 mod node;
+mod ownership;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,10 @@ pub enum VolumeError {
     AlreadyExists { name: String, reason: String },
     #[error("{path} is already in use: {reason}", path = path.display())]
     PathInUse { path: PathBuf, reason: String },
+    #[error("{path} holds {holder}, not this volume; refusing to touch it", path = path.display())]
+    Occupied { path: PathBuf, holder: String },
+    #[error("volume {id} is not mounted at {path}")]
+    NotAtPath { id: VolumeId, path: String },
     #[error("volume {id} is not staged at {path}; NodeStageVolume must succeed first", path = path.display())]
     NotStaged { id: VolumeId, path: PathBuf },
     #[error("volume {id} is published at {path}, and its access mode allows only one", path = path.display())]

@@ -1,9 +1,10 @@
 //! Node operations: stage, publish, unpublish, unstage, expand, stats.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tracing::{info, warn};
 
+use super::ownership::{Holding, describe, holding, refuse_mounts_below, refuse_other};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches, io_error};
 use crate::backend::{Backend, VolumeRecord};
 use crate::fs::{self, Signature};
@@ -11,7 +12,7 @@ use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
 use crate::mount::{self, MountEntry, MountOptions, MountTable};
 use crate::request::{
-    NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
+    HostPath, NodeExpandRequest, ValidationError, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
 };
 
 /// Whether a volume is healthy, for NodeGetVolumeStats.
@@ -31,8 +32,6 @@ pub enum VolumeStats {
         size_bytes: u64,
         condition: VolumeCondition,
     },
-    /// The path exists but the volume is no longer mounted there.
-    Unmounted { condition: VolumeCondition },
 }
 
 fn access_name(access: &AccessType) -> &'static str {
@@ -55,31 +54,6 @@ fn check_access(record: &VolumeRecord, capability: &Capability) -> Result<(), Vo
     Ok(())
 }
 
-/// The device number of a block device path (following /dev/VG/LV-style symlinks).
-async fn device_number(volumes: &Volumes, device: &Path) -> Result<u64, VolumeError> {
-    volumes
-        .host
-        .syscalls
-        .device_number(device)
-        .await?
-        .ok_or_else(|| VolumeError::PathInUse {
-            path: device.to_path_buf(),
-            reason: "not a device node".to_string(),
-        })
-}
-
-/// Where a raw block volume's device node appears in the mount table when bind-mounted:
-/// devtmpfs, with the device's name below /dev as the mount root.
-async fn devtmpfs_root(device: &Path) -> Result<PathBuf, VolumeError> {
-    let real = match tokio::fs::canonicalize(device).await {
-        Ok(real) => real,
-        // A device node that vanished can still be named in the mount table as it was.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => device.to_path_buf(),
-        Err(e) => return Err(io_error("resolve", device)(e)),
-    };
-    Ok(Path::new("/").join(real.strip_prefix("/dev").unwrap_or(&real)))
-}
-
 impl Volumes {
     pub async fn stage(&self, guard: &VolumeGuard, req: &StageRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
@@ -87,23 +61,39 @@ impl Volumes {
         check_access(&record, &req.capability)?;
         let staging = req.staging_path.as_path();
         check_no_symlinks(staging).await?;
-        let device = backend.attach(&req.id.token).await?;
+        // Before attaching anything: the staging path holds this volume or nothing, and
+        // hides no mount below it.
+        let table = MountTable::read(&self.host).await?;
+        let identity = self.identity(backend, &req.id.token).await?;
+        let held = holding(&table, staging, identity.as_ref());
+        refuse_other(staging, &held)?;
         let AccessType::Mount { fs_type, mount_flags } = &req.capability.access else {
+            if let Holding::This(e) = held {
+                // Raw block volumes are never mounted at their staging path.
+                return Err(VolumeError::Occupied {
+                    path: staging.to_path_buf(),
+                    holder: describe(e),
+                });
+            }
             // Raw block: attaching is all staging means; publish binds the device node.
+            backend.attach(&req.id.token).await?;
             return Ok(());
         };
-        let wanted_dev = device_number(self, &device).await?;
-        let table = MountTable::read(&self.host).await?;
-        if let Some(existing) = table.at(staging) {
-            if existing.device_number() == wanted_dev {
+        match held {
+            Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
                 info!(volume.id = %req.id, path = %staging.display(), "already staged");
                 return Ok(());
             }
-            return Err(VolumeError::PathInUse {
-                path: staging.to_path_buf(),
-                reason: format!("{} is mounted there", existing.source),
-            });
+            Holding::This(e) => {
+                return Err(VolumeError::Occupied {
+                    path: staging.to_path_buf(),
+                    holder: describe(e),
+                });
+            }
+            Holding::Nothing | Holding::Other(_) => {}
         }
+        refuse_mounts_below(&table, staging)?;
+        let device = backend.attach(&req.id.token).await?;
         let fs_type = fs_type
             .or(record.fs_type)
             .unwrap_or_else(|| self.default_fs(&req.id.class));
@@ -159,72 +149,109 @@ impl Volumes {
         let (backend, record) = self.record(&req.id).await?;
         check_access(&record, &req.capability)?;
         let target = req.target_path.as_path();
+        let staging = req.staging_path.as_path();
+        if target == staging || target.starts_with(staging) || staging.starts_with(target) {
+            return Err(VolumeError::Invalid(ValidationError::Invalid {
+                field: "target_path",
+                reason: "the target path and the staging path must not contain each other".into(),
+            }));
+        }
         check_no_symlinks(target).await?;
         let table = MountTable::read(&self.host).await?;
-        let (source, identity) = match &req.capability.access {
-            AccessType::Mount { .. } => {
-                let staging = req.staging_path.as_path();
-                let staged = table.at(staging).ok_or_else(|| VolumeError::NotStaged {
-                    id: req.id.clone(),
-                    path: staging.to_path_buf(),
-                })?;
-                (
-                    staging.to_path_buf(),
-                    Publication::Filesystem(staged.device_number(), staging.to_path_buf()),
-                )
-            }
-            AccessType::Block => {
-                let device = backend
-                    .device(&req.id.token)
-                    .await?
-                    .ok_or_else(|| VolumeError::NotStaged {
-                        id: req.id.clone(),
-                        path: req.staging_path.as_path().to_path_buf(),
-                    })?;
-                let root = devtmpfs_root(&device).await?;
-                (device, Publication::Block(root))
-            }
+        let identity = self.identity(backend, &req.id.token).await?;
+        let not_staged = || VolumeError::NotStaged {
+            id: req.id.clone(),
+            path: staging.to_path_buf(),
         };
-        if let Some(existing) = table.at(target) {
-            if identity.matches(existing) && existing.is_read_only() == req.read_only {
-                info!(volume.id = %req.id, path = %target.display(), "already published");
-                return Ok(());
-            }
-            return Err(VolumeError::PathInUse {
-                path: target.to_path_buf(),
-                reason: format!(
-                    "{} is mounted there{}",
-                    existing.source,
-                    if identity.matches(existing) {
-                        " with a different read-only setting"
-                    } else {
-                        ""
+        // The source must be this volume: its staging mount, or its own device node.
+        let source = match &req.capability.access {
+            AccessType::Mount { .. } => {
+                check_no_symlinks(staging).await?;
+                match holding(&table, staging, identity.as_ref()) {
+                    Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
+                        staging.to_path_buf()
                     }
-                ),
-            });
+                    Holding::This(e) | Holding::Other(e) => {
+                        return Err(VolumeError::Occupied {
+                            path: staging.to_path_buf(),
+                            holder: describe(e),
+                        });
+                    }
+                    Holding::Nothing => return Err(not_staged()),
+                }
+            }
+            AccessType::Block => backend.device(&req.id.token).await?.ok_or_else(not_staged)?,
+        };
+        let identity = identity.ok_or_else(not_staged)?;
+        let is_publication = |e: &MountEntry| match req.capability.access {
+            AccessType::Mount { .. } => identity.is_filesystem(e) && e.mount_point != staging,
+            AccessType::Block => identity.is_device_bind(e),
+        };
+        match holding(&table, target, Some(&identity)) {
+            Holding::This(existing) if is_publication(existing) => {
+                if existing.is_read_only() == req.read_only {
+                    info!(volume.id = %req.id, path = %target.display(), "already published");
+                    return Ok(());
+                }
+                return Err(VolumeError::PathInUse {
+                    path: target.to_path_buf(),
+                    reason: "this volume is mounted there with a different read-only setting".into(),
+                });
+            }
+            Holding::This(e) | Holding::Other(e) => {
+                return Err(VolumeError::Occupied {
+                    path: target.to_path_buf(),
+                    holder: describe(e),
+                });
+            }
+            Holding::Nothing => {}
         }
+        refuse_mounts_below(&table, target)?;
         if req.capability.mode == AccessMode::SingleNodeSingleWriter
-            && let Some(other) = identity.publications(&table).find(|m| m.mount_point != target)
+            && let Some(other) = table
+                .entries()
+                .find(|m| is_publication(m) && m.mount_point != target)
         {
             return Err(VolumeError::SingleWriter {
                 id: req.id.clone(),
                 path: other.mount_point.clone(),
             });
         }
-        match identity {
-            Publication::Filesystem(..) => create_dir(target).await?,
-            Publication::Block(_) => create_file(target).await?,
+        match req.capability.access {
+            AccessType::Mount { .. } => create_dir(target).await?,
+            AccessType::Block => create_file(target).await?,
         }
         mount::bind(&self.host, &source, target, req.read_only).await?;
         Ok(())
     }
 
+    /// Unmounts this volume from the target, then removes the target if it is what
+    /// publish made (an empty directory or file). A target holding nothing is done
+    /// already; one holding anything else is refused.
     pub async fn unpublish(&self, guard: &VolumeGuard, req: &UnpublishRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
         let target = req.target_path.as_path();
         check_no_symlinks(target).await?;
-        mount::unmount_all(&self.host, target).await?;
-        remove_path(target).await
+        let backend = self.backend_of(&req.id)?;
+        let identity = self.identity(backend, &req.id.token).await?;
+        // Bounded: a path with more stacked mounts than this is not ours to untangle.
+        for _ in 0..16 {
+            let table = MountTable::read(&self.host).await?;
+            match holding(&table, target, identity.as_ref()) {
+                Holding::Nothing => return remove_target(target).await,
+                Holding::This(_) => mount::unmount(&self.host, target).await?,
+                Holding::Other(e) => {
+                    return Err(VolumeError::Occupied {
+                        path: target.to_path_buf(),
+                        holder: describe(e),
+                    });
+                }
+            }
+        }
+        Err(VolumeError::Occupied {
+            path: target.to_path_buf(),
+            holder: "more than 16 stacked mounts of this volume".into(),
+        })
     }
 
     pub async fn unstage(&self, guard: &VolumeGuard, req: &UnstageRequest) -> Result<(), VolumeError> {
@@ -232,23 +259,32 @@ impl Volumes {
         let staging = req.staging_path.as_path();
         check_no_symlinks(staging).await?;
         let backend = self.backend_of(&req.id)?;
-        if let Some(device) = backend.device(&req.id.token).await? {
-            let table = MountTable::read(&self.host).await?;
-            let dev = device_number(self, &device).await?;
-            let root = devtmpfs_root(&device).await?;
-            let published = table.entries().find(|m| {
-                m.mount_point != staging
-                    && (Publication::Filesystem(dev, staging.to_path_buf()).matches(m)
-                        || Publication::Block(root.clone()).matches(m))
+        let identity = self.identity(backend, &req.id.token).await?;
+        let table = MountTable::read(&self.host).await?;
+        refuse_other(staging, &holding(&table, staging, identity.as_ref()))?;
+        if let Some(identity) = &identity
+            && let Some(published) = table
+                .entries()
+                .find(|m| m.mount_point != staging && identity.uses(m))
+        {
+            return Err(VolumeError::StillPublished {
+                id: req.id.clone(),
+                path: published.mount_point.clone(),
             });
-            if let Some(published) = published {
-                return Err(VolumeError::StillPublished {
-                    id: req.id.clone(),
-                    path: published.mount_point.clone(),
-                });
+        }
+        for _ in 0..16 {
+            let table = MountTable::read(&self.host).await?;
+            match holding(&table, staging, identity.as_ref()) {
+                Holding::Nothing => break,
+                Holding::This(_) => mount::unmount(&self.host, staging).await?,
+                Holding::Other(e) => {
+                    return Err(VolumeError::Occupied {
+                        path: staging.to_path_buf(),
+                        holder: describe(e),
+                    });
+                }
             }
         }
-        mount::unmount_all(&self.host, staging).await?;
         backend.detach(&req.id.token).await?;
         Ok(())
     }
@@ -262,12 +298,9 @@ impl Volumes {
     ) -> Result<u64, VolumeError> {
         guard_matches(guard, &req.id);
         let (backend, record) = self.record(&req.id).await?;
-        let path = req.volume_path.as_path();
-        let table = MountTable::read(&self.host).await?;
-        let mounted = table.at(path).ok_or_else(|| VolumeError::NotStaged {
-            id: req.id.clone(),
-            path: path.to_path_buf(),
-        })?;
+        // Nothing grows until the path is proven to hold this volume.
+        let (table, mounted) = self.mounted_at(backend, &req.id, req.volume_path.as_ref()).await?;
+        let identity = self.identity(backend, &req.id.token).await?;
         if req.capacity.required > record.size_bytes {
             let size = backend.size_for(&req.capacity)?;
             backend.expand(&req.id.token, size).await?;
@@ -275,12 +308,14 @@ impl Volumes {
         let device = backend.attach(&req.id.token).await?;
         backend.refresh_device(&req.id.token).await?;
         if record.mode == VolumeMode::Filesystem {
-            // Grow through the filesystem's own mount (the staging path when kubelet names it).
+            // Grow through the filesystem's own mount: the staging path when kubelet names
+            // it and it holds this volume.
             let fs_mount = req
                 .staging_path
                 .as_ref()
                 .and_then(|s| table.at(s.as_path()))
-                .unwrap_or(mounted);
+                .filter(|e| identity.as_ref().is_some_and(|i| i.is_filesystem(e)))
+                .unwrap_or(&mounted);
             fs::grow(&self.host, &fs_mount.fs_type, &device, &fs_mount.mount_point).await?;
         }
         Ok(self.host.syscalls.block_device_size(&device).await?)
@@ -288,21 +323,9 @@ impl Volumes {
 
     pub async fn stats(&self, req: &StatsRequest) -> Result<VolumeStats, VolumeError> {
         let (backend, record) = self.record(&req.id).await?;
-        let path = req.volume_path.as_path();
-        let not_found = || VolumeError::NotFound(req.id.clone());
-        if !path.is_absolute() || tokio::fs::symlink_metadata(path).await.is_err() {
-            return Err(not_found());
-        }
+        let (_, mounted) = self.mounted_at(backend, &req.id, req.volume_path.as_ref()).await?;
+        let path = mounted.mount_point.as_path();
         let condition = condition_of(backend, &req.id).await?;
-        let table = MountTable::read(&self.host).await?;
-        if table.at(path).is_none() {
-            return Ok(VolumeStats::Unmounted {
-                condition: VolumeCondition {
-                    abnormal: true,
-                    message: format!("volume is not mounted at {}", path.display()),
-                },
-            });
-        }
         Ok(match record.mode {
             VolumeMode::Block => VolumeStats::Block {
                 size_bytes: self.host.syscalls.block_device_size(path).await?,
@@ -313,6 +336,35 @@ impl Volumes {
                 condition,
             },
         })
+    }
+
+    /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of
+    /// its device node); anything else, a symlink on the way or no path, is NOT_FOUND.
+    async fn mounted_at(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        path: Option<&HostPath>,
+    ) -> Result<(MountTable, MountEntry), VolumeError> {
+        let not_here = |path: &str| VolumeError::NotAtPath {
+            id: id.clone(),
+            path: path.to_string(),
+        };
+        let Some(path) = path.map(HostPath::as_path) else {
+            return Err(not_here("a path outside kubelet's root directory"));
+        };
+        if check_no_symlinks(path).await.is_err() {
+            return Err(not_here(&path.display().to_string()));
+        }
+        let table = MountTable::read(&self.host).await?;
+        let identity = self.identity(backend, &id.token).await?;
+        match holding(&table, path, identity.as_ref()) {
+            Holding::This(e) => {
+                let e = e.clone();
+                Ok((table, e))
+            }
+            Holding::Nothing | Holding::Other(_) => Err(not_here(&path.display().to_string())),
+        }
     }
 }
 
@@ -335,33 +387,6 @@ async fn condition_of(backend: &Backend, id: &VolumeId) -> Result<VolumeConditio
             }
         }
     })
-}
-
-/// How a publication of this volume shows in the mount table.
-enum Publication {
-    /// The staged filesystem's device number, and its staging path.
-    Filesystem(u64, PathBuf),
-    /// The device node's path below devtmpfs.
-    Block(PathBuf),
-}
-
-impl Publication {
-    fn matches(&self, entry: &MountEntry) -> bool {
-        match self {
-            Publication::Filesystem(dev, _) => entry.device_number() == *dev,
-            Publication::Block(root) => entry.fs_type == "devtmpfs" && entry.root == *root,
-        }
-    }
-
-    fn publications<'a>(&'a self, table: &'a MountTable) -> impl Iterator<Item = &'a MountEntry> + 'a {
-        table.entries().filter(move |m| {
-            self.matches(m)
-                && match self {
-                    Publication::Filesystem(_, staging) => m.mount_point != *staging,
-                    Publication::Block(_) => true,
-                }
-        })
-    }
 }
 
 async fn create_dir(path: &Path) -> Result<(), VolumeError> {
@@ -391,21 +416,41 @@ async fn create_file(path: &Path) -> Result<(), VolumeError> {
     }
 }
 
-/// Removes an unmounted target (directory or device-node placeholder); gone is fine.
-async fn remove_path(path: &Path) -> Result<(), VolumeError> {
+/// Removes a target publish made: an empty directory, or the empty file a raw block
+/// volume's node was bound onto. Anything else (content, another kind of file, a mount
+/// point of another namespace's making) is left where it is: directories are shared
+/// across mount namespaces, and a removal cannot be undone. Gone is fine.
+async fn remove_target(path: &Path) -> Result<(), VolumeError> {
+    use std::os::unix::fs::MetadataExt;
     let meta = match tokio::fs::symlink_metadata(path).await {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io_error("stat", path)(e)),
     };
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let parent_dev = tokio::fs::symlink_metadata(parent)
+        .await
+        .map_err(io_error("stat", parent))?
+        .dev();
+    let leave = |why: &str| {
+        warn!(path = %path.display(), "leaving the target in place: {why}");
+        Ok(())
+    };
+    if meta.dev() != parent_dev {
+        return leave("it is the root of a mount this namespace does not see");
+    }
     let result = if meta.is_dir() {
+        // rmdir itself refuses a directory with anything in it.
         tokio::fs::remove_dir(path).await
-    } else {
+    } else if meta.is_file() && meta.len() == 0 {
         tokio::fs::remove_file(path).await
+    } else {
+        return leave("publish makes only empty directories and empty files");
     };
     match result {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => leave("it is not empty"),
         Err(e) => Err(io_error("remove", path)(e)),
     }
 }

@@ -1,0 +1,190 @@
+//! Proof, from the mount table, that a path holds this volume before anything touches it.
+//!
+//! A node call names a volume and a path; nothing but the mount table says whether what
+//! is mounted at that path is that volume. A filesystem volume shows as a mount of its
+//! device's filesystem root (the staging mount, and each bind of it at a target); a raw
+//! block volume's target is a bind of its device node, which shows as devtmpfs with the
+//! node's name as the mount's root.
+
+use std::path::{Path, PathBuf};
+
+use super::{VolumeError, Volumes, io_error};
+use crate::backend::Backend;
+use crate::model::Token;
+use crate::mount::{MountEntry, MountTable};
+
+/// How this volume appears in the mount table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Identity {
+    /// The device number of the volume's block device.
+    pub dev: u64,
+    /// The device node's path below devtmpfs, as a bind of it shows.
+    pub devtmpfs_root: PathBuf,
+}
+
+/// What a path holds.
+#[derive(Debug)]
+pub(super) enum Holding<'a> {
+    Nothing,
+    This(&'a MountEntry),
+    Other(&'a MountEntry),
+}
+
+impl Identity {
+    /// A mount of the volume's filesystem root: its staging mount or a bind of it.
+    pub fn is_filesystem(&self, entry: &MountEntry) -> bool {
+        entry.device_number() == self.dev && entry.root == Path::new("/")
+    }
+
+    /// A bind of the volume's device node (a raw block target).
+    pub fn is_device_bind(&self, entry: &MountEntry) -> bool {
+        entry.fs_type == "devtmpfs" && entry.root == self.devtmpfs_root
+    }
+
+    /// Anything that keeps the volume's device in use: any mount of its filesystem
+    /// (whatever the root) or a bind of its node.
+    pub fn uses(&self, entry: &MountEntry) -> bool {
+        entry.device_number() == self.dev || self.is_device_bind(entry)
+    }
+}
+
+/// What the topmost mount at `path` is: this volume (`identity`, `None` when the volume
+/// has no device, so nothing can be it), something else, or nothing.
+pub(super) fn holding<'a>(table: &'a MountTable, path: &Path, identity: Option<&Identity>) -> Holding<'a> {
+    match table.at(path) {
+        None => Holding::Nothing,
+        Some(e) if identity.is_some_and(|i| i.is_filesystem(e) || i.is_device_bind(e)) => Holding::This(e),
+        Some(e) => Holding::Other(e),
+    }
+}
+
+/// A mount strictly below `path`: mounting over `path` would hide it, and it is not ours.
+pub(super) fn mount_below<'a>(table: &'a MountTable, path: &Path) -> Option<&'a MountEntry> {
+    table
+        .entries()
+        .find(|e| e.mount_point != path && e.mount_point.starts_with(path))
+}
+
+/// How a mount is named in an error: what is mounted, and from where.
+pub(super) fn describe(entry: &MountEntry) -> String {
+    let root = if entry.root == Path::new("/") {
+        String::new()
+    } else {
+        format!(" (bind of {})", entry.root.display())
+    };
+    format!("{} {}{root}", entry.fs_type, entry.source)
+}
+
+/// Refuses a path where something other than this volume is mounted.
+pub(super) fn refuse_other(path: &Path, holding: &Holding<'_>) -> Result<(), VolumeError> {
+    match holding {
+        Holding::Other(e) => Err(VolumeError::Occupied {
+            path: path.to_path_buf(),
+            holder: describe(e),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a path with mounts below it: mounting over it would hide them.
+pub(super) fn refuse_mounts_below(table: &MountTable, path: &Path) -> Result<(), VolumeError> {
+    match mount_below(table, path) {
+        Some(e) => Err(VolumeError::Occupied {
+            path: path.to_path_buf(),
+            holder: format!("{} mounted below it at {}", describe(e), e.mount_point.display()),
+        }),
+        None => Ok(()),
+    }
+}
+
+impl Volumes {
+    /// The volume's identity in the mount table; `None` when it has no device now.
+    pub(super) async fn identity(
+        &self,
+        backend: &Backend,
+        token: &Token,
+    ) -> Result<Option<Identity>, VolumeError> {
+        let Some(device) = backend.holding_device(token).await? else {
+            return Ok(None);
+        };
+        let Some(dev) = self.host.syscalls.device_number(&device).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Identity {
+            dev,
+            devtmpfs_root: devtmpfs_root(&device).await?,
+        }))
+    }
+}
+
+/// Where a raw block volume's device node appears in the mount table when bind-mounted:
+/// devtmpfs, with the device's name below /dev as the mount root.
+pub(super) async fn devtmpfs_root(device: &Path) -> Result<PathBuf, VolumeError> {
+    let real = match tokio::fs::canonicalize(device).await {
+        Ok(real) => real,
+        // A device node that vanished can still be named in the mount table as it was.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => device.to_path_buf(),
+        Err(e) => return Err(io_error("resolve", device)(e)),
+    };
+    Ok(Path::new("/").join(real.strip_prefix("/dev").unwrap_or(&real)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 259:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+25 22 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw
+30 22 0:40 / /k/tmpfs rw - tmpfs tmpfs rw
+101 22 7:3 / /k/stage/a rw,relatime - ext4 /dev/loop3 rw
+102 22 7:3 / /k/pods/1/mount rw,relatime - ext4 /dev/loop3 rw
+103 22 7:3 /lost+found /k/pods/2/mount rw,relatime - ext4 /dev/loop3 rw
+104 22 0:5 /loop4 /k/pods/3/dev rw,nosuid - devtmpfs udev rw
+105 22 7:5 / /k/stage/b rw,relatime - ext4 /dev/loop5 rw
+";
+
+    fn loop3() -> Identity {
+        Identity {
+            dev: nix::sys::stat::makedev(7, 3),
+            devtmpfs_root: "/loop3".into(),
+        }
+    }
+
+    #[test]
+    fn only_the_volumes_own_mounts_are_this() {
+        let table = MountTable::parse(MOUNTINFO).unwrap();
+        let a = loop3();
+        let at = |p: &str, id: Option<&Identity>| match holding(&table, Path::new(p), id) {
+            Holding::Nothing => "nothing",
+            Holding::This(_) => "this",
+            Holding::Other(_) => "other",
+        };
+        assert_eq!(at("/k/stage/a", Some(&a)), "this");
+        assert_eq!(at("/k/pods/1/mount", Some(&a)), "this");
+        assert_eq!(at("/k/pods/2/mount", Some(&a)), "other", "a bind of a subdirectory is not ours");
+        assert_eq!(at("/k/stage/b", Some(&a)), "other", "another volume's staging mount");
+        assert_eq!(at("/k/tmpfs", Some(&a)), "other");
+        assert_eq!(at("/k/stage/a", None), "other", "no device: nothing mounted is ours");
+        assert_eq!(at("/k/nothing", Some(&a)), "nothing");
+        let block = Identity {
+            dev: 0,
+            devtmpfs_root: "/loop4".into(),
+        };
+        assert_eq!(at("/k/pods/3/dev", Some(&block)), "this");
+        assert_eq!(at("/k/pods/3/dev", Some(&a)), "other");
+        assert!(a.uses(table.at(Path::new("/k/pods/2/mount")).unwrap()));
+    }
+
+    #[test]
+    fn mounts_below_a_path_are_found() {
+        let table = MountTable::parse(MOUNTINFO).unwrap();
+        assert_eq!(
+            mount_below(&table, Path::new("/k/pods")).unwrap().mount_point,
+            Path::new("/k/pods/1/mount")
+        );
+        assert!(mount_below(&table, Path::new("/k/stage/a")).is_none());
+        assert!(mount_below(&table, Path::new("/k/stag")).is_none());
+        assert!(describe(table.at(Path::new("/k/pods/2/mount")).unwrap()).contains("bind of /lost+found"));
+    }
+}
