@@ -1,11 +1,33 @@
 //! The table of malformed requests: each is refused at the edge with the right code.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use tonic::Code;
 
 use super::*;
 use crate::error::Error;
+
+fn kubelet() -> KubeletRoots {
+    KubeletRoots::new(vec!["/var/lib/kubelet".into()])
+}
+
+/// Parsing as the daemon does with its default `--kubelet-root-dir`.
+trait ParseInKubelet<R>: Sized {
+    fn parse_in_kubelet(raw: &R) -> Result<Self, ValidationError>;
+}
+
+impl ParseInKubelet<csi::NodeStageVolumeRequest> for StageRequest {
+    fn parse_in_kubelet(raw: &csi::NodeStageVolumeRequest) -> Result<Self, ValidationError> {
+        Self::parse(raw, &kubelet())
+    }
+}
+
+impl ParseInKubelet<csi::NodePublishVolumeRequest> for PublishRequest {
+    fn parse_in_kubelet(raw: &csi::NodePublishVolumeRequest) -> Result<Self, ValidationError> {
+        Self::parse(raw, &kubelet())
+    }
+}
 
 fn mount_cap(fs: &str, mode: csi::volume_capability::access_mode::Mode) -> csi::VolumeCapability {
     csi::VolumeCapability {
@@ -136,18 +158,18 @@ fn malformed_node_paths_and_ids() {
         ..Default::default()
     };
     let cases = [
-        ("empty id", stage("", "/stage"), Code::InvalidArgument),
+        ("empty id", stage("", "/var/lib/kubelet/stage"), Code::InvalidArgument),
         (
             "id with slash",
-            stage("default.../../etc", "/stage"),
+            stage("default.../../etc", "/var/lib/kubelet/stage"),
             Code::InvalidArgument,
         ),
         (
             "id with NUL",
-            stage("default.a\0b", "/stage"),
+            stage("default.a\0b", "/var/lib/kubelet/stage"),
             Code::InvalidArgument,
         ),
-        ("foreign id", stage("fake-vol-id", "/stage"), Code::NotFound),
+        ("foreign id", stage("fake-vol-id", "/var/lib/kubelet/stage"), Code::NotFound),
         ("empty path", stage("default.pvc-1", ""), Code::InvalidArgument),
         (
             "relative path",
@@ -170,6 +192,13 @@ fn malformed_node_paths_and_ids() {
             Code::InvalidArgument,
         ),
         ("root", stage("default.pvc-1", "/"), Code::InvalidArgument),
+        ("outside the roots", stage("default.pvc-1", "/etc"), Code::InvalidArgument),
+        ("a root itself", stage("default.pvc-1", "/var/lib/kubelet"), Code::InvalidArgument),
+        (
+            "a sibling of a root",
+            stage("default.pvc-1", "/var/lib/kubelet2/x"),
+            Code::InvalidArgument,
+        ),
         (
             "NUL in path",
             stage("default.pvc-1", "/a\0b"),
@@ -182,18 +211,18 @@ fn malformed_node_paths_and_ids() {
         ),
     ];
     for (what, req, expected) in cases {
-        assert_eq!(code(StageRequest::try_from(&req)), expected, "{what}");
+        assert_eq!(code(StageRequest::parse_in_kubelet(&req)), expected, "{what}");
     }
     // A foreign id with a missing argument is reported as the missing argument.
     assert_eq!(
-        code(StageRequest::try_from(&stage("fake-vol-id", ""))),
+        code(StageRequest::parse_in_kubelet(&stage("fake-vol-id", ""))),
         Code::InvalidArgument
     );
 }
 
 #[test]
 fn good_requests_convert() {
-    let req = StageRequest::try_from(&csi::NodeStageVolumeRequest {
+    let req = StageRequest::parse_in_kubelet(&csi::NodeStageVolumeRequest {
         volume_id: "default.pvc-1".into(),
         staging_target_path: "/var/lib/kubelet/plugins/x/globalmount/".into(),
         volume_capability: Some(writer("xfs")),
@@ -221,10 +250,10 @@ fn good_requests_convert() {
 #[test]
 fn publish_carries_pod_info_and_read_only() {
     use csi::volume_capability::access_mode::Mode;
-    let req = PublishRequest::try_from(&csi::NodePublishVolumeRequest {
+    let req = PublishRequest::parse_in_kubelet(&csi::NodePublishVolumeRequest {
         volume_id: "default.pvc-1".into(),
-        staging_target_path: "/s".into(),
-        target_path: "/t".into(),
+        staging_target_path: "/var/lib/kubelet/s".into(),
+        target_path: "/var/lib/kubelet/t".into(),
         volume_capability: Some(mount_cap("", Mode::SingleNodeReaderOnly)),
         volume_context: HashMap::from([
             ("csi.storage.k8s.io/pod.name".to_string(), "web-0".to_string()),
@@ -242,12 +271,12 @@ fn publish_carries_pod_info_and_read_only() {
     };
     let inline = csi::NodePublishVolumeRequest {
         volume_id: "default.pvc-1".into(),
-        staging_target_path: "/s".into(),
-        target_path: "/t".into(),
+        staging_target_path: "/var/lib/kubelet/s".into(),
+        target_path: "/var/lib/kubelet/t".into(),
         volume_capability: Some(writer("ext4")),
         ..inline
     };
-    assert_eq!(code(PublishRequest::try_from(&inline)), Code::InvalidArgument);
+    assert_eq!(code(PublishRequest::parse_in_kubelet(&inline)), Code::InvalidArgument);
 }
 
 #[test]

@@ -287,6 +287,7 @@ mod tests {
             resize: Default::default(),
             max_volumes_per_node: 0,
             states: Default::default(),
+            roots: crate::request::KubeletRoots::new(vec![dir.path().to_path_buf()]),
         };
         Node {
             service: NodeService(Arc::new(driver)),

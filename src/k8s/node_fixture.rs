@@ -74,6 +74,7 @@ impl Node {
             owner_check: check(Arc::clone(&health)),
             max_volumes_per_node: 0,
             states: Default::default(),
+            roots: crate::request::KubeletRoots::new(vec![dir.path().to_path_buf()]),
         });
         let (_, controller, node, _) = crate::csi::services(driver);
         Self {
