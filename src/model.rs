@@ -115,8 +115,8 @@ pub enum IdError {
     NotOurs(String),
 }
 
-/// Ids longer than this are refused outright (CSI allows 128 bytes; leave slack).
-const MAX_ID_LEN: usize = 256;
+/// Ids longer than the CSI spec allows (128 bytes) are refused outright.
+const MAX_ID_LEN: usize = 128;
 
 impl VolumeId {
     pub fn new(class: ClassName, token: Token) -> Self {
@@ -132,7 +132,7 @@ impl VolumeId {
             reason,
         };
         if id.len() > MAX_ID_LEN {
-            return Err(malformed("longer than 256 bytes"));
+            return Err(malformed("longer than 128 bytes"));
         }
         if id.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
             return Err(malformed("contains a control character or a path separator"));

@@ -85,6 +85,8 @@ impl Process {
             .arg(format!("unix://{}", socket.display()))
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .arg("--kubelet-root-dir")
+            .arg(dir)
             .env("RUST_LOG", "info")
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -113,6 +113,8 @@ impl Daemon {
             .arg(format!("unix://{}", addons.display()))
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .arg("--kubelet-root-dir")
+            .arg(dir)
             .arg("--config")
             .arg(guest::config_path(class))
             .env("RUST_LOG", "info")

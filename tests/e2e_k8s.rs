@@ -106,6 +106,8 @@ fn daemon_config(dir: &Path, node: &str) -> Config {
         "2Gi",
         "--kube",
         "on",
+        "--kubelet-root-dir",
+        dir.to_str().unwrap(),
     ])
     .expect("arguments parse");
     let Command::Serve(args) = cli.command else {

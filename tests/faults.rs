@@ -218,6 +218,8 @@ impl Process {
             .arg(format!("unix://{}", socket.display()))
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .arg("--kubelet-root-dir")
+            .arg(dir)
             .env("PATH", path)
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)

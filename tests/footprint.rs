@@ -69,6 +69,8 @@ async fn resident_memory_idle_and_with_50_volumes() {
         .arg(format!("unix://{}", socket.display()))
         .arg("--data-dir")
         .arg(&data)
+        .arg("--kubelet-root-dir")
+        .arg(dir.path())
         .arg("--registration-dir")
         .arg(dir.path().join("registry"))
         .args(["--metrics-addr", "127.0.0.1:0", "--stats-interval", "1s"])

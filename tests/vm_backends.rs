@@ -912,6 +912,8 @@ impl Process {
             .args(["--node-id", "vm-node", "--metrics-addr", "127.0.0.1:0"])
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .arg("--kubelet-root-dir")
+            .arg(dir)
             .arg("--config")
             .arg(config)
             .env(

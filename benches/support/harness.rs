@@ -51,6 +51,8 @@ impl Daemon {
             .arg(format!("unix://{}", socket.display()))
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .arg("--kubelet-root-dir")
+            .arg(dir)
             .args(launch.args)
             .env(
                 "RUST_LOG",

@@ -8,14 +8,23 @@ use std::path::{Component, Path};
 use libfuzzer_sys::fuzz_target;
 use localvol::proto::csi::v1 as csi;
 use localvol::request::{
-    ControllerExpandRequest, CreateRequest, HostPath, NodeExpandRequest, PublishRequest, StageRequest,
+    ControllerExpandRequest, CreateRequest, HostPath, KubeletRoots, NodeExpandRequest, PublishRequest, StageRequest,
     StatsRequest, UnpublishRequest, UnstageRequest,
 };
 use prost::Message;
 
-/// An accepted kubelet path names exactly one place: absolute, no `.`/`..`, no NUL.
+/// A short root, so the fuzzer reaches paths below it.
+const ROOT: &str = "/k";
+
+fn roots() -> KubeletRoots {
+    KubeletRoots::new(vec![ROOT.into()])
+}
+
+/// An accepted kubelet path names exactly one place, strictly below the root: absolute,
+/// no `.`/`..`, no NUL.
 fn check_path(path: &HostPath) {
     let p: &Path = path.as_path();
+    assert!(p.starts_with(ROOT) && p != Path::new(ROOT), "{p:?}");
     assert!(p.is_absolute(), "{p:?}");
     assert!(
         p.components()
@@ -56,7 +65,7 @@ fuzz_target!(|data: &[u8]| {
         }
         2 => {
             if let Some(raw) = decode::<csi::NodeStageVolumeRequest>(bytes)
-                && let Ok(req) = StageRequest::try_from(&raw)
+                && let Ok(req) = StageRequest::parse(&raw, &roots())
             {
                 check_id(&req.id);
                 check_path(&req.staging_path);
@@ -64,7 +73,7 @@ fuzz_target!(|data: &[u8]| {
         }
         3 => {
             if let Some(raw) = decode::<csi::NodeUnstageVolumeRequest>(bytes)
-                && let Ok(req) = UnstageRequest::try_from(&raw)
+                && let Ok(req) = UnstageRequest::parse(&raw, &roots())
             {
                 check_id(&req.id);
                 check_path(&req.staging_path);
@@ -72,7 +81,7 @@ fuzz_target!(|data: &[u8]| {
         }
         4 => {
             if let Some(raw) = decode::<csi::NodePublishVolumeRequest>(bytes)
-                && let Ok(req) = PublishRequest::try_from(&raw)
+                && let Ok(req) = PublishRequest::parse(&raw, &roots())
             {
                 check_id(&req.id);
                 check_path(&req.staging_path);
@@ -81,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
         }
         5 => {
             if let Some(raw) = decode::<csi::NodeUnpublishVolumeRequest>(bytes)
-                && let Ok(req) = UnpublishRequest::try_from(&raw)
+                && let Ok(req) = UnpublishRequest::parse(&raw, &roots())
             {
                 check_id(&req.id);
                 check_path(&req.target_path);
@@ -89,17 +98,22 @@ fuzz_target!(|data: &[u8]| {
         }
         6 => {
             if let Some(raw) = decode::<csi::NodeGetVolumeStatsRequest>(bytes)
-                && let Ok(req) = StatsRequest::try_from(&raw)
+                && let Ok(req) = StatsRequest::parse(&raw, &roots())
             {
                 check_id(&req.id);
+                if let Some(path) = &req.volume_path {
+                    check_path(path);
+                }
             }
         }
         _ => {
             if let Some(raw) = decode::<csi::NodeExpandVolumeRequest>(bytes)
-                && let Ok(req) = NodeExpandRequest::try_from(&raw)
+                && let Ok(req) = NodeExpandRequest::parse(&raw, &roots())
             {
                 check_id(&req.id);
-                check_path(&req.volume_path);
+                if let Some(path) = &req.volume_path {
+                    check_path(path);
+                }
                 if let Some(staging) = &req.staging_path {
                     check_path(staging);
                 }

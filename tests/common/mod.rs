@@ -102,6 +102,12 @@ impl Daemon {
             "--csi-addons-endpoint",
             &addons_endpoint,
         ];
+        // Node calls are confined to kubelet's root: the tests' kubelet paths are all in
+        // the daemon's directory, unless a test names its own root.
+        let root = dir.path().to_str().unwrap().to_string();
+        if !extra_args.contains(&"--kubelet-root-dir") {
+            argv.extend_from_slice(&["--kubelet-root-dir", &root]);
+        }
         argv.extend_from_slice(extra_args);
         let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
             unreachable!("parsed as serve")
