@@ -3,8 +3,22 @@
 //! the permissions of what the daemon creates. Every refusal must change nothing.
 //! (`..` in paths, a symlinked staging path and the raw-block previous-tenant check are
 //! in tests/privileged.rs.)
+//!
+//! The tests that stage and publish run sandboxed (see `hostile/sandbox.rs`): each
+//! re-executes this binary for itself under `unshare --mount`, with every mount of that
+//! namespace read-only (`/`, `/dev`, `/proc`, `/sys` included) except a private tmpfs
+//! holding the daemon's socket, data directory and kubelet root. A driver that mounts
+//! over `/etc`, unmounts `/proc` or removes a directory it did not make fails the test
+//! there instead of harming the machine; loop devices left on the tmpfs are detached
+//! by the parent. `node_calls_act_only_on_what_belongs_to_the_volume` (issue 14) checks
+//! after every case that the mount table, those loop devices and every file below the
+//! kubelet root and the data directory are unchanged.
 
 mod common;
+#[path = "hostile/node_cases.rs"]
+mod node_cases;
+#[path = "hostile/sandbox.rs"]
+mod sandbox;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -186,11 +200,38 @@ async fn created_paths_have_tight_permissions() {
 /// Symlinks planted in kubelet's directories, mount options that try to change the
 /// mount's topology or smuggle in arguments, and volume context that tries to steer
 /// the daemon: refused (or ignored) with nothing mounted where it should not be.
-#[tokio::test]
-async fn symlinks_mount_option_and_context_injection() {
+/// Confinement, ownership of mounts and the spec's limits, one hostile case at a time
+/// (`hostile/node_cases.rs`), in a sandbox.
+#[test]
+fn node_calls_act_only_on_what_belongs_to_the_volume() {
     if !privileged() {
         return;
     }
+    let Some(scratch) = sandbox::run_sandboxed("node_calls_act_only_on_what_belongs_to_the_volume") else {
+        return;
+    };
+    runtime().block_on(node_cases::run(scratch));
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn symlinks_mount_option_and_context_injection() {
+    if !privileged() {
+        return;
+    }
+    if sandbox::run_sandboxed("symlinks_mount_option_and_context_injection").is_none() {
+        return;
+    }
+    runtime().block_on(symlinks_mount_option_and_context_injection_inside());
+}
+
+async fn symlinks_mount_option_and_context_injection_inside() {
     let d = Daemon::start(&[]).await;
     let mut controller = d.controller().await;
     let mut node = d.node().await;
@@ -236,17 +277,27 @@ async fn symlinks_mount_option_and_context_injection() {
     assert!(mounts_under(d.dir.path()).is_empty());
     assert!(loops_under(&d.data_dir()).is_empty(), "refused before attaching");
 
-    // Volume context cannot steer the daemon: unknown keys and values shaped like
-    // options are carried as data, never as arguments. The stage succeeds as ext4.
+    // Volume context cannot steer the daemon: keys localvol does not know are refused
+    // before anything is attached; known keys are carried as data, never as arguments.
     let mut req = stage(&id, &staging, mount_capability());
     req.volume_context = HashMap::from(
         [
             ("fsType", "xfs -f"),
             ("localvol.csi.dev/device-class", "../../etc"),
+            ("mkfsOptions", "-E root_owner=0:0"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let status = node.node_stage_volume(req).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+    assert!(loops_under(&d.data_dir()).is_empty(), "refused before attaching");
+    let mut req = stage(&id, &staging, mount_capability());
+    req.volume_context = HashMap::from(
+        [
+            ("localvol.csi.dev/device-class", "../../etc"),
             ("csi.storage.k8s.io/pod.name", "--help"),
             ("csi.storage.k8s.io/pod.namespace", "$(touch /tmp/localvol-pwned)"),
             ("csi.storage.k8s.io/pod.uid", "; reboot"),
-            ("mkfsOptions", "-E root_owner=0:0"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string())),
     );

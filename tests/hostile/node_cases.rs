@@ -1,0 +1,329 @@
+//! The node calls of issue 14, one hostile case at a time, each followed by a check
+//! that nothing changed: paths outside kubelet's root or through a symlink, a tmpfs that
+//! is not a volume, another volume's staging and target paths, stats and expand on
+//! foreign paths, and requests beyond the CSI spec's limits.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use localvol::proto::csi::v1 as csi;
+use tonic::Code;
+
+use super::common::{Daemon, create_request, mount_capability};
+use super::sandbox::Snapshot;
+
+const MIB: i64 = 1 << 20;
+
+fn block_capability() -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+struct Suite {
+    node: csi::node_client::NodeClient<tonic::transport::Channel>,
+    controller: csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    scratch: PathBuf,
+    trees: Vec<PathBuf>,
+    cases: usize,
+}
+
+impl Suite {
+    /// Runs one hostile call: it must fail with `expected` (or succeed when `expected`
+    /// is OK) and leave mounts, loop devices and files exactly as they were.
+    async fn case<T: std::fmt::Debug>(
+        &mut self,
+        what: &str,
+        expected: Code,
+        call: impl AsyncFnOnce(&mut Self) -> Result<T, tonic::Status>,
+    ) {
+        let trees: Vec<&Path> = self.trees.iter().map(PathBuf::as_path).collect();
+        let before = Snapshot::take(&self.scratch, &trees);
+        let result = call(self).await;
+        let code = match &result {
+            Ok(_) => Code::Ok,
+            Err(status) => status.code(),
+        };
+        assert_eq!(code, expected, "{what}: {result:?}");
+        let trees: Vec<&Path> = self.trees.iter().map(PathBuf::as_path).collect();
+        assert_eq!(Snapshot::take(&self.scratch, &trees), before, "{what} changed the host");
+        self.cases += 1;
+    }
+
+    async fn create(&mut self, name: &str) -> String {
+        self.controller
+            .create_volume(create_request(name, 32 * MIB, ("ns", name)))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id
+    }
+}
+
+fn stage(id: &str, path: &str, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
+    csi::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: path.into(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn publish(id: &str, staging: &str, target: &str, cap: csi::VolumeCapability) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.into(),
+        target_path: target.into(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+pub async fn run(scratch: PathBuf) {
+    let root = scratch.join("kubelet");
+    std::fs::create_dir_all(&root).unwrap();
+    let d = Daemon::start(&["--kubelet-root-dir", root.to_str().unwrap()]).await;
+    let mut t = Suite {
+        node: d.node().await,
+        controller: d.controller().await,
+        trees: vec![root.clone(), d.data_dir()],
+        scratch: scratch.clone(),
+        cases: 0,
+    };
+    // The baseline: A staged and published, F staged, B (raw block) published, a tmpfs
+    // that is no volume, a directory with content, a symlink out of the root.
+    let (a, f, b) = (t.create("pvc-a").await, t.create("pvc-f").await, t.create("pvc-b").await);
+    let a_stage = root.join("plugins/a/globalmount");
+    let a_target = root.join("pods/1/volumes/a/mount");
+    let f_stage = root.join("plugins/f/globalmount");
+    let b_target = root.join("pods/2/volumeDevices/b");
+    let tmpfs = root.join("pods/3/volumes/tmpfs");
+    let full = root.join("pods/4/volumes/full");
+    std::fs::create_dir_all(&tmpfs).unwrap();
+    std::fs::create_dir_all(&full).unwrap();
+    // kubelet makes a raw block target's parent; publish makes the target file.
+    std::fs::create_dir_all(b_target.parent().unwrap()).unwrap();
+    std::fs::write(full.join("data"), b"kept").unwrap();
+    nix::mount::mount(Some("tmpfs"), &tmpfs, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
+    std::os::unix::fs::symlink("/etc", root.join("etc-link")).unwrap();
+    std::os::unix::fs::symlink(&root.join("plugins"), root.join("plugins-link")).unwrap();
+    let node = &mut t.node;
+    node.node_stage_volume(stage(&a, &s(&a_stage), mount_capability())).await.unwrap();
+    node.node_publish_volume(publish(&a, &s(&a_stage), &s(&a_target), mount_capability()))
+        .await
+        .unwrap();
+    std::fs::write(a_target.join("a-data"), b"tenant a").unwrap();
+    node.node_stage_volume(stage(&f, &s(&f_stage), mount_capability())).await.unwrap();
+    node.node_stage_volume(stage(&b, &s(&root.join("plugins/b")), block_capability()))
+        .await
+        .unwrap();
+    node.node_publish_volume(publish(&b, &s(&root.join("plugins/b")), &s(&b_target), block_capability()))
+        .await
+        .unwrap();
+
+    use Code::{FailedPrecondition as Busy, InvalidArgument as Invalid, NotFound, Ok as Done};
+    // Confinement: outside the root, the root itself, `..`, relative, symlinks, NUL.
+    let outside = [
+        "/etc".to_string(),
+        "/dev".into(),
+        "/proc".into(),
+        "/".into(),
+        s(&root),
+        format!("{}/../../etc", s(&root)),
+        format!("{}/plugins/../../x", s(&root)),
+        "kubelet/plugins/x".into(),
+        format!("{}/x\0y", s(&root)),
+        format!("{}/x\ny", s(&root)),
+    ];
+    for path in &outside {
+        t.case(&format!("stage at {path:?}"), Invalid, async |t| {
+            t.node.node_stage_volume(stage(&f, path, mount_capability())).await
+        })
+        .await;
+        t.case(&format!("publish at {path:?}"), Invalid, async |t| {
+            t.node.node_publish_volume(publish(&f, &s(&f_stage), path, mount_capability())).await
+        })
+        .await;
+        t.case(&format!("unpublish at {path:?}"), Invalid, async |t| {
+            let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: path.clone() };
+            t.node.node_unpublish_volume(req).await
+        })
+        .await;
+        t.case(&format!("unstage at {path:?}"), Invalid, async |t| {
+            let req = csi::NodeUnstageVolumeRequest { volume_id: f.clone(), staging_target_path: path.clone() };
+            t.node.node_unstage_volume(req).await
+        })
+        .await;
+    }
+    for path in [root.join("etc-link/x"), root.join("etc-link"), root.join("plugins-link/a/globalmount")] {
+        t.case(&format!("stage through symlink {path:?}"), Invalid, async |t| {
+            t.node.node_stage_volume(stage(&f, &s(&path), mount_capability())).await
+        })
+        .await;
+        t.case(&format!("unpublish through symlink {path:?}"), Invalid, async |t| {
+            let req = csi::NodeUnpublishVolumeRequest { volume_id: a.clone(), target_path: s(&path) };
+            t.node.node_unpublish_volume(req).await
+        })
+        .await;
+    }
+
+    // Ownership: what is mounted at a path is proven to be the named volume.
+    for (what, path) in [("a tmpfs", &tmpfs), ("A's staging path", &a_stage), ("A's target", &a_target)] {
+        t.case(&format!("stage F at {what}"), Busy, async |t| {
+            t.node.node_stage_volume(stage(&f, &s(path), mount_capability())).await
+        })
+        .await;
+        t.case(&format!("unpublish F at {what}"), Busy, async |t| {
+            let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: s(path) };
+            t.node.node_unpublish_volume(req).await
+        })
+        .await;
+        t.case(&format!("unstage F at {what}"), Busy, async |t| {
+            let req = csi::NodeUnstageVolumeRequest { volume_id: f.clone(), staging_target_path: s(path) };
+            t.node.node_unstage_volume(req).await
+        })
+        .await;
+        t.case(&format!("stats of F at {what}"), NotFound, async |t| {
+            let req = csi::NodeGetVolumeStatsRequest { volume_id: f.clone(), volume_path: s(path), ..Default::default() };
+            t.node.node_get_volume_stats(req).await
+        })
+        .await;
+        t.case(&format!("expand F at {what}"), NotFound, async |t| {
+            let req = csi::NodeExpandVolumeRequest {
+                volume_id: f.clone(),
+                volume_path: s(path),
+                capacity_range: Some(csi::CapacityRange { required_bytes: 64 * MIB, limit_bytes: 0 }),
+                ..Default::default()
+            };
+            t.node.node_expand_volume(req).await
+        })
+        .await;
+    }
+    t.case("publish F from A's staging path", Busy, async |t| {
+        let target = root.join("pods/5/volumes/f/mount");
+        t.node.node_publish_volume(publish(&f, &s(&a_stage), &s(&target), mount_capability())).await
+    })
+    .await;
+    t.case("publish F onto A's target", Busy, async |t| {
+        t.node.node_publish_volume(publish(&f, &s(&f_stage), &s(&a_target), mount_capability())).await
+    })
+    .await;
+    t.case("publish F over the pods directory (mounts below)", Busy, async |t| {
+        t.node.node_publish_volume(publish(&f, &s(&f_stage), &s(&root.join("pods")), mount_capability())).await
+    })
+    .await;
+    t.case("stage F over the plugins directory (mounts below)", Busy, async |t| {
+        t.node.node_stage_volume(stage(&f, &s(&root.join("plugins")), mount_capability())).await
+    })
+    .await;
+    t.case("unpublish F at B's block target", Busy, async |t| {
+        let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: s(&b_target) };
+        t.node.node_unpublish_volume(req).await
+    })
+    .await;
+    t.case("publish B's device onto A's target", Busy, async |t| {
+        t.node.node_publish_volume(publish(&b, &s(&root.join("plugins/b")), &s(&a_target), block_capability())).await
+    })
+    .await;
+    t.case("unstage A from a path holding nothing while A is in use", Busy, async |t| {
+        let req = csi::NodeUnstageVolumeRequest { volume_id: a.clone(), staging_target_path: s(&root.join("nothing")) };
+        t.node.node_unstage_volume(req).await
+    })
+    .await;
+    t.case("unpublish F at a directory with content, holding nothing: kept", Done, async |t| {
+        let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: s(&full) };
+        t.node.node_unpublish_volume(req).await
+    })
+    .await;
+    t.case("stats of F at a missing path", NotFound, async |t| {
+        let req = csi::NodeGetVolumeStatsRequest { volume_id: f.clone(), volume_path: s(&root.join("missing")), ..Default::default() };
+        t.node.node_get_volume_stats(req).await
+    })
+    .await;
+    for path in ["/etc", "/proc", "relative/path"] {
+        t.case(&format!("stats of F at {path}"), NotFound, async |t| {
+            let req = csi::NodeGetVolumeStatsRequest { volume_id: f.clone(), volume_path: path.into(), ..Default::default() };
+            t.node.node_get_volume_stats(req).await
+        })
+        .await;
+    }
+
+    // The spec's limits: names, maps, mount flags, context keys.
+    let fresh = root.join("plugins/fresh/globalmount");
+    let huge = "v".repeat(64 << 10);
+    let contexts: [(&str, HashMap<String, String>); 3] = [
+        ("a 64 KiB volume_context value", HashMap::from([("csi.storage.k8s.io/pod.name".into(), huge.clone())])),
+        ("an unknown volume_context key", HashMap::from([("fsType".into(), "xfs".into())])),
+        ("a control character in volume_context", HashMap::from([("csi.storage.k8s.io/pod.uid".into(), "a\0b".into())])),
+    ];
+    for (what, context) in contexts {
+        t.case(what, Invalid, async |t| {
+            let mut req = stage(&f, &s(&fresh), mount_capability());
+            req.volume_context = context;
+            t.node.node_stage_volume(req).await
+        })
+        .await;
+    }
+    for flag in ["x".repeat(5000), "nosuid,bogus".into(), "bind".into(), "loop".into()] {
+        t.case(&format!("mount flag {:.40}", flag), Invalid, async |t| {
+            let mut cap = mount_capability();
+            if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
+                m.mount_flags = vec![flag];
+            }
+            t.node.node_stage_volume(stage(&f, &s(&fresh), cap)).await
+        })
+        .await;
+    }
+    for (what, name) in [("NUL", "pvc-\0-x".to_string()), ("129 bytes", "n".repeat(129)), ("a newline", "pvc\n".into())] {
+        t.case(&format!("a volume name with {what}"), Invalid, async |t| {
+            t.controller.create_volume(create_request(&name, 16 * MIB, ("ns", "x"))).await
+        })
+        .await;
+    }
+    t.case("CreateVolume parameters over 4 KiB", Invalid, async |t| {
+        let mut req = create_request("pvc-params", 16 * MIB, ("ns", "x"));
+        req.parameters.insert("csi.storage.k8s.io/pvc/name".into(), "p".repeat(5000));
+        t.controller.create_volume(req).await
+    })
+    .await;
+    t.case("a 129-byte volume id", Invalid, async |t| {
+        t.node.node_stage_volume(stage(&format!("default.{}", "a".repeat(121)), &s(&fresh), mount_capability())).await
+    })
+    .await;
+    assert_eq!(std::fs::read(a_target.join("a-data")).unwrap(), b"tenant a");
+    eprintln!("{} hostile node cases, each without a side effect", t.cases);
+
+    // The legitimate teardown still works, and leaves nothing behind.
+    let node = &mut t.node;
+    let unpublish = |id: &str, p: &Path| csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: s(p) };
+    let unstage = |id: &str, p: &Path| csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: s(p) };
+    node.node_unpublish_volume(unpublish(&a, &a_target)).await.unwrap();
+    assert!(!a_target.exists(), "the target publish made is removed");
+    node.node_unpublish_volume(unpublish(&b, &b_target)).await.unwrap();
+    assert!(!b_target.exists());
+    node.node_unstage_volume(unstage(&a, &a_stage)).await.unwrap();
+    node.node_unstage_volume(unstage(&f, &f_stage)).await.unwrap();
+    node.node_unstage_volume(unstage(&b, &root.join("plugins/b"))).await.unwrap();
+    node.node_unstage_volume(unstage(&b, &root.join("plugins/b"))).await.unwrap();
+    nix::mount::umount(&tmpfs).unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(root.to_str().unwrap()), "{mounts}");
+    assert!(full.join("data").exists());
+    for id in [a, f, b] {
+        t.controller
+            .delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() })
+            .await
+            .unwrap();
+    }
+    d.stop().await;
+}
