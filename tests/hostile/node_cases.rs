@@ -58,9 +58,11 @@ impl Suite {
         self.cases += 1;
     }
 
-    async fn create(&mut self, name: &str) -> String {
+    async fn create(&mut self, name: &str, cap: csi::VolumeCapability) -> String {
+        let mut req = create_request(name, 32 * MIB, ("ns", name));
+        req.volume_capabilities = vec![cap];
         self.controller
-            .create_volume(create_request(name, 32 * MIB, ("ns", name)))
+            .create_volume(req)
             .await
             .unwrap()
             .into_inner()
@@ -102,7 +104,9 @@ pub async fn run(scratch: PathBuf) {
     };
     // The baseline: A staged and published, F staged, B (raw block) published, a tmpfs
     // that is no volume, a directory with content, a symlink out of the root.
-    let (a, f, b) = (t.create("pvc-a").await, t.create("pvc-f").await, t.create("pvc-b").await);
+    let a = t.create("pvc-a", mount_capability()).await;
+    let f = t.create("pvc-f", mount_capability()).await;
+    let b = t.create("pvc-b", block_capability()).await;
     let a_stage = root.join("plugins/a/globalmount");
     let a_target = root.join("pods/1/volumes/a/mount");
     let f_stage = root.join("plugins/f/globalmount");

@@ -25,7 +25,8 @@ pub fn run_sandboxed(name: &str) -> Option<PathBuf> {
         enter(&scratch);
         return Some(scratch);
     }
-    let scratch = std::env::temp_dir().join(format!("localvol-hostile-{}-{name}", std::process::id()));
+    // Short: the daemon's sockets live below it, and socket paths are bounded.
+    let scratch = std::env::temp_dir().join(format!("lvh-{}-{}", std::process::id(), name.len()));
     std::fs::create_dir_all(&scratch).unwrap();
     let status = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "--"])
