@@ -423,8 +423,20 @@ mod tests {
         assert!(MountOptions::parse(&many).is_err());
         assert!(MountOptions::parse(&vec!["noatime"; 64]).is_ok());
         for bad in [
-            "bind", "rbind", "shared", "-o", "a b", "x;y", "$(id)", "opt\n", "x-gvfs-show", "loop",
-            "offset=0", "uid=0", "user", "unknown=1",
+            "bind",
+            "rbind",
+            "shared",
+            "-o",
+            "a b",
+            "x;y",
+            "$(id)",
+            "opt\n",
+            "x-gvfs-show",
+            "loop",
+            "offset=0",
+            "uid=0",
+            "user",
+            "unknown=1",
         ] {
             assert!(
                 matches!(MountOptions::parse(&[bad]), Err(MountError::InvalidOption { .. })),

@@ -439,7 +439,10 @@ pub struct UnpublishRequest {
 }
 
 impl UnpublishRequest {
-    pub fn parse(req: &csi::NodeUnpublishVolumeRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
+    pub fn parse(
+        req: &csi::NodeUnpublishVolumeRequest,
+        roots: &KubeletRoots,
+    ) -> Result<Self, ValidationError> {
         let target_path = HostPath::confined("target_path", &req.target_path, roots)?;
         Ok(Self {
             id: volume_id(&req.volume_id)?,
@@ -457,7 +460,10 @@ pub struct StatsRequest {
 }
 
 impl StatsRequest {
-    pub fn parse(req: &csi::NodeGetVolumeStatsRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
+    pub fn parse(
+        req: &csi::NodeGetVolumeStatsRequest,
+        roots: &KubeletRoots,
+    ) -> Result<Self, ValidationError> {
         // A missing argument is reported before whether the volume exists.
         if req.volume_id.is_empty() {
             return Err(ValidationError::Missing { field: "volume_id" });

@@ -158,7 +158,11 @@ fn malformed_node_paths_and_ids() {
         ..Default::default()
     };
     let cases = [
-        ("empty id", stage("", "/var/lib/kubelet/stage"), Code::InvalidArgument),
+        (
+            "empty id",
+            stage("", "/var/lib/kubelet/stage"),
+            Code::InvalidArgument,
+        ),
         (
             "id with slash",
             stage("default.../../etc", "/var/lib/kubelet/stage"),
@@ -169,7 +173,11 @@ fn malformed_node_paths_and_ids() {
             stage("default.a\0b", "/var/lib/kubelet/stage"),
             Code::InvalidArgument,
         ),
-        ("foreign id", stage("fake-vol-id", "/var/lib/kubelet/stage"), Code::NotFound),
+        (
+            "foreign id",
+            stage("fake-vol-id", "/var/lib/kubelet/stage"),
+            Code::NotFound,
+        ),
         ("empty path", stage("default.pvc-1", ""), Code::InvalidArgument),
         (
             "relative path",
@@ -192,8 +200,16 @@ fn malformed_node_paths_and_ids() {
             Code::InvalidArgument,
         ),
         ("root", stage("default.pvc-1", "/"), Code::InvalidArgument),
-        ("outside the roots", stage("default.pvc-1", "/etc"), Code::InvalidArgument),
-        ("a root itself", stage("default.pvc-1", "/var/lib/kubelet"), Code::InvalidArgument),
+        (
+            "outside the roots",
+            stage("default.pvc-1", "/etc"),
+            Code::InvalidArgument,
+        ),
+        (
+            "a root itself",
+            stage("default.pvc-1", "/var/lib/kubelet"),
+            Code::InvalidArgument,
+        ),
         (
             "a sibling of a root",
             stage("default.pvc-1", "/var/lib/kubelet2/x"),
@@ -276,7 +292,10 @@ fn publish_carries_pod_info_and_read_only() {
         volume_capability: Some(writer("ext4")),
         ..inline
     };
-    assert_eq!(code(PublishRequest::parse_in_kubelet(&inline)), Code::InvalidArgument);
+    assert_eq!(
+        code(PublishRequest::parse_in_kubelet(&inline)),
+        Code::InvalidArgument
+    );
 }
 
 #[test]

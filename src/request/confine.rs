@@ -31,7 +31,10 @@ impl KubeletRoots {
     }
 
     fn describe(&self) -> String {
-        self.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+        self.iter()
+            .map(|r| r.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

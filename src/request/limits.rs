@@ -6,7 +6,9 @@
 
 use std::collections::HashMap;
 
-use super::{PARAM_DEVICE_CLASS, PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE, ValidationError, invalid};
+use super::{
+    PARAM_DEVICE_CLASS, PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE, ValidationError, invalid,
+};
 
 /// Longest name or id the CSI spec lets a CO send.
 pub const MAX_STRING_BYTES: usize = 128;
@@ -42,7 +44,10 @@ pub fn check_name(field: &'static str, value: &str) -> Result<(), ValidationErro
     if value.len() > MAX_STRING_BYTES {
         return Err(invalid(
             field,
-            format!("{} bytes, more than the {MAX_STRING_BYTES} CSI allows", value.len()),
+            format!(
+                "{} bytes, more than the {MAX_STRING_BYTES} CSI allows",
+                value.len()
+            ),
         ));
     }
     if value.chars().any(char::is_control) {
@@ -106,7 +111,10 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -135,14 +143,22 @@ mod tests {
             (CONTEXT_POD_UID, "u"),
             (CONTEXT_SERVICE_ACCOUNT, "default"),
             (CONTEXT_EPHEMERAL, "false"),
-            (CONTEXT_PROVISIONER_IDENTITY, "1700000000000-8081-localvol.csi.dev"),
+            (
+                CONTEXT_PROVISIONER_IDENTITY,
+                "1700000000000-8081-localvol.csi.dev",
+            ),
             (PARAM_PVC_NAME, "data"),
             (PARAM_PVC_NAMESPACE, "ns"),
             (PARAM_PV_NAME, "pvc-1"),
             (PARAM_DEVICE_CLASS, "default"),
         ]);
         assert!(check_context(&kubelet).is_ok());
-        for key in ["fsType", "mkfsOptions", "csi.storage.k8s.io/serviceAccount.tokens", ""] {
+        for key in [
+            "fsType",
+            "mkfsOptions",
+            "csi.storage.k8s.io/serviceAccount.tokens",
+            "",
+        ] {
             let err = check_context(&map(&[(key, "x")])).unwrap_err();
             assert!(err.to_string().contains("unknown keys"), "{key:?}: {err}");
         }

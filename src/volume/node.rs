@@ -12,7 +12,8 @@ use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
 use crate::mount::{self, MountEntry, MountOptions, MountTable};
 use crate::request::{
-    HostPath, NodeExpandRequest, ValidationError, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
+    HostPath, NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest,
+    UnstageRequest, ValidationError,
 };
 
 /// Whether a volume is healthy, for NodeGetVolumeStats.
@@ -299,7 +300,9 @@ impl Volumes {
         guard_matches(guard, &req.id);
         let (backend, record) = self.record(&req.id).await?;
         // Nothing grows until the path is proven to hold this volume.
-        let (table, mounted) = self.mounted_at(backend, &req.id, req.volume_path.as_ref()).await?;
+        let (table, mounted) = self
+            .mounted_at(backend, &req.id, req.volume_path.as_ref())
+            .await?;
         let identity = self.identity(backend, &req.id.token).await?;
         if req.capacity.required > record.size_bytes {
             let size = backend.size_for(&req.capacity)?;
@@ -323,7 +326,9 @@ impl Volumes {
 
     pub async fn stats(&self, req: &StatsRequest) -> Result<VolumeStats, VolumeError> {
         let (backend, record) = self.record(&req.id).await?;
-        let (_, mounted) = self.mounted_at(backend, &req.id, req.volume_path.as_ref()).await?;
+        let (_, mounted) = self
+            .mounted_at(backend, &req.id, req.volume_path.as_ref())
+            .await?;
         let path = mounted.mount_point.as_path();
         let condition = condition_of(backend, &req.id).await?;
         Ok(match record.mode {

@@ -162,10 +162,22 @@ mod tests {
         };
         assert_eq!(at("/k/stage/a", Some(&a)), "this");
         assert_eq!(at("/k/pods/1/mount", Some(&a)), "this");
-        assert_eq!(at("/k/pods/2/mount", Some(&a)), "other", "a bind of a subdirectory is not ours");
-        assert_eq!(at("/k/stage/b", Some(&a)), "other", "another volume's staging mount");
+        assert_eq!(
+            at("/k/pods/2/mount", Some(&a)),
+            "other",
+            "a bind of a subdirectory is not ours"
+        );
+        assert_eq!(
+            at("/k/stage/b", Some(&a)),
+            "other",
+            "another volume's staging mount"
+        );
         assert_eq!(at("/k/tmpfs", Some(&a)), "other");
-        assert_eq!(at("/k/stage/a", None), "other", "no device: nothing mounted is ours");
+        assert_eq!(
+            at("/k/stage/a", None),
+            "other",
+            "no device: nothing mounted is ours"
+        );
         assert_eq!(at("/k/nothing", Some(&a)), "nothing");
         let block = Identity {
             dev: 0,

@@ -54,7 +54,11 @@ impl Suite {
         };
         assert_eq!(code, expected, "{what}: {result:?}");
         let trees: Vec<&Path> = self.trees.iter().map(PathBuf::as_path).collect();
-        assert_eq!(Snapshot::take(&self.scratch, &trees), before, "{what} changed the host");
+        assert_eq!(
+            Snapshot::take(&self.scratch, &trees),
+            before,
+            "{what} changed the host"
+        );
         self.cases += 1;
     }
 
@@ -81,7 +85,12 @@ fn stage(id: &str, path: &str, cap: csi::VolumeCapability) -> csi::NodeStageVolu
     }
 }
 
-fn publish(id: &str, staging: &str, target: &str, cap: csi::VolumeCapability) -> csi::NodePublishVolumeRequest {
+fn publish(
+    id: &str,
+    staging: &str,
+    target: &str,
+    cap: csi::VolumeCapability,
+) -> csi::NodePublishVolumeRequest {
     csi::NodePublishVolumeRequest {
         volume_id: id.into(),
         staging_target_path: staging.into(),
@@ -118,22 +127,38 @@ pub async fn run(scratch: PathBuf) {
     // kubelet makes a raw block target's parent; publish makes the target file.
     std::fs::create_dir_all(b_target.parent().unwrap()).unwrap();
     std::fs::write(full.join("data"), b"kept").unwrap();
-    nix::mount::mount(Some("tmpfs"), &tmpfs, Some("tmpfs"), nix::mount::MsFlags::empty(), None::<&str>).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &tmpfs,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
     std::os::unix::fs::symlink("/etc", root.join("etc-link")).unwrap();
-    std::os::unix::fs::symlink(&root.join("plugins"), root.join("plugins-link")).unwrap();
+    std::os::unix::fs::symlink(root.join("plugins"), root.join("plugins-link")).unwrap();
     let node = &mut t.node;
-    node.node_stage_volume(stage(&a, &s(&a_stage), mount_capability())).await.unwrap();
+    node.node_stage_volume(stage(&a, &s(&a_stage), mount_capability()))
+        .await
+        .unwrap();
     node.node_publish_volume(publish(&a, &s(&a_stage), &s(&a_target), mount_capability()))
         .await
         .unwrap();
     std::fs::write(a_target.join("a-data"), b"tenant a").unwrap();
-    node.node_stage_volume(stage(&f, &s(&f_stage), mount_capability())).await.unwrap();
+    node.node_stage_volume(stage(&f, &s(&f_stage), mount_capability()))
+        .await
+        .unwrap();
     node.node_stage_volume(stage(&b, &s(&root.join("plugins/b")), block_capability()))
         .await
         .unwrap();
-    node.node_publish_volume(publish(&b, &s(&root.join("plugins/b")), &s(&b_target), block_capability()))
-        .await
-        .unwrap();
+    node.node_publish_volume(publish(
+        &b,
+        &s(&root.join("plugins/b")),
+        &s(&b_target),
+        block_capability(),
+    ))
+    .await
+    .unwrap();
 
     use Code::{FailedPrecondition as Busy, InvalidArgument as Invalid, NotFound, Ok as Done};
     // Confinement: outside the root, the root itself, `..`, relative, symlinks, NUL.
@@ -151,54 +176,93 @@ pub async fn run(scratch: PathBuf) {
     ];
     for path in &outside {
         t.case(&format!("stage at {path:?}"), Invalid, async |t| {
-            t.node.node_stage_volume(stage(&f, path, mount_capability())).await
+            t.node
+                .node_stage_volume(stage(&f, path, mount_capability()))
+                .await
         })
         .await;
         t.case(&format!("publish at {path:?}"), Invalid, async |t| {
-            t.node.node_publish_volume(publish(&f, &s(&f_stage), path, mount_capability())).await
+            t.node
+                .node_publish_volume(publish(&f, &s(&f_stage), path, mount_capability()))
+                .await
         })
         .await;
         t.case(&format!("unpublish at {path:?}"), Invalid, async |t| {
-            let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: path.clone() };
+            let req = csi::NodeUnpublishVolumeRequest {
+                volume_id: f.clone(),
+                target_path: path.clone(),
+            };
             t.node.node_unpublish_volume(req).await
         })
         .await;
         t.case(&format!("unstage at {path:?}"), Invalid, async |t| {
-            let req = csi::NodeUnstageVolumeRequest { volume_id: f.clone(), staging_target_path: path.clone() };
+            let req = csi::NodeUnstageVolumeRequest {
+                volume_id: f.clone(),
+                staging_target_path: path.clone(),
+            };
             t.node.node_unstage_volume(req).await
         })
         .await;
     }
-    for path in [root.join("etc-link/x"), root.join("etc-link"), root.join("plugins-link/a/globalmount")] {
+    for path in [
+        root.join("etc-link/x"),
+        root.join("etc-link"),
+        root.join("plugins-link/a/globalmount"),
+    ] {
         t.case(&format!("stage through symlink {path:?}"), Invalid, async |t| {
-            t.node.node_stage_volume(stage(&f, &s(&path), mount_capability())).await
+            t.node
+                .node_stage_volume(stage(&f, &s(&path), mount_capability()))
+                .await
         })
         .await;
-        t.case(&format!("unpublish through symlink {path:?}"), Invalid, async |t| {
-            let req = csi::NodeUnpublishVolumeRequest { volume_id: a.clone(), target_path: s(&path) };
-            t.node.node_unpublish_volume(req).await
-        })
+        t.case(
+            &format!("unpublish through symlink {path:?}"),
+            Invalid,
+            async |t| {
+                let req = csi::NodeUnpublishVolumeRequest {
+                    volume_id: a.clone(),
+                    target_path: s(&path),
+                };
+                t.node.node_unpublish_volume(req).await
+            },
+        )
         .await;
     }
 
     // Ownership: what is mounted at a path is proven to be the named volume.
-    for (what, path) in [("a tmpfs", &tmpfs), ("A's staging path", &a_stage), ("A's target", &a_target)] {
+    for (what, path) in [
+        ("a tmpfs", &tmpfs),
+        ("A's staging path", &a_stage),
+        ("A's target", &a_target),
+    ] {
         t.case(&format!("stage F at {what}"), Busy, async |t| {
-            t.node.node_stage_volume(stage(&f, &s(path), mount_capability())).await
+            t.node
+                .node_stage_volume(stage(&f, &s(path), mount_capability()))
+                .await
         })
         .await;
         t.case(&format!("unpublish F at {what}"), Busy, async |t| {
-            let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: s(path) };
+            let req = csi::NodeUnpublishVolumeRequest {
+                volume_id: f.clone(),
+                target_path: s(path),
+            };
             t.node.node_unpublish_volume(req).await
         })
         .await;
         t.case(&format!("unstage F at {what}"), Busy, async |t| {
-            let req = csi::NodeUnstageVolumeRequest { volume_id: f.clone(), staging_target_path: s(path) };
+            let req = csi::NodeUnstageVolumeRequest {
+                volume_id: f.clone(),
+                staging_target_path: s(path),
+            };
             t.node.node_unstage_volume(req).await
         })
         .await;
         t.case(&format!("stats of F at {what}"), NotFound, async |t| {
-            let req = csi::NodeGetVolumeStatsRequest { volume_id: f.clone(), volume_path: s(path), ..Default::default() };
+            let req = csi::NodeGetVolumeStatsRequest {
+                volume_id: f.clone(),
+                volume_path: s(path),
+                ..Default::default()
+            };
             t.node.node_get_volume_stats(req).await
         })
         .await;
@@ -206,7 +270,10 @@ pub async fn run(scratch: PathBuf) {
             let req = csi::NodeExpandVolumeRequest {
                 volume_id: f.clone(),
                 volume_path: s(path),
-                capacity_range: Some(csi::CapacityRange { required_bytes: 64 * MIB, limit_bytes: 0 }),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: 64 * MIB,
+                    limit_bytes: 0,
+                }),
                 ..Default::default()
             };
             t.node.node_expand_volume(req).await
@@ -215,48 +282,101 @@ pub async fn run(scratch: PathBuf) {
     }
     t.case("publish F from A's staging path", Busy, async |t| {
         let target = root.join("pods/5/volumes/f/mount");
-        t.node.node_publish_volume(publish(&f, &s(&a_stage), &s(&target), mount_capability())).await
+        t.node
+            .node_publish_volume(publish(&f, &s(&a_stage), &s(&target), mount_capability()))
+            .await
     })
     .await;
     t.case("publish F onto A's target", Busy, async |t| {
-        t.node.node_publish_volume(publish(&f, &s(&f_stage), &s(&a_target), mount_capability())).await
+        t.node
+            .node_publish_volume(publish(&f, &s(&f_stage), &s(&a_target), mount_capability()))
+            .await
     })
     .await;
-    t.case("publish F over the pods directory (mounts below)", Busy, async |t| {
-        t.node.node_publish_volume(publish(&f, &s(&f_stage), &s(&root.join("pods")), mount_capability())).await
-    })
+    t.case(
+        "publish F over the pods directory (mounts below)",
+        Busy,
+        async |t| {
+            t.node
+                .node_publish_volume(publish(
+                    &f,
+                    &s(&f_stage),
+                    &s(&root.join("pods")),
+                    mount_capability(),
+                ))
+                .await
+        },
+    )
     .await;
-    t.case("stage F over the plugins directory (mounts below)", Busy, async |t| {
-        t.node.node_stage_volume(stage(&f, &s(&root.join("plugins")), mount_capability())).await
-    })
+    t.case(
+        "stage F over the plugins directory (mounts below)",
+        Busy,
+        async |t| {
+            t.node
+                .node_stage_volume(stage(&f, &s(&root.join("plugins")), mount_capability()))
+                .await
+        },
+    )
     .await;
     t.case("unpublish F at B's block target", Busy, async |t| {
-        let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: s(&b_target) };
+        let req = csi::NodeUnpublishVolumeRequest {
+            volume_id: f.clone(),
+            target_path: s(&b_target),
+        };
         t.node.node_unpublish_volume(req).await
     })
     .await;
     t.case("publish B's device onto A's target", Busy, async |t| {
-        t.node.node_publish_volume(publish(&b, &s(&root.join("plugins/b")), &s(&a_target), block_capability())).await
+        t.node
+            .node_publish_volume(publish(
+                &b,
+                &s(&root.join("plugins/b")),
+                &s(&a_target),
+                block_capability(),
+            ))
+            .await
     })
     .await;
-    t.case("unstage A from a path holding nothing while A is in use", Busy, async |t| {
-        let req = csi::NodeUnstageVolumeRequest { volume_id: a.clone(), staging_target_path: s(&root.join("nothing")) };
-        t.node.node_unstage_volume(req).await
-    })
+    t.case(
+        "unstage A from a path holding nothing while A is in use",
+        Busy,
+        async |t| {
+            let req = csi::NodeUnstageVolumeRequest {
+                volume_id: a.clone(),
+                staging_target_path: s(&root.join("nothing")),
+            };
+            t.node.node_unstage_volume(req).await
+        },
+    )
     .await;
-    t.case("unpublish F at a directory with content, holding nothing: kept", Done, async |t| {
-        let req = csi::NodeUnpublishVolumeRequest { volume_id: f.clone(), target_path: s(&full) };
-        t.node.node_unpublish_volume(req).await
-    })
+    t.case(
+        "unpublish F at a directory with content, holding nothing: kept",
+        Done,
+        async |t| {
+            let req = csi::NodeUnpublishVolumeRequest {
+                volume_id: f.clone(),
+                target_path: s(&full),
+            };
+            t.node.node_unpublish_volume(req).await
+        },
+    )
     .await;
     t.case("stats of F at a missing path", NotFound, async |t| {
-        let req = csi::NodeGetVolumeStatsRequest { volume_id: f.clone(), volume_path: s(&root.join("missing")), ..Default::default() };
+        let req = csi::NodeGetVolumeStatsRequest {
+            volume_id: f.clone(),
+            volume_path: s(&root.join("missing")),
+            ..Default::default()
+        };
         t.node.node_get_volume_stats(req).await
     })
     .await;
     for path in ["/etc", "/proc", "relative/path"] {
         t.case(&format!("stats of F at {path}"), NotFound, async |t| {
-            let req = csi::NodeGetVolumeStatsRequest { volume_id: f.clone(), volume_path: path.into(), ..Default::default() };
+            let req = csi::NodeGetVolumeStatsRequest {
+                volume_id: f.clone(),
+                volume_path: path.into(),
+                ..Default::default()
+            };
             t.node.node_get_volume_stats(req).await
         })
         .await;
@@ -266,9 +386,18 @@ pub async fn run(scratch: PathBuf) {
     let fresh = root.join("plugins/fresh/globalmount");
     let huge = "v".repeat(64 << 10);
     let contexts: [(&str, HashMap<String, String>); 3] = [
-        ("a 64 KiB volume_context value", HashMap::from([("csi.storage.k8s.io/pod.name".into(), huge.clone())])),
-        ("an unknown volume_context key", HashMap::from([("fsType".into(), "xfs".into())])),
-        ("a control character in volume_context", HashMap::from([("csi.storage.k8s.io/pod.uid".into(), "a\0b".into())])),
+        (
+            "a 64 KiB volume_context value",
+            HashMap::from([("csi.storage.k8s.io/pod.name".into(), huge.clone())]),
+        ),
+        (
+            "an unknown volume_context key",
+            HashMap::from([("fsType".into(), "xfs".into())]),
+        ),
+        (
+            "a control character in volume_context",
+            HashMap::from([("csi.storage.k8s.io/pod.uid".into(), "a\0b".into())]),
+        ),
     ];
     for (what, context) in contexts {
         t.case(what, Invalid, async |t| {
@@ -278,7 +407,12 @@ pub async fn run(scratch: PathBuf) {
         })
         .await;
     }
-    for flag in ["x".repeat(5000), "nosuid,bogus".into(), "bind".into(), "loop".into()] {
+    for flag in [
+        "x".repeat(5000),
+        "nosuid,bogus".into(),
+        "bind".into(),
+        "loop".into(),
+    ] {
         t.case(&format!("mount flag {:.40}", flag), Invalid, async |t| {
             let mut cap = mount_capability();
             if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
@@ -288,20 +422,33 @@ pub async fn run(scratch: PathBuf) {
         })
         .await;
     }
-    for (what, name) in [("NUL", "pvc-\0-x".to_string()), ("129 bytes", "n".repeat(129)), ("a newline", "pvc\n".into())] {
+    for (what, name) in [
+        ("NUL", "pvc-\0-x".to_string()),
+        ("129 bytes", "n".repeat(129)),
+        ("a newline", "pvc\n".into()),
+    ] {
         t.case(&format!("a volume name with {what}"), Invalid, async |t| {
-            t.controller.create_volume(create_request(&name, 16 * MIB, ("ns", "x"))).await
+            t.controller
+                .create_volume(create_request(&name, 16 * MIB, ("ns", "x")))
+                .await
         })
         .await;
     }
     t.case("CreateVolume parameters over 4 KiB", Invalid, async |t| {
         let mut req = create_request("pvc-params", 16 * MIB, ("ns", "x"));
-        req.parameters.insert("csi.storage.k8s.io/pvc/name".into(), "p".repeat(5000));
+        req.parameters
+            .insert("csi.storage.k8s.io/pvc/name".into(), "p".repeat(5000));
         t.controller.create_volume(req).await
     })
     .await;
     t.case("a 129-byte volume id", Invalid, async |t| {
-        t.node.node_stage_volume(stage(&format!("default.{}", "a".repeat(121)), &s(&fresh), mount_capability())).await
+        t.node
+            .node_stage_volume(stage(
+                &format!("default.{}", "a".repeat(121)),
+                &s(&fresh),
+                mount_capability(),
+            ))
+            .await
     })
     .await;
     assert_eq!(std::fs::read(a_target.join("a-data")).unwrap(), b"tenant a");
@@ -309,23 +456,40 @@ pub async fn run(scratch: PathBuf) {
 
     // The legitimate teardown still works, and leaves nothing behind.
     let node = &mut t.node;
-    let unpublish = |id: &str, p: &Path| csi::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: s(p) };
-    let unstage = |id: &str, p: &Path| csi::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: s(p) };
-    node.node_unpublish_volume(unpublish(&a, &a_target)).await.unwrap();
+    let unpublish = |id: &str, p: &Path| csi::NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: s(p),
+    };
+    let unstage = |id: &str, p: &Path| csi::NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: s(p),
+    };
+    node.node_unpublish_volume(unpublish(&a, &a_target))
+        .await
+        .unwrap();
     assert!(!a_target.exists(), "the target publish made is removed");
-    node.node_unpublish_volume(unpublish(&b, &b_target)).await.unwrap();
+    node.node_unpublish_volume(unpublish(&b, &b_target))
+        .await
+        .unwrap();
     assert!(!b_target.exists());
     node.node_unstage_volume(unstage(&a, &a_stage)).await.unwrap();
     node.node_unstage_volume(unstage(&f, &f_stage)).await.unwrap();
-    node.node_unstage_volume(unstage(&b, &root.join("plugins/b"))).await.unwrap();
-    node.node_unstage_volume(unstage(&b, &root.join("plugins/b"))).await.unwrap();
+    node.node_unstage_volume(unstage(&b, &root.join("plugins/b")))
+        .await
+        .unwrap();
+    node.node_unstage_volume(unstage(&b, &root.join("plugins/b")))
+        .await
+        .unwrap();
     nix::mount::umount(&tmpfs).unwrap();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(root.to_str().unwrap()), "{mounts}");
     assert!(full.join("data").exists());
     for id in [a, f, b] {
         t.controller
-            .delete_volume(csi::DeleteVolumeRequest { volume_id: id, ..Default::default() })
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
             .await
             .unwrap();
     }

@@ -44,8 +44,14 @@ pub fn run_sandboxed(name: &str) -> Option<PathBuf> {
 
 fn enter(scratch: &Path) {
     let none: Option<&str> = None;
-    mount(Some("tmpfs"), scratch, Some("tmpfs"), MsFlags::empty(), Some("mode=0700"))
-        .expect("private tmpfs on the scratch directory");
+    mount(
+        Some("tmpfs"),
+        scratch,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("mode=0700"),
+    )
+    .expect("private tmpfs on the scratch directory");
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let mut points: Vec<(PathBuf, Vec<String>)> = mountinfo
         .lines()
@@ -79,7 +85,10 @@ fn enter(scratch: &Path) {
     let probe = Path::new("/localvol-hostile-probe");
     let err = std::fs::write(probe, b"x").expect_err("/ must be read-only in the sandbox");
     assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{err}");
-    assert!(std::fs::write(scratch.join("probe"), b"x").is_ok(), "scratch is writable");
+    assert!(
+        std::fs::write(scratch.join("probe"), b"x").is_ok(),
+        "scratch is writable"
+    );
     std::fs::remove_file(scratch.join("probe")).unwrap();
 }
 
@@ -90,7 +99,11 @@ fn detach_loops_under(dir: &Path) {
     for entry in entries.flatten() {
         let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
         if Path::new(backing.trim()).starts_with(dir) {
-            eprintln!("detaching {} left on {}", entry.file_name().to_string_lossy(), backing.trim());
+            eprintln!(
+                "detaching {} left on {}",
+                entry.file_name().to_string_lossy(),
+                backing.trim()
+            );
             let _ = Command::new("losetup")
                 .arg("--detach")
                 .arg(Path::new("/dev").join(entry.file_name()))
@@ -121,7 +134,11 @@ impl Snapshot {
         for entry in std::fs::read_dir("/sys/block").unwrap().flatten() {
             let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
             if Path::new(backing.trim()).starts_with(scratch) {
-                loops.push(format!("{} {}", entry.file_name().to_string_lossy(), backing.trim()));
+                loops.push(format!(
+                    "{} {}",
+                    entry.file_name().to_string_lossy(),
+                    backing.trim()
+                ));
             }
         }
         loops.sort();
@@ -139,7 +156,12 @@ impl Snapshot {
             } else {
                 "file"
             };
-            files.push(format!("{} {kind} {} {:o}", path.display(), meta.len(), meta.mode()));
+            files.push(format!(
+                "{} {kind} {} {:o}",
+                path.display(),
+                meta.len(),
+                meta.mode()
+            ));
             if meta.is_dir() {
                 for entry in std::fs::read_dir(&path).unwrap().flatten() {
                     todo.push(entry.path());
