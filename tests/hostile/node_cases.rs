@@ -100,6 +100,28 @@ fn publish(
     }
 }
 
+fn unpublish_req(id: &str, target: impl Into<String>) -> csi::NodeUnpublishVolumeRequest {
+    csi::NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.into(),
+    }
+}
+
+fn unstage_req(id: &str, staging: impl Into<String>) -> csi::NodeUnstageVolumeRequest {
+    csi::NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.into(),
+    }
+}
+
+fn stats_req(id: &str, path: impl Into<String>) -> csi::NodeGetVolumeStatsRequest {
+    csi::NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: path.into(),
+        ..Default::default()
+    }
+}
+
 pub async fn run(scratch: PathBuf) {
     let root = scratch.join("kubelet");
     std::fs::create_dir_all(&root).unwrap();
@@ -188,19 +210,13 @@ pub async fn run(scratch: PathBuf) {
         })
         .await;
         t.case(&format!("unpublish at {path:?}"), Invalid, async |t| {
-            let req = csi::NodeUnpublishVolumeRequest {
-                volume_id: f.clone(),
-                target_path: path.clone(),
-            };
-            t.node.node_unpublish_volume(req).await
+            t.node
+                .node_unpublish_volume(unpublish_req(&f, path.clone()))
+                .await
         })
         .await;
         t.case(&format!("unstage at {path:?}"), Invalid, async |t| {
-            let req = csi::NodeUnstageVolumeRequest {
-                volume_id: f.clone(),
-                staging_target_path: path.clone(),
-            };
-            t.node.node_unstage_volume(req).await
+            t.node.node_unstage_volume(unstage_req(&f, path.clone())).await
         })
         .await;
     }
@@ -218,13 +234,7 @@ pub async fn run(scratch: PathBuf) {
         t.case(
             &format!("unpublish through symlink {path:?}"),
             Invalid,
-            async |t| {
-                let req = csi::NodeUnpublishVolumeRequest {
-                    volume_id: a.clone(),
-                    target_path: s(&path),
-                };
-                t.node.node_unpublish_volume(req).await
-            },
+            async |t| t.node.node_unpublish_volume(unpublish_req(&a, s(&path))).await,
         )
         .await;
     }
@@ -242,28 +252,15 @@ pub async fn run(scratch: PathBuf) {
         })
         .await;
         t.case(&format!("unpublish F at {what}"), Busy, async |t| {
-            let req = csi::NodeUnpublishVolumeRequest {
-                volume_id: f.clone(),
-                target_path: s(path),
-            };
-            t.node.node_unpublish_volume(req).await
+            t.node.node_unpublish_volume(unpublish_req(&f, s(path))).await
         })
         .await;
         t.case(&format!("unstage F at {what}"), Busy, async |t| {
-            let req = csi::NodeUnstageVolumeRequest {
-                volume_id: f.clone(),
-                staging_target_path: s(path),
-            };
-            t.node.node_unstage_volume(req).await
+            t.node.node_unstage_volume(unstage_req(&f, s(path))).await
         })
         .await;
         t.case(&format!("stats of F at {what}"), NotFound, async |t| {
-            let req = csi::NodeGetVolumeStatsRequest {
-                volume_id: f.clone(),
-                volume_path: s(path),
-                ..Default::default()
-            };
-            t.node.node_get_volume_stats(req).await
+            t.node.node_get_volume_stats(stats_req(&f, s(path))).await
         })
         .await;
         t.case(&format!("expand F at {what}"), NotFound, async |t| {
@@ -319,11 +316,9 @@ pub async fn run(scratch: PathBuf) {
     )
     .await;
     t.case("unpublish F at B's block target", Busy, async |t| {
-        let req = csi::NodeUnpublishVolumeRequest {
-            volume_id: f.clone(),
-            target_path: s(&b_target),
-        };
-        t.node.node_unpublish_volume(req).await
+        t.node
+            .node_unpublish_volume(unpublish_req(&f, s(&b_target)))
+            .await
     })
     .await;
     t.case("publish B's device onto A's target", Busy, async |t| {
@@ -341,43 +336,27 @@ pub async fn run(scratch: PathBuf) {
         "unstage A from a path holding nothing while A is in use",
         Busy,
         async |t| {
-            let req = csi::NodeUnstageVolumeRequest {
-                volume_id: a.clone(),
-                staging_target_path: s(&root.join("nothing")),
-            };
-            t.node.node_unstage_volume(req).await
+            t.node
+                .node_unstage_volume(unstage_req(&a, s(&root.join("nothing"))))
+                .await
         },
     )
     .await;
     t.case(
         "unpublish F at a directory with content, holding nothing: kept",
         Done,
-        async |t| {
-            let req = csi::NodeUnpublishVolumeRequest {
-                volume_id: f.clone(),
-                target_path: s(&full),
-            };
-            t.node.node_unpublish_volume(req).await
-        },
+        async |t| t.node.node_unpublish_volume(unpublish_req(&f, s(&full))).await,
     )
     .await;
     t.case("stats of F at a missing path", NotFound, async |t| {
-        let req = csi::NodeGetVolumeStatsRequest {
-            volume_id: f.clone(),
-            volume_path: s(&root.join("missing")),
-            ..Default::default()
-        };
-        t.node.node_get_volume_stats(req).await
+        t.node
+            .node_get_volume_stats(stats_req(&f, s(&root.join("missing"))))
+            .await
     })
     .await;
     for path in ["/etc", "/proc", "relative/path"] {
         t.case(&format!("stats of F at {path}"), NotFound, async |t| {
-            let req = csi::NodeGetVolumeStatsRequest {
-                volume_id: f.clone(),
-                volume_path: path.into(),
-                ..Default::default()
-            };
-            t.node.node_get_volume_stats(req).await
+            t.node.node_get_volume_stats(stats_req(&f, path)).await
         })
         .await;
     }
@@ -456,14 +435,8 @@ pub async fn run(scratch: PathBuf) {
 
     // The legitimate teardown still works, and leaves nothing behind.
     let node = &mut t.node;
-    let unpublish = |id: &str, p: &Path| csi::NodeUnpublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: s(p),
-    };
-    let unstage = |id: &str, p: &Path| csi::NodeUnstageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: s(p),
-    };
+    let unpublish = |id: &str, p: &Path| unpublish_req(id, s(p));
+    let unstage = |id: &str, p: &Path| unstage_req(id, s(p));
     node.node_unpublish_volume(unpublish(&a, &a_target))
         .await
         .unwrap();
