@@ -70,6 +70,17 @@ impl Volumes {
         debug_assert_eq!(guard.token(), &req.token);
         let class = req.class.clone().unwrap_or_else(|| self.default_class.clone());
         let backend = self.served_backend(&class)?;
+        // A long name in a long class could make an id CSI does not allow (128 bytes).
+        let id = VolumeId::new(class.clone(), req.token.clone()).to_string();
+        if id.len() > crate::request::MAX_STRING_BYTES {
+            return Err(VolumeError::Invalid(ValidationError::Invalid {
+                field: "name",
+                reason: format!(
+                    "the volume id {id:?} would be longer than {} bytes; use a shorter name",
+                    crate::request::MAX_STRING_BYTES
+                ),
+            }));
+        }
         if !self.serves_topology(&req.topologies) {
             return Err(VolumeError::Topology {
                 node: self.node_id.clone(),
