@@ -43,14 +43,7 @@ async fn create(
     name: &str,
     bytes: i64,
 ) -> String {
-    controller
-        .create_volume(create_request(name, bytes, ("faults", name)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
+    common::create_volume_id(controller, create_request(name, bytes, ("faults", name))).await
 }
 
 /// The backing file of a staged and published volume is deleted: stats report the

@@ -249,6 +249,21 @@ pub fn create_request(name: &str, bytes: i64, pvc: (&str, &str)) -> csi::CreateV
     }
 }
 
+/// Creates a volume and returns its id; any error fails the test.
+pub async fn create_volume_id(
+    controller: &mut csi::controller_client::ControllerClient<Channel>,
+    req: csi::CreateVolumeRequest,
+) -> String {
+    controller
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id
+}
+
 /// kubelet's staging and publish paths for a volume, below `root`.
 pub fn kubelet_paths(root: &Path, pv: &str, pod_uid: &str) -> (PathBuf, PathBuf) {
     (

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use localvol::proto::csi::v1 as csi;
 use tonic::Code;
 
-use super::common::{Daemon, create_request, mount_capability};
+use super::common::{Daemon, create_request, create_volume_id, mount_capability};
 use super::sandbox::Snapshot;
 
 const MIB: i64 = 1 << 20;
@@ -65,14 +65,7 @@ impl Suite {
     async fn create(&mut self, name: &str, cap: csi::VolumeCapability) -> String {
         let mut req = create_request(name, 32 * MIB, ("ns", name));
         req.volume_capabilities = vec![cap];
-        self.controller
-            .create_volume(req)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id
+        create_volume_id(&mut self.controller, req).await
     }
 }
 
