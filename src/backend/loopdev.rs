@@ -294,13 +294,16 @@ impl LoopBackend {
         Ok(size_bytes)
     }
 
-    /// Loop devices whose backing file is this volume's image.
+    /// Loop devices whose backing file is this volume's image: by path, or by inode
+    /// where the kernel no longer prints our path (a device attached by a daemon whose
+    /// container, and so the mount the image was opened through, is gone).
     async fn devices_of(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
         let image = self.image_path(token);
+        let inode = image_inode(&image).await;
         let devices = self.host.syscalls.loop_devices().await?;
         Ok(devices
             .into_iter()
-            .filter(|d| d.backing_file == image)
+            .filter(|d| d.backing_file == image || (inode.is_some() && d.backing_inode == inode))
             .map(|d| d.device)
             .collect())
     }
@@ -342,12 +345,17 @@ impl LoopBackend {
     /// ever detach the latter.
     async fn devices_holding(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
         let image = self.image_path(token);
+        let inode = image_inode(&image).await;
         let mut deleted = image.clone().into_os_string();
         deleted.push(" (deleted)");
         let devices = self.host.syscalls.loop_devices().await?;
         Ok(devices
             .into_iter()
-            .filter(|d| d.backing_file == image || d.backing_file.as_os_str() == deleted)
+            .filter(|d| {
+                d.backing_file == image
+                    || d.backing_file.as_os_str() == deleted
+                    || (inode.is_some() && d.backing_inode == inode)
+            })
             .map(|d| d.device)
             .collect())
     }
@@ -482,3 +490,10 @@ impl LoopBackend {
 #[cfg(test)]
 #[path = "loopdev_tests.rs"]
 mod tests;
+
+/// The image's `(st_dev, st_ino)`, as LOOP_GET_STATUS64 reports a backing file's;
+/// `None` when it does not exist.
+async fn image_inode(image: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    tokio::fs::metadata(image).await.ok().map(|m| (m.dev(), m.ino()))
+}

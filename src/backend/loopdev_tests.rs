@@ -174,3 +174,55 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
         .collect();
     assert_eq!(left, [PathBuf::from("/dev/loop8")]);
 }
+
+/// A daemon restarted in a new container finds the devices its predecessor attached:
+/// the kernel then prints the image's path relative to its filesystem (the old
+/// container's bind mount is gone), so only the inode says it is ours.
+#[tokio::test]
+async fn devices_attached_by_a_previous_container_are_found_by_inode() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let commands = Arc::new(FakeCommands::default());
+    let syscalls = Arc::new(FakeSyscalls::default());
+    syscalls.set_usage(FsUsage {
+        total_bytes: 1 << 41,
+        available_bytes: 1 << 40,
+        ..FsUsage::default()
+    });
+    let detached = Arc::clone(&syscalls);
+    commands.on("losetup", move |cmd| {
+        detached.detach_loop(Path::new(cmd.args.last().unwrap()));
+        Ok(crate::host::CommandOutput::default())
+    });
+    let b = LoopBackend::new(
+        ClassName::parse("default").unwrap(),
+        dir.path().join("c"),
+        1 << 30,
+        Host {
+            commands: commands.clone(),
+            syscalls: syscalls.clone(),
+        },
+    );
+    b.prepare().await.unwrap();
+    b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
+    b.create(&spec("pvc-b", 8 << 20)).await.unwrap();
+    let inode = |name: &str| {
+        let meta = std::fs::metadata(b.directory().join(format!("{name}.img"))).unwrap();
+        (meta.dev(), meta.ino())
+    };
+    syscalls.attach_loop_by_inode("/dev/loop5", "/c/pvc-a.img", inode("pvc-a"));
+    syscalls.attach_loop_by_inode("/dev/loop6", "/c/pvc-b.img", inode("pvc-b"));
+    let a = Token::for_name("pvc-a");
+    assert_eq!(b.device(&a).await.unwrap(), Some(PathBuf::from("/dev/loop5")));
+    assert_eq!(
+        b.attach(&a).await.unwrap(),
+        PathBuf::from("/dev/loop5"),
+        "not attached twice"
+    );
+    b.detach(&a).await.unwrap();
+    assert_eq!(commands.calls_of("losetup"), vec!["losetup --detach /dev/loop5"]);
+    assert_eq!(
+        b.device(&Token::for_name("pvc-b")).await.unwrap(),
+        Some(PathBuf::from("/dev/loop6"))
+    );
+}

@@ -147,6 +147,22 @@ impl FakeSyscalls {
         self.state.lock().unwrap().loops.push(LoopDevice {
             device: device.into(),
             backing_file: backing_file.into(),
+            backing_inode: None,
+        });
+    }
+
+    /// A loop device as a restarted container sees one attached by its predecessor:
+    /// the path is the kernel's, relative to a mount that is gone; the inode is the file's.
+    pub fn attach_loop_by_inode(
+        &self,
+        device: impl Into<PathBuf>,
+        shown_path: impl Into<PathBuf>,
+        inode: (u64, u64),
+    ) {
+        self.state.lock().unwrap().loops.push(LoopDevice {
+            device: device.into(),
+            backing_file: shown_path.into(),
+            backing_inode: Some(inode),
         });
     }
 

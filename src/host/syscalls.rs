@@ -30,11 +30,51 @@ pub struct FsUsage {
     pub used_inodes: u64,
 }
 
-/// A loop device and the file behind it, as sysfs reports them.
+/// A loop device and the file behind it, as sysfs and LOOP_GET_STATUS64 report them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoopDevice {
     pub device: PathBuf,
+    /// The path as the kernel prints it for the reader: relative to the filesystem
+    /// when the mount the file was opened through is gone (a restarted container's
+    /// bind mount), with ` (deleted)` after an unlinked file.
     pub backing_file: PathBuf,
+    /// The backing file's identity, `(st_dev, st_ino)`, whatever its path: the one
+    /// name that holds across mount namespaces. `None` when the status cannot be read.
+    pub backing_inode: Option<(u64, u64)>,
+}
+
+/// `struct loop_info64` of the kernel's loop UAPI (linux/loop.h); only the first two
+/// fields are read.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+nix::ioctl_read_bad!(loop_get_status64, 0x4C05, LoopInfo64);
+
+/// The backing file's `(st_dev, st_ino)` of the loop device at `device`.
+fn loop_backing_inode(device: &Path) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(device).ok()?;
+    let mut info = std::mem::MaybeUninit::<LoopInfo64>::zeroed();
+    // SAFETY: the fd is open for the call and `info` is a zeroed loop_info64 that the
+    // kernel fills in.
+    unsafe { loop_get_status64(file.as_raw_fd(), info.as_mut_ptr()) }.ok()?;
+    // SAFETY: all-zero bytes are a valid LoopInfo64, and the kernel wrote the rest.
+    let info = unsafe { info.assume_init() };
+    Some((info.lo_device, info.lo_inode))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -220,8 +260,10 @@ impl Syscalls for SystemSyscalls {
                 let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) else {
                     continue;
                 };
+                let device = PathBuf::from("/dev").join(name);
                 found.push(LoopDevice {
-                    device: PathBuf::from("/dev").join(name),
+                    backing_inode: loop_backing_inode(&device),
+                    device,
                     backing_file: PathBuf::from(backing.trim_end_matches('\n')),
                 });
             }
