@@ -13,6 +13,9 @@
 # libraries. What it does not: BuildKit's cache mounts and the layer build.
 #
 #   tests/image/runtime-stage.sh [ROOTFS_CACHE_DIR]   (root; needs the apt mirror)
+#
+# LOCALVOL_IMAGE_EXPORT=FILE.tar also writes the finished root filesystem, without the
+# binary, as a tar (tests/cluster makes the node's image from it with the binary added).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cache=${1:-/var/cache/localvol-image}
@@ -65,4 +68,11 @@ for tool in lvcreate thin_check ndctl mkfs.ext4 mkfs.xfs blkid losetup fstrim mo
   chroot "$root" /bin/sh -c "command -v $tool" >/dev/null ||
     { echo "runtime-stage: $tool is missing from the image" >&2; exit 1; }
 done
+if [ -n "${LOCALVOL_IMAGE_EXPORT:-}" ]; then
+  # proc, sys and dev are mounts: --one-file-system leaves their contents out.
+  rm -f "$root/etc/resolv.conf"
+  tar --one-file-system -C "$root" --exclude="./${entry#/}" -cf "$LOCALVOL_IMAGE_EXPORT.tmp" .
+  mv "$LOCALVOL_IMAGE_EXPORT.tmp" "$LOCALVOL_IMAGE_EXPORT"
+  echo "runtime-stage: root filesystem written to $LOCALVOL_IMAGE_EXPORT"
+fi
 echo "runtime-stage: PASS ($runs RUN instructions, entrypoint $entry runs)"
