@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# tests/cluster/run.sh - localvol on a real single-node Kubernetes cluster (kubelet,
+# containerd, the real CSI sidecars), deployed from deploy/ through a test overlay.
+#
+#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..7 or their names; all by default)
+#
+# Needs the kube-kit at ../shared/kube-kit next to the repository (or KUBE_KIT=DIR) and
+# the apt mirror for the image's root filesystem (cached in /var/cache/localvol-image).
+# LOCALVOL_CLUSTER_REGISTRATION=builtin (default: the shipped loop overlay) or sidecar
+# (the loop-registrar overlay). Leaves nothing behind: the node is stopped with
+# `stop-node.sh --purge`, and the run fails if a mount or loop device of it is left.
+# Logs are kept in a /tmp directory (printed) only when something failed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+KIT=${KUBE_KIT:-$REPO/../shared/kube-kit}
+HERE=$REPO/tests/cluster
+export KUBE_KIT_BIN=${KUBE_KIT_BIN:-/var/cache/kube-kit/bin}
+export KUBE_KIT_STATE=${KUBE_KIT_STATE:-/var/lib/kube-kit}
+export KUBE_KIT_CRI_SOCK=${KUBE_KIT_CRI_SOCK:-/run/containerd/containerd.sock}
+export KUBECONFIG=$KUBE_KIT_STATE/kubeconfig
+export PATH=$KUBE_KIT_BIN:$PATH
+IMAGE_CACHE=/var/cache/localvol-image
+REGISTRATION=${LOCALVOL_CLUSTER_REGISTRATION:-builtin}
+case $REGISTRATION in
+  builtin) OVERLAY=$HERE/overlays/builtin ;;
+  sidecar) OVERLAY=$HERE/overlays/registrar ;;
+  *) echo "LOCALVOL_CLUSTER_REGISTRATION must be builtin or sidecar" >&2; exit 2 ;;
+esac
+source "$HERE/lib.sh"
+for f in "$HERE"/scenarios/*.sh; do source "$f"; done
+
+ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics)
+selected=()
+for arg in "$@"; do
+  match=""
+  for s in "${ALL[@]}"; do case $s in "s${arg}_"*|"$arg"|"s$arg") match=$s ;; esac; done
+  [ -n "$match" ] || { echo "unknown scenario $arg (one of ${ALL[*]})" >&2; exit 2; }
+  selected+=("$match")
+done
+[ ${#selected[@]} -gt 0 ] || selected=("${ALL[@]}")
+
+[ "$(id -u)" = 0 ] || { echo "tests/cluster/run.sh: run as root" >&2; exit 1; }
+[ -x "$KIT/install.sh" ] || { echo "tests/cluster/run.sh: no kube-kit at $KIT" >&2; exit 1; }
+
+LOGS=$(mktemp -d /tmp/localvol-cluster.XXXXXX)
+T0=$SECONDS
+phase() { printf '==== cluster: %s (%ss)\n' "$1" "$((SECONDS - T0))"; }
+failed=0
+created_data_dir=0
+[ -e "$HOST_DATA_DIR" ] || created_data_dir=1
+
+# Mounts and loop devices this run could have made: anything under kubelet's root or
+# localvol's data dir. They must not exist before (another run's leftovers would make
+# the checks lie) and must not exist after.
+leftovers() {
+  awk '$5 ~ "^/var/lib/(kubelet|localvol)(/|$)" {print "mount " $5}' /proc/self/mountinfo
+  losetup -a -O NAME,BACK-FILE -n 2>/dev/null | awk '$2 ~ "^/var/lib/localvol/" {print "loop " $1 " " $2}'
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  phase "cleanup"
+  if kubectl get --raw /readyz >/dev/null 2>&1; then
+    kubectl -n "$SYSTEM_NS" logs ds/localvol-node -c localvol --tail=-1 >"$LOGS/localvol.log" 2>&1
+    kubectl -n "$SYSTEM_NS" logs ds/localvol-node -c localvol --previous --tail=-1 >"$LOGS/localvol-previous.log" 2>&1
+    kubectl get events -A >"$LOGS/events.txt" 2>&1
+    # The driver itself unmounts and deletes the test volumes while it still runs.
+    for ns in $(kubectl get ns -o name | sed -n 's|^namespace/\(lvtest-.*\)|\1|p'); do
+      kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1
+    done
+    local end=$((SECONDS + 90))
+    while [ $SECONDS -lt $end ] && { kubectl get ns -o name | grep -q lvtest- || [ -n "$(kubectl get pv -o name)" ]; }; do sleep 1; done
+    kubectl get pv -o name | grep -q . && echo "cleanup: volumes left: $(kubectl get pv -o name)"
+    kubectl delete -k "$OVERLAY" --wait=false >/dev/null 2>&1
+  fi
+  cp "$KUBE_KIT_STATE"/logs/*.log "$LOGS/" 2>/dev/null
+  "$KIT/recipe/stop-node.sh" --purge >"$LOGS/stop-node.log" 2>&1 || { echo "cleanup: stop-node.sh --purge failed (see $LOGS/stop-node.log)"; rc=1; }
+  local left; left=$(leftovers)
+  if [ -n "$left" ]; then
+    echo "cleanup: FAIL, left on the host:"; echo "$left"; rc=1
+    # Remove them anyway, so that the next run starts clean.
+    awk '$1 == "mount" {print $2}' <<<"$left" | sort -r | xargs -r -n1 umount -l
+    awk '$1 == "loop" {print $2}' <<<"$left" | xargs -r -n1 losetup -d
+  fi
+  if [ -d "$LOOP_DIR" ] && [ -n "$(ls -A "$LOOP_DIR")" ]; then
+    echo "cleanup: FAIL, backing files left in $LOOP_DIR:"; ls -la "$LOOP_DIR"; rc=1
+  fi
+  [ $created_data_dir = 1 ] && rm -rf --one-file-system "$HOST_DATA_DIR"
+  [ -n "${WORK:-}" ] && rm -rf "$WORK"
+  if [ $rc = 0 ] && [ $failed = 0 ]; then rm -rf "$LOGS"; else echo "cluster: logs kept in $LOGS"; fi
+  phase "done"
+  [ $failed = 0 ] || rc=1
+  exit $rc
+}
+
+left=$(leftovers)
+[ -z "$left" ] || { echo "tests/cluster/run.sh: the host has mounts or loop devices of an earlier run:"; echo "$left"; exit 1; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+phase "kit and binary"
+"$KIT/install.sh" /var/cache/kube-kit >"$LOGS/install.log"
+cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
+
+# The runtime stage's root filesystem (packages, lvm.conf) depends only on the Dockerfile.
+rootfs=$IMAGE_CACHE/runtime-$(sha256sum Dockerfile | cut -c1-16).tar
+if [ ! -s "$rootfs" ]; then
+  phase "image root filesystem (tests/image/runtime-stage.sh, cached in $IMAGE_CACHE)"
+  LOCALVOL_IMAGE_EXPORT=$rootfs tests/image/runtime-stage.sh "$IMAGE_CACHE" >"$LOGS/runtime-stage.log" 2>&1 ||
+    { tail -20 "$LOGS/runtime-stage.log"; exit 1; }
+fi
+
+phase "node"
+"$KIT/recipe/start-node.sh" >"$LOGS/start-node.log" 2>&1 || { tail -20 "$LOGS/start-node.log"; exit 1; }
+
+phase "images"
+WORK=$(mktemp -d /tmp/localvol-cluster-images.XXXXXX)
+mk() { python3 "$KIT/recipe/mkimage.py" "$@" >/dev/null; }
+entry=$(sed -n 's/^ENTRYPOINT \["\([^"]*\)"\]$/\1/p' Dockerfile)
+[ -n "$entry" ] || { echo "Dockerfile: no ENTRYPOINT [\"...\"]" >&2; exit 1; }
+mk --name localhost/localvol:cluster-test --out "$WORK/localvol.tar" --base-tar "$rootfs" \
+  --add "${CARGO_TARGET_DIR:-target}/debug/localvol:$entry" --entrypoint "[\"$entry\"]" --cmd '["serve"]'
+sidecar() { # NAME TAG
+  mk --name "registry.k8s.io/sig-storage/$1:$2" --out "$WORK/$1.tar" \
+    --add "$KUBE_KIT_BIN/$1:/$1" --entrypoint "[\"/$1\"]"
+}
+sidecar csi-provisioner v5.3.0
+sidecar csi-node-driver-registrar v2.16.0
+sidecar csi-resizer v2.2.1
+for tar in "$WORK"/*.tar; do
+  ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images import "$tar" >/dev/null
+done
+rm -rf "$WORK"; WORK=""
+# The manifests must name exactly the images imported here.
+for img in $(kubectl kustomize "$HERE/overlays/central-resizer" | sed -n 's/^ *image: //p') \
+           $(kubectl kustomize "$HERE/overlays/registrar" | sed -n 's/^ *image: //p'); do
+  ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images ls -q | grep -qx "$img" ||
+    { echo "image $img of the manifests was not imported" >&2; exit 1; }
+done
+
+phase "deploy ($REGISTRATION registration: ${OVERLAY#"$REPO"/})"
+# Scheduled reclaim at once (scenario 5): csi-addons' own ConfigMap turns the stagger off.
+kubectl create namespace csi-addons-system >/dev/null
+kubectl -n csi-addons-system create configmap csi-addons-config --from-literal=cronjob-stagger-window=0 >/dev/null
+kubectl apply -k "$OVERLAY" >"$LOGS/apply.log"
+wait_until 120 "DaemonSet localvol-node Ready" daemon_ready
+
+phase "scenarios"
+results=()
+for s in "${selected[@]}"; do
+  start=$SECONDS
+  set +e
+  ( set -e; "$s" ) >"$LOGS/$s.log" 2>&1
+  rc=$?
+  set -e
+  took=$((SECONDS - start))
+  if [ $rc = 0 ]; then
+    results+=("PASS $s ${took}s")
+    sed -n 's/^  \[[0-9:]*\] NOTE /    /p' "$LOGS/$s.log"
+  else
+    results+=("FAIL $s ${took}s")
+    failed=1
+    echo "---- $s failed; its log:"; sed 's/^/    /' "$LOGS/$s.log" | tail -40
+  fi
+  printf '%s\n' "${results[-1]}"
+done
+
+echo
+echo "cluster results ($REGISTRATION registration):"
+printf '  %s\n' "${results[@]}"

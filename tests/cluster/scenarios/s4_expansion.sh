@@ -1,0 +1,101 @@
+# Scenario 4: online expansion of a mounted xfs claim, first by localvol's
+# --node-resizer (the shipped default), then by a central csi-resizer Deployment
+# (deploy/components/csi-resizer); each time the pod sees the new size and the claim's
+# status ends as on any real cluster; a request the class cannot hold ends infeasible.
+S4_CLASS=lvtest-xfs
+s4_expansion() {
+  if grep -q '^CapEff:' /proc/self/status && ! capsh_has_sys_resource; then
+    note "NOTE s4: ext4 is not grown online here: root lacks CAP_SYS_RESOURCE on this machine, which resize2fs needs on a mounted ext4; xfs is used"
+  fi
+  k apply -f - >/dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $S4_CLASS, labels: {lvtest: "1"}}
+provisioner: $DRIVER
+parameters:
+  localvol.csi.dev/device-class: loop
+  csi.storage.k8s.io/fstype: xfs
+reclaimPolicy: Delete
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+YAML
+  local ns=lvtest-s4
+  new_namespace $ns
+  s4_grow $ns node-resizer
+  s4_infeasible $ns node-resizer
+
+  k apply -k "$HERE/overlays/central-resizer" >/dev/null
+  wait_until 120 "DaemonSet without --node-resizer rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
+  wait_until 90 "csi-resizer Deployment available" k -n "$SYSTEM_NS" rollout status deploy/localvol-resizer --timeout=5s
+  k -n "$SYSTEM_NS" get ds localvol-node -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q node-resizer &&
+    fail "the central-resizer component left --node-resizer on"
+  s4_grow $ns csi-resizer
+  s4_infeasible $ns csi-resizer
+  k apply -k "$OVERLAY" >/dev/null
+  k -n "$SYSTEM_NS" delete deployment/localvol-resizer serviceaccount/localvol-resizer role/localvol-resizer-leader \
+    rolebinding/localvol-resizer-leader >/dev/null
+  k delete clusterrole/localvol-resizer clusterrolebinding/localvol-resizer >/dev/null
+  wait_until 120 "DaemonSet back to the $REGISTRATION overlay" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
+  delete_namespace $ns
+  k delete storageclass $S4_CLASS >/dev/null
+}
+
+capsh_has_sys_resource() { # bit 24 of the effective capabilities
+  local eff; eff=$(awk '/^CapEff:/ {print $2}' /proc/self/status)
+  (( (16#$eff >> 24) & 1 ))
+}
+
+pod_fs_bytes() { # NAMESPACE POD: size of /data as the pod sees it
+  k -n "$1" exec "$2" -- df -k /data | awk 'NR == 2 {print $2 * 1024}'
+}
+
+# The claim's resize state when nothing is in progress: capacity and allocatedResources
+# at the request, no allocatedResourceStatuses, no conditions.
+claim_settled_at() { # NAMESPACE PVC SIZE
+  local s
+  s=$(k -n "$1" get pvc "$2" -o jsonpath='{.status.capacity.storage}|{.status.allocatedResources.storage}|{.status.allocatedResourceStatuses}|{.status.conditions}')
+  [ "$s" = "$3|$3||" ]
+}
+
+s4_grow() { # NAMESPACE RESIZER
+  local ns=$1 pvc=grow-$2
+  apply_pvc $ns $pvc 320Mi $S4_CLASS >/dev/null
+  apply_pod $ns app-$2 fs $pvc >/dev/null
+  wait_until 90 "pod with the xfs claim Running ($2)" pod_phase_is $ns app-$2 Running
+  volume_facts $ns $pvc
+  k -n $ns exec app-$2 -- sh -c 'grep " /data " /proc/mounts' | grep -q ' xfs ' || fail "/data is not xfs"
+  k -n $ns exec app-$2 -- sh -c 'echo before-resize > /data/f && sync'
+  local before; before=$(pod_fs_bytes $ns app-$2)
+  k -n $ns patch pvc $pvc --type merge -p '{"spec":{"resources":{"requests":{"storage":"640Mi"}}}}' >/dev/null
+  wait_until 120 "claim settled at 640Mi ($2)" claim_settled_at $ns $pvc 640Mi
+  wait_until 30 "backing file grown to 640Mi ($2)" test "$(stat -c %s "$BACKING")" -ge $((640 << 20))
+  [ "$(k get pv "$PV" -o jsonpath='{.spec.capacity.storage}')" = 640Mi ] || fail "PV capacity not 640Mi"
+  wait_until 60 "the pod sees the grown filesystem ($2)" s4_pod_grew $ns app-$2 "$before"
+  [ "$(k -n $ns exec app-$2 -- cat /data/f)" = before-resize ] || fail "data lost in the resize"
+  note "NOTE s4: $2: xfs seen by the pod $((before >> 20)) MiB -> $(( $(pod_fs_bytes $ns app-$2) >> 20 )) MiB"
+}
+s4_pod_grew() { [ "$(pod_fs_bytes "$1" "$2")" -gt $(( $3 + (200 << 20) )) ]; }
+
+s4_infeasible() { # NAMESPACE RESIZER: a request bigger than the class's 100 GB
+  local ns=$1 pvc=grow-$2
+  k -n $ns patch pvc $pvc --type merge -p '{"spec":{"resources":{"requests":{"storage":"200Gi"}}}}' >/dev/null
+  wait_until 90 "claim marked ControllerResizeInfeasible ($2)" s4_status_is $ns $pvc ControllerResizeInfeasible
+  local events1 events2
+  events1=$(s4_resize_events $ns $pvc)
+  sleep 20
+  events2=$(s4_resize_events $ns $pvc)
+  s4_status_is $ns $pvc ControllerResizeInfeasible || fail "infeasible status did not stay ($2): $(k -n $ns get pvc $pvc -o jsonpath='{.status}')"
+  [ "$events2" -le $((events1 + 1)) ] || fail "resize retried after an infeasible request ($2): failure events $events1 -> $events2 in 20 s"
+  [ "$(k -n $ns get pvc $pvc -o jsonpath='{.status.capacity.storage}')" = 640Mi ] || fail "capacity moved on an infeasible request"
+  note "NOTE s4: $2: infeasible request: $(k -n $ns get pvc $pvc -o jsonpath='{.status.conditions[*].type}'), failure events $events1 -> $events2 in 20 s"
+  k -n $ns delete pod app-$2 --wait=true >/dev/null
+  k -n $ns delete pvc $pvc --wait=true >/dev/null
+  wait_until 60 "PV $PV deleted" gone pv "$PV"
+  [ ! -e "$BACKING" ] || fail "backing file $BACKING left"
+}
+s4_status_is() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.allocatedResourceStatuses.storage}')" = "$3" ]; }
+# Warning events about the claim, counting repeats (core and events.k8s.io counts).
+s4_resize_events() {
+  k -n "$1" get events --field-selector "involvedObject.name=$2,type=Warning" -o json |
+    python3 -c 'import json,sys; print(sum(max(e.get("count") or 1, (e.get("series") or {}).get("count") or 1) for e in json.load(sys.stdin)["items"]))'
+}
