@@ -57,6 +57,17 @@ step "image: the Dockerfile's runtime stage in a bookworm chroot (no container e
 echo "image build with docker/BuildKit: NOT RUN (no container engine or image registry)"
 tests/image/runtime-stage.sh
 
+step "cluster: localvol from deploy/ on a real single-node Kubernetes (tests/cluster/run.sh)"
+if [ -x ../shared/kube-kit/install.sh ]; then
+  cluster_start=$SECONDS
+  tests/cluster/run.sh
+  echo "cluster suite: $((SECONDS - cluster_start))s (budget 600s)"
+  [ $((SECONDS - cluster_start)) -le 600 ] || { echo "tests/all.sh: the cluster suite took over 10 minutes" >&2; exit 1; }
+else
+  echo "cluster suite: NOT RUN: provide the kube-kit (kubelet, control plane, sidecars) at $(cd .. && pwd)/shared/kube-kit"
+  [ "${CI:-}" != true ] || { echo "tests/all.sh: CI=true requires the cluster suite" >&2; exit 1; }
+fi
+
 step "fuzz: request conversion and parsers (${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
