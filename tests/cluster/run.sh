@@ -120,8 +120,11 @@ WORK=$(mktemp -d /tmp/localvol-cluster-images.XXXXXX)
 mk() { python3 "$KIT/recipe/mkimage.py" "$@" >/dev/null; }
 entry=$(sed -n 's/^ENTRYPOINT \["\([^"]*\)"\]$/\1/p' Dockerfile)
 [ -n "$entry" ] || { echo "Dockerfile: no ENTRYPOINT [\"...\"]" >&2; exit 1; }
+# Without its debug info (275 MB -> 60 MB): the image is written, compressed and unpacked
+# on every run.
+objcopy --strip-debug "${CARGO_TARGET_DIR:-target}/debug/localvol" "$WORK/localvol"
 mk --name localhost/localvol:cluster-test --out "$WORK/localvol.tar" --base-tar "$rootfs" \
-  --add "${CARGO_TARGET_DIR:-target}/debug/localvol:$entry" --entrypoint "[\"$entry\"]" --cmd '["serve"]'
+  --add "$WORK/localvol:$entry" --entrypoint "[\"$entry\"]" --cmd '["serve"]'
 sidecar() { # NAME TAG
   mk --name "registry.k8s.io/sig-storage/$1:$2" --out "$WORK/$1.tar" \
     --add "$KUBE_KIT_BIN/$1:/$1" --entrypoint "[\"/$1\"]"
