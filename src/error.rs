@@ -62,6 +62,7 @@ impl Error {
                 VolumeError::AccessMismatch { .. } => "access_mismatch",
                 VolumeError::WrongFilesystem { .. } => "wrong_filesystem",
                 VolumeError::Topology { .. } => "topology",
+                VolumeError::NoRoomToGrow { .. } => "no_room_to_grow",
                 VolumeError::Invalid(_) => "validation",
                 VolumeError::Backend(_) => "backend",
                 VolumeError::Mount(_) => "mount",
@@ -106,6 +107,9 @@ fn volume_code(e: &VolumeError) -> Code {
         | VolumeError::WrongFilesystem { .. } => Code::FailedPrecondition,
         // As for a full class: external-provisioner then lets the scheduler pick another node.
         VolumeError::Topology { .. } | VolumeError::StorageMissing { .. } => Code::ResourceExhausted,
+        // CSI's ControllerExpandVolume "unsupported capacity"; external-resizer marks it
+        // infeasible instead of retrying.
+        VolumeError::NoRoomToGrow { .. } => Code::OutOfRange,
         VolumeError::Invalid(v) => validation_code(v),
         VolumeError::Backend(b) => backend_code(b),
         VolumeError::Mount(m) => mount_code(m),
@@ -272,6 +276,18 @@ mod tests {
                 })
                 .into(),
                 Code::ResourceExhausted,
+            ),
+            (
+                VolumeError::NoRoomToGrow {
+                    id: id(),
+                    source: BackendError::NoSpace {
+                        class: ClassName::parse("default").unwrap(),
+                        requested: 2,
+                        available: 1,
+                    },
+                }
+                .into(),
+                Code::OutOfRange,
             ),
             (
                 VolumeError::NotStaged {

@@ -85,6 +85,7 @@ fn volume(v: &VolumeError) -> Failure {
         | VolumeError::AccessMismatch { .. }
         | VolumeError::WrongFilesystem { .. }
         | VolumeError::Topology { .. }
+        | VolumeError::NoRoomToGrow { .. }
         | VolumeError::Invalid(_) => Terminal,
         // Mount state that changes by itself: kubelet stages the volume again,
         // the other user goes away.
@@ -312,6 +313,19 @@ mod tests {
                     requested: 2 << 30,
                     available: 1 << 30,
                 })
+                .into(),
+                Terminal,
+            ),
+            (
+                "the class cannot hold the new size (expand)",
+                VolumeError::NoRoomToGrow {
+                    id: crate::model::VolumeId::parse("loop.pvc-1").unwrap(),
+                    source: BackendError::NoSpace {
+                        class: class(),
+                        requested: 2 << 30,
+                        available: 1 << 30,
+                    },
+                }
                 .into(),
                 Terminal,
             ),

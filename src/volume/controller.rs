@@ -2,7 +2,7 @@
 //! expand, capacity, validation.
 
 use super::{VolumeError, Volumes, guard_matches};
-use crate::backend::{ClassCapacity, CreateSpec, VolumeRecord};
+use crate::backend::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::locks::VolumeGuard;
 use crate::model::{AccessType, Capability, ClassName, VolumeId, VolumeMode};
@@ -164,7 +164,15 @@ impl Volumes {
             .into());
         }
         let wanted = backend.size_for(&req.capacity)?;
-        let size_bytes = backend.expand(&req.id.token, wanted).await?;
+        let size_bytes = match backend.expand(&req.id.token, wanted).await {
+            Err(source @ BackendError::NoSpace { .. }) => {
+                return Err(VolumeError::NoRoomToGrow {
+                    id: req.id.clone(),
+                    source,
+                });
+            }
+            other => other?,
+        };
         // A filesystem must be grown on the node; so must a loop device's view of its file.
         let node_expansion_required = record.mode == VolumeMode::Filesystem || backend.kind() == "loop";
         Ok(ExpandedVolume {

@@ -68,6 +68,15 @@ pub enum VolumeError {
         "no volume can be provisioned for the requested topology: this node serves only {TOPOLOGY_KEY}={node}"
     )]
     Topology { node: String },
+    /// ControllerExpandVolume to a size the class cannot hold. Not NoSpace's
+    /// RESOURCE_EXHAUSTED: CSI lists OUT_OF_RANGE for an unsupported expansion size, and
+    /// csi-resizer retries RESOURCE_EXHAUSTED forever but ends OUT_OF_RANGE as infeasible.
+    #[error("volume {id} cannot grow: {source}")]
+    NoRoomToGrow {
+        id: VolumeId,
+        #[source]
+        source: BackendError,
+    },
     #[error(transparent)]
     Invalid(#[from] ValidationError),
     #[error(transparent)]

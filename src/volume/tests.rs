@@ -11,7 +11,7 @@ use crate::host::{CommandOutput, FsUsage, Syscalls};
 use crate::locks::VolumeLocks;
 use crate::model::{AccessMode, AccessType, Capability};
 use crate::request::{
-    CapacityRange, ClaimRef, CreateRequest, HostPath, PublishRequest, StageRequest, UnpublishRequest,
+    CapacityRange, ClaimRef, ControllerExpandRequest, CreateRequest, HostPath, PublishRequest, StageRequest, UnpublishRequest,
     UnstageRequest, VolumeContext,
 };
 
@@ -415,6 +415,36 @@ async fn create_is_idempotent_by_name_and_refuses_incompatible_repeats() {
     );
     let files: Vec<_> = std::fs::read_dir(f.path("loop")).unwrap().collect();
     assert_eq!(files.len(), 2, "only pvc-1's image and record");
+}
+
+#[tokio::test]
+async fn expand_beyond_the_class_is_no_room_to_grow_and_changes_nothing() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    let image = f.path("loop").join(format!("{}.img", id.token));
+    let before = std::fs::metadata(&image).unwrap().len();
+    let guard = f.locks.try_lock(&id.token, "expand").unwrap();
+    let req = ControllerExpandRequest {
+        id: id.clone(),
+        capacity: CapacityRange {
+            required: 20 << 30,
+            limit: None,
+        },
+        capability: None,
+    };
+    let err = f.volumes.expand(&guard, &req).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            VolumeError::NoRoomToGrow {
+                id: failed,
+                source: crate::backend::BackendError::NoSpace { .. },
+            } if *failed == id
+        ),
+        "{err}"
+    );
+    assert_eq!(crate::error::Error::from(err).code(), tonic::Code::OutOfRange);
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), before, "the image kept its size");
 }
 
 #[tokio::test]
