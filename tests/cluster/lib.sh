@@ -101,11 +101,13 @@ expect_mounted() { # PV LOOP MIN
   note "host: $n mount(s) of $1 on $2"
 }
 
-expect_released() { # PV BACKING: no mount, no loop device
-  local n; n=$(mounts_count "$1" "${2:+$(loop_of "$2")}")
-  [ "$n" -eq 0 ] || { mounts_of "$1" >&2; fail "volume $1 still has $n mount(s) on the host"; }
-  [ -z "$(loop_of "$2")" ] || fail "$2 is still attached: $(losetup -j "$2")"
-  grep -q "$1" /proc/self/mountinfo && fail "mount table still names $1"
+# released PV BACKING: no mount of the volume and no loop device on its file (a
+# predicate for wait_until); expect_released fails the scenario instead.
+released() {
+  [ "$(mounts_count "$1" "$(loop_of "$2")")" -eq 0 ] && [ -z "$(loop_of "$2")" ] && ! grep -q "$1" /proc/self/mountinfo
+}
+expect_released() {
+  released "$1" "$2" || { mounts_of "$1" "$(loop_of "$2")" >&2; losetup -j "$2" >&2; fail "volume $1 still mounted or attached"; }
   note "host: $1 unmounted, $2 detached"
 }
 

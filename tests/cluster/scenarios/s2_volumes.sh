@@ -17,7 +17,7 @@ s2_volumes() {
   [ "$(k -n $ns exec app -- cat /data/f)" = cluster-data-s2 ] || fail "data read back differs"
   k -n $ns exec app -- sh -c 'grep " /data " /proc/mounts' | grep -q ' ext4 ' || fail "/data in the pod is not the ext4 volume"
   k -n $ns delete pod app --wait=true >/dev/null
-  wait_until 60 "filesystem volume unpublished and unstaged" expect_released "$PV" "$BACKING"
+  wait_until 60 "filesystem volume unpublished and unstaged" released "$PV" "$BACKING"
   [ -f "$BACKING" ] || fail "backing file gone while the claim exists"
   k -n $ns delete pvc fs --wait=true >/dev/null
   wait_until 60 "PV $PV deleted" gone pv "$PV"
@@ -35,7 +35,7 @@ s2_volumes() {
     fail "block data read back differs"
   [ "$(head -c 11 "$BACKING")" = raw-data-s2 ] || fail "the pod's block write is not in the backing file"
   k -n $ns delete pod rawapp --wait=true >/dev/null
-  wait_until 60 "raw block volume unpublished and unstaged" expect_released "$PV" "$BACKING"
+  wait_until 60 "raw block volume unpublished and unstaged" released "$PV" "$BACKING"
   k -n $ns delete pvc raw --wait=true >/dev/null
   wait_until 60 "PV $PV deleted" gone pv "$PV"
   [ ! -e "$BACKING" ] || fail "backing file $BACKING left after the volume was deleted"

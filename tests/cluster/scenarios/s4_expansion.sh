@@ -21,6 +21,8 @@ allowVolumeExpansion: true
 YAML
   local ns=lvtest-s4
   new_namespace $ns
+  # Back to the run's overlay even when a step fails, so later scenarios see it.
+  trap s4_restore EXIT
   s4_grow $ns node-resizer
   s4_infeasible $ns node-resizer
 
@@ -31,13 +33,16 @@ YAML
     fail "the central-resizer component left --node-resizer on"
   s4_grow $ns csi-resizer
   s4_infeasible $ns csi-resizer
-  k apply -k "$OVERLAY" >/dev/null
-  k -n "$SYSTEM_NS" delete deployment/localvol-resizer serviceaccount/localvol-resizer role/localvol-resizer-leader \
-    rolebinding/localvol-resizer-leader >/dev/null
-  k delete clusterrole/localvol-resizer clusterrolebinding/localvol-resizer >/dev/null
-  wait_until 120 "DaemonSet back to the $REGISTRATION overlay" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
   delete_namespace $ns
   k delete storageclass $S4_CLASS >/dev/null
+}
+
+s4_restore() {
+  k apply -k "$OVERLAY" >/dev/null
+  k -n "$SYSTEM_NS" delete --ignore-not-found deployment/localvol-resizer serviceaccount/localvol-resizer \
+    role/localvol-resizer-leader rolebinding/localvol-resizer-leader >/dev/null
+  k delete --ignore-not-found clusterrole/localvol-resizer clusterrolebinding/localvol-resizer >/dev/null
+  wait_until 120 "DaemonSet back to the $REGISTRATION overlay" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
 }
 
 capsh_has_sys_resource() { # bit 24 of the effective capabilities

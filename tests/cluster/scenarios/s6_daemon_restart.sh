@@ -23,7 +23,7 @@ s6_daemon_restart() {
   k -n $ns exec app -- sh -c 'echo still-writable >> /data/f && sync' || fail "the workload cannot write any more"
   expect_mounted "$PV" "$LOOP" 2
   k -n $ns delete pod app --wait=true >/dev/null
-  wait_until 60 "unpublished and unstaged by the new daemon" expect_released "$PV" "$BACKING"
+  wait_until 60 "unpublished and unstaged by the new daemon" released "$PV" "$BACKING"
   delete_namespace $ns
   [ ! -e "$BACKING" ] || fail "backing file $BACKING left"
 }
