@@ -104,12 +104,14 @@ phase "kit and binary"
 "$KIT/install.sh" /var/cache/kube-kit >"$LOGS/install.log"
 cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
 
-# The runtime stage's root filesystem (packages, lvm.conf) depends only on the Dockerfile.
-rootfs=$IMAGE_CACHE/runtime-$(sha256sum Dockerfile | cut -c1-16).tar
+# The runtime stage's root filesystem (packages, lvm.conf) depends only on the Dockerfile
+# (and on how runtime-stage.sh exports it).
+rootfs=$IMAGE_CACHE/runtime-$(cat Dockerfile tests/image/runtime-stage.sh | sha256sum | cut -c1-16).tar
 if [ ! -s "$rootfs" ]; then
   phase "image root filesystem (tests/image/runtime-stage.sh, cached in $IMAGE_CACHE)"
   LOCALVOL_IMAGE_EXPORT=$rootfs tests/image/runtime-stage.sh "$IMAGE_CACHE" >"$LOGS/runtime-stage.log" 2>&1 ||
     { tail -20 "$LOGS/runtime-stage.log"; exit 1; }
+  find "$IMAGE_CACHE" -maxdepth 1 -name 'runtime-*.tar' ! -path "$rootfs" -delete   # older versions
 fi
 
 phase "node"
