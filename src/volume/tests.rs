@@ -11,8 +11,8 @@ use crate::host::{CommandOutput, FsUsage, Syscalls};
 use crate::locks::VolumeLocks;
 use crate::model::{AccessMode, AccessType, Capability};
 use crate::request::{
-    CapacityRange, ClaimRef, ControllerExpandRequest, CreateRequest, HostPath, PublishRequest, StageRequest, UnpublishRequest,
-    UnstageRequest, VolumeContext,
+    CapacityRange, ClaimRef, ControllerExpandRequest, CreateRequest, HostPath, PublishRequest, StageRequest,
+    UnpublishRequest, UnstageRequest, VolumeContext,
 };
 
 const LOOP_DEV: &str = "/dev/loop-fake7";
@@ -444,7 +444,11 @@ async fn expand_beyond_the_class_is_no_room_to_grow_and_changes_nothing() {
         "{err}"
     );
     assert_eq!(crate::error::Error::from(err).code(), tonic::Code::OutOfRange);
-    assert_eq!(std::fs::metadata(&image).unwrap().len(), before, "the image kept its size");
+    assert_eq!(
+        std::fs::metadata(&image).unwrap().len(),
+        before,
+        "the image kept its size"
+    );
 }
 
 #[tokio::test]
