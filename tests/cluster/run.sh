@@ -139,9 +139,10 @@ for tar in "$WORK"/*.tar; do
 done
 rm -rf "$WORK"; WORK=""
 # The manifests must name exactly the images imported here.
+imported=$(ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images ls -q)
 for img in $(kubectl kustomize "$HERE/overlays/central-resizer" | sed -n 's/^ *image: //p') \
            $(kubectl kustomize "$HERE/overlays/registrar" | sed -n 's/^ *image: //p'); do
-  ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images ls -q | grep -qx "$img" ||
+  grep -qx "$img" <<<"$imported" ||
     { echo "image $img of the manifests was not imported" >&2; exit 1; }
 done
 
