@@ -16,7 +16,8 @@ wait_until() {
   local limit=$1 what=$2; shift 2
   local end=$((SECONDS + limit))
   until "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -lt "$end" ] || fail "timed out after ${limit}s waiting for: $what"
+    # Once more with its output, which may say what is missing.
+    [ "$SECONDS" -lt "$end" ] || { "$@" || true; fail "timed out after ${limit}s waiting for: $what"; }
     sleep 0.5
   done
   note "$what"
@@ -104,7 +105,10 @@ expect_mounted() { # PV LOOP MIN
 # released PV BACKING: no mount of the volume and no loop device on its file (a
 # predicate for wait_until); expect_released fails the scenario instead.
 released() {
-  [ "$(mounts_count "$1" "$(loop_of "$2")")" -eq 0 ] && [ -z "$(loop_of "$2")" ] && ! grep -q "$1" /proc/self/mountinfo
+  local loop; loop=$(loop_of "$2")
+  [ "$(mounts_count "$1" "$loop")" -eq 0 ] && [ -z "$loop" ] && ! grep -q "$1" /proc/self/mountinfo && return 0
+  echo "still there: loop device '${loop}' of $2; mounts:"; mounts_of "$1" "$loop"; losetup -a
+  return 1
 }
 expect_released() {
   released "$1" "$2" || { mounts_of "$1" "$(loop_of "$2")" >&2; losetup -j "$2" >&2; fail "volume $1 still mounted or attached"; }

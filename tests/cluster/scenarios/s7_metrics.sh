@@ -19,9 +19,9 @@ s7_metrics() {
     note "metrics: $call Ok = $(s7_count "$m" $call Ok)"
   done
   k -n $ns delete pod app --wait=true >/dev/null
-  k -n $ns delete pvc m --wait=true >/dev/null
-  local pv; pv=$(k get pv -o name)
-  wait_until 60 "volume deleted" gone $pv
+  local pv; pv=$(pv_of $ns m)
+  k -n $ns delete pvc m --wait=false >/dev/null
+  wait_until 60 "volume deleted" gone pv "$pv"
   m=$(curl -sf "http://127.0.0.1:$port/metrics") || fail "scraping again"
   for call in NodeUnpublishVolume NodeUnstageVolume DeleteVolume; do
     s7_count "$m" $call Ok >/dev/null || fail "no successful $call in /metrics"
