@@ -55,7 +55,10 @@ created_data_dir=0
 # the checks lie) and must not exist after.
 leftovers() {
   awk '$5 ~ "^/var/lib/(kubelet|localvol)(/|$)" {print "mount " $5}' /proc/self/mountinfo
-  losetup -a -O NAME,BACK-FILE -n 2>/dev/null | awk '$2 ~ "^/var/lib/localvol/" {print "loop " $1 " " $2}'
+  # The daemon attaches inside its container, so losetup may show the backing file
+  # relative to its filesystem (/loop/pvc-....img): match the class directory's name too.
+  losetup -a -O NAME,BACK-FILE -n 2>/dev/null |
+    awk '$2 ~ "^(/var/lib/localvol)?/loop/pvc-" {print "loop " $1 " " $2}'
 }
 
 cleanup() {
