@@ -144,7 +144,9 @@ pub async fn check(socket: &Path, class: Class<'_>) {
         let (available, _) = capacity(&mut c, &class).await;
         refused(
             expand(&mut c, &id, large + available + 1, 0).await,
-            Code::ResourceExhausted,
+            // CSI's "unsupported capacity": external-resizer ends it as infeasible
+            // instead of retrying a size the node can never hold.
+            Code::OutOfRange,
             &format!("{label}: grow by {available} available + 1 byte"),
         );
         let grown = expand(&mut c, &id, large + available, large + available).await;
