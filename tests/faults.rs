@@ -165,7 +165,7 @@ async fn full_capacity_is_resource_exhausted_and_leaves_nothing() {
         })
         .await
         .unwrap_err();
-    assert_eq!(grow.code(), Code::ResourceExhausted, "{}", grow.message());
+    assert_eq!(grow.code(), Code::OutOfRange, "{}", grow.message());
     assert_eq!(
         files_below(&d.data_dir()),
         before,

@@ -370,7 +370,9 @@ async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
         .controller_expand_volume(expand(4096 * MIB))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::ResourceExhausted, "{}", status.message());
+    // OUT_OF_RANGE, CSI's "unsupported capacity": external-resizer ends it as
+    // infeasible instead of retrying.
+    assert_eq!(status.code(), Code::OutOfRange, "{}", status.message());
     assert!(status.message().contains("bytes free"), "{}", status.message());
     // The node path (kubelet after a central resizer) refuses it the same way.
     let status = node_expand(&d, &vol.volume_id, 4096 * MIB, "target", &cap)
