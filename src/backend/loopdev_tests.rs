@@ -28,6 +28,16 @@ fn backend(limit: u64, disk_free: u64) -> (LoopBackend, tempfile::TempDir) {
     (b, dir)
 }
 
+/// A 1 GiB loop class under `dir` on the given fakes.
+fn backend_with(dir: &Path, commands: Arc<FakeCommands>, syscalls: Arc<FakeSyscalls>) -> LoopBackend {
+    LoopBackend::new(
+        ClassName::parse("default").unwrap(),
+        dir.join("c"),
+        1 << 30,
+        Host { commands, syscalls },
+    )
+}
+
 fn spec(name: &str, size: u64) -> CreateSpec {
     CreateSpec {
         token: Token::for_name(name),
@@ -149,15 +159,7 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
         });
         Ok(crate::host::CommandOutput::default())
     });
-    let b = LoopBackend::new(
-        ClassName::parse("default").unwrap(),
-        dir.path().join("c"),
-        1 << 30,
-        Host {
-            commands: commands.clone(),
-            syscalls: syscalls.clone(),
-        },
-    );
+    let b = backend_with(dir.path(), commands.clone(), syscalls.clone());
     let image = b.directory().join("pvc-a.img");
     syscalls.attach_loop("/dev/loop7", format!("{} (deleted)", image.display()));
     syscalls.attach_loop("/dev/loop8", b.directory().join("pvc-b.img (deleted)"));
@@ -194,15 +196,7 @@ async fn devices_attached_by_a_previous_container_are_found_by_inode() {
         detached.detach_loop(Path::new(cmd.args.last().unwrap()));
         Ok(crate::host::CommandOutput::default())
     });
-    let b = LoopBackend::new(
-        ClassName::parse("default").unwrap(),
-        dir.path().join("c"),
-        1 << 30,
-        Host {
-            commands: commands.clone(),
-            syscalls: syscalls.clone(),
-        },
-    );
+    let b = backend_with(dir.path(), commands.clone(), syscalls.clone());
     b.prepare().await.unwrap();
     b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
     b.create(&spec("pvc-b", 8 << 20)).await.unwrap();
