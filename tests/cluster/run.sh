@@ -42,6 +42,9 @@ done
 
 [ "$(id -u)" = 0 ] || { echo "tests/cluster/run.sh: run as root" >&2; exit 1; }
 [ -x "$KIT/install.sh" ] || { echo "tests/cluster/run.sh: no kube-kit at $KIT" >&2; exit 1; }
+# One node per machine (fixed ports, containerd, kubelet's root): a second run waits.
+exec 9>/run/localvol-cluster.lock
+flock -n 9 || { echo "tests/cluster/run.sh: waiting for another cluster run to finish"; flock 9; }
 
 LOGS=$(mktemp -d /tmp/localvol-cluster.XXXXXX)
 T0=$SECONDS
