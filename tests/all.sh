@@ -31,6 +31,15 @@ if [ "${LOCALVOL_SOAK:-0}" = 1 ]; then
   LOCALVOL_FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-600}
 fi
 
+# The image's root filesystem (apt in a bookworm chroot: network and disk, little CPU)
+# is made beside the host's test build; tests/cluster finds it in the cache.
+step "image: the Dockerfile's runtime stage in a bookworm chroot, in the background"
+echo "image build with docker/BuildKit: NOT RUN (no container engine or image registry)"
+image_log=$(mktemp)
+LOCALVOL_IMAGE_EXPORT=$(tests/image/runtime-stage.sh --export-path) \
+  nice -n 10 tests/image/runtime-stage.sh >"$image_log" 2>&1 &
+image_pid=$!
+
 step "unit, privileged, crash, load, fault and hostile-input tests (host)"
 # tests/crash.rs prints its seed first: LOCALVOL_CRASH_SEED=<hex> reproduces a failure.
 cargo test --locked -- --test-threads=2
@@ -39,6 +48,8 @@ step "csi-sanity on the host: loop class, filesystem and raw block (tests/sanity
 tests/sanity/host.sh
 
 step "deploy manifests"
+command -v kubectl >/dev/null || [ ! -x ../shared/kube-kit/install.sh ] ||
+  { ../shared/kube-kit/install.sh /var/cache/kube-kit >/dev/null; export PATH=$PATH:/var/cache/kube-kit/bin; }
 command -v kubectl >/dev/null || { echo "tests/all.sh: kubectl not found; it renders deploy/ (kustomize)" >&2; exit 1; }
 for overlay in deploy/overlays/*/; do
   kubectl kustomize "$overlay" >/dev/null
@@ -53,37 +64,49 @@ else
   echo "deploy server-side dry run: NOT RUN (no KUBECONFIG)"
 fi
 
-step "image: the Dockerfile's runtime stage in a bookworm chroot (no container engine here)"
-echo "image build with docker/BuildKit: NOT RUN (no container engine or image registry)"
-tests/image/runtime-stage.sh
+step "image: waiting for the runtime stage"
+if ! wait "$image_pid"; then cat "$image_log"; echo "tests/all.sh: the image's runtime stage failed" >&2; exit 1; fi
+tail -n 3 "$image_log"
 
-step "cluster: localvol from deploy/ on a real single-node Kubernetes (tests/cluster/run.sh)"
-if [ -x ../shared/kube-kit/install.sh ]; then
-  cluster_start=$SECONDS
+# The cluster suite mostly waits (kubelet, the API server); the VM guests and the fuzzer
+# are CPU-bound. Run side by side, the guests and the fuzzer take the cores the cluster
+# leaves idle, at lower priorities so that the cluster's timing-bound steps come first.
+cluster_suite() {
+  if [ ! -x ../shared/kube-kit/install.sh ]; then
+    echo "cluster suite: NOT RUN: provide the kube-kit (kubelet, control plane, sidecars) at $(cd .. && pwd)/shared/kube-kit"
+    [ "${CI:-}" != true ] || { echo "tests/all.sh: CI=true requires the cluster suite" >&2; return 1; }
+    return 0
+  fi
+  local start=$SECONDS
   tests/cluster/run.sh
-  echo "cluster suite: $((SECONDS - cluster_start))s (budget 600s)"
-  [ $((SECONDS - cluster_start)) -le 600 ] || { echo "tests/all.sh: the cluster suite took over 10 minutes" >&2; exit 1; }
-else
-  echo "cluster suite: NOT RUN: provide the kube-kit (kubelet, control plane, sidecars) at $(cd .. && pwd)/shared/kube-kit"
-  [ "${CI:-}" != true ] || { echo "tests/all.sh: CI=true requires the cluster suite" >&2; exit 1; }
-fi
-
-step "fuzz: request conversion and parsers (${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
-command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
-fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
-
-step "VM: device-mapper and NVDIMM smoke test"
-tests/vm/smoke.sh
-
-step "VM: LVM (thick, thin) and PMEM (direct, lvm) backends"
-tests/vm/backends.sh
-
-step "VM: random SIGKILL crash test on LVM (thick, thin) and PMEM (tests/crash_vm.rs prints its seed and counts)"
-# The test binary built on the host, run directly (cargo's freshness check costs a minute under TCG).
-LOCALVOL_VM_SUITE=1 tests/vm/run.sh --pmem-size 1G --timeout 1200 -- "$(cargo test --locked --no-run --test crash_vm 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p')" --test-threads=1 --nocapture
-
-step "VM: ReclaimSpace on lvm-thin"
-tests/vm/run.sh --pmem-size 0 -- cargo test --offline --locked --test reclaim_privileged lvm_thin
+  echo "cluster suite: $((SECONDS - start))s (budget 600s)"
+  [ $((SECONDS - start)) -le 600 ] || { echo "tests/all.sh: the cluster suite took over 10 minutes" >&2; return 1; }
+}
+fuzz_suite() {
+  command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+  fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
+}
+step "in parallel: cluster (tests/cluster/run.sh), VM (tests/vm/suite.sh, nice 10), fuzz (nice 19, ${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
+# The VM suite: LVM (thick, thin) and PMEM (direct, lvm) backends, csi-sanity on them, the
+# random SIGKILL crash test (tests/crash_vm.rs prints its seed), ReclaimSpace on lvm-thin,
+# and the VM harness's own smoke test.
+declare -A pids started
+background() {  # background NAME NICE COMMAND...: output prefixed with [NAME]
+  local name=$1 level=$2; shift 2
+  started[$name]=$SECONDS
+  ( renice -n "$level" -p "$BASHPID" >/dev/null; "$@" ) > >(sed -u "s/^/[$name] /") 2>&1 &
+  pids[$name]=$!
+}
+background cluster 0 cluster_suite
+background vm 10 tests/vm/suite.sh
+background fuzz 19 fuzz_suite
+failed=()
+for name in cluster vm fuzz; do
+  rc=0; wait "${pids[$name]}" || rc=$?
+  echo "==== $name: exit $rc, finished $((SECONDS - started[$name]))s after its start ($(date +%T))"
+  [ "$rc" = 0 ] || failed+=("$name")
+done
+[ ${#failed[@]} = 0 ] || { echo "tests/all.sh: failed: ${failed[*]}" >&2; exit 1; }
 
 echo
 echo "tests/all.sh: all suites passed"

@@ -25,13 +25,12 @@
 //! class; `LOCALVOL_SOAK=1` makes the default much larger.
 //!
 //! Gating as in tests/vm_backends.rs: outside the guest the tests say they did not run,
-//! unless `LOCALVOL_VM_SUITE=1` (which tests/all.sh sets) makes that a failure.
+//! unless `LOCALVOL_VM_SUITE=1` (which tests/vm/suite.sh sets) makes that a failure.
 //!
-//!   LOCALVOL_VM_SUITE=1 tests/vm/run.sh -- cargo test --offline --locked \
-//!       --test crash_vm -- --test-threads=1 --nocapture
+//!   tests/vm/suite.sh crash
 //!
-//! (tests/all.sh runs the binary cargo built on the host instead: cargo's own
-//! freshness check takes about a minute in the emulated guest.)
+//! (it runs the binary cargo built on the host: cargo's own freshness check takes
+//! about a minute in the emulated guest.)
 
 mod common;
 #[path = "common/crash_guest.rs"]

@@ -357,17 +357,27 @@ fn pool_data_bytes(pool: &str) -> u64 {
 
 /// In the tests/vm guest only (it needs device-mapper's thin target and a disk to give
 /// LVM): the same 64 MiB written and deleted on an lvm-thin volume must come back to the
-/// pool. Run with: `tests/vm/run.sh -- cargo test --test reclaim_privileged lvm_thin`.
+/// pool. tests/vm/suite.sh runs it (part `reclaim`); by hand:
+/// `LOCALVOL_VM_SUITE=1 tests/vm/run.sh -- cargo test --test reclaim_privileged lvm_thin`.
+/// The disk is `LOCALVOL_VM_DISK` (default /dev/vda), wiped.
 #[tokio::test]
 async fn fitrim_on_an_lvm_thin_volume_gives_the_pool_its_space_back() {
     if std::env::var("VMTEST_GUEST").as_deref() != Ok("1") {
+        // Under LOCALVOL_VM_SUITE=1 the test must run, so being outside the guest is a failure.
+        assert_ne!(
+            std::env::var("LOCALVOL_VM_SUITE").as_deref(),
+            Ok("1"),
+            "LOCALVOL_VM_SUITE=1 but this is not the tests/vm guest"
+        );
         eprintln!(
-            "fitrim_on_an_lvm_thin_volume_gives_the_pool_its_space_back: runs only in the tests/vm guest"
+            "fitrim_on_an_lvm_thin_volume_gives_the_pool_its_space_back: NOT RUN: only in the tests/vm guest (tests/vm/suite.sh reclaim)"
         );
         return;
     }
-    run("pvcreate", &["-ff", "-y", "/dev/vda"]);
-    run("vgcreate", &["vg-reclaim", "/dev/vda"]);
+    let disk = std::env::var("LOCALVOL_VM_DISK").unwrap_or_else(|_| "/dev/vda".to_owned());
+    run("wipefs", &["-q", "-a", &disk]);
+    run("pvcreate", &["-ff", "-y", &disk]);
+    run("vgcreate", &["vg-reclaim", &disk]);
     run("lvcreate", &["-y", "-L", "1G", "-T", "vg-reclaim/pool0"]);
     let dir = tempfile::Builder::new()
         .prefix("localvol-test-")

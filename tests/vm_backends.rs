@@ -1,6 +1,6 @@
 //! The LVM and PMEM backends on real device-mapper and an emulated NVDIMM, driven over
 //! the daemon's CSI socket as kubelet and external-provisioner do. They need the
-//! tests/vm guest: run them with `tests/vm/backends.sh`, which sets up nothing itself
+//! tests/vm guest: run them with `tests/vm/suite.sh backends`, which sets up nothing itself
 //! but boots the guest with two disks and an NVDIMM and requires every test to run.
 //!
 //! On the host they report that they did not run and pass, unless
@@ -67,9 +67,9 @@ fn in_guest(test: &str) -> bool {
         return true;
     }
     if std::env::var("LOCALVOL_VM_SUITE").as_deref() == Ok("1") {
-        panic!("{test}: LOCALVOL_VM_SUITE=1 but this is not the VM guest; run tests/vm/backends.sh");
+        panic!("{test}: LOCALVOL_VM_SUITE=1 but this is not the VM guest; run tests/vm/suite.sh backends");
     }
-    eprintln!("vm_backends: {test} not run: run through tests/vm/backends.sh");
+    eprintln!("vm_backends: {test} not run: run through tests/vm/suite.sh backends");
     false
 }
 
@@ -886,7 +886,7 @@ async fn limits_are_kept_and_the_largest_volume_fits() {
 
 // ------------------------------------------------------------------ restarts
 
-/// The daemon binary: `LOCALVOL_BIN` (backends.sh passes a private copy), else the
+/// The daemon binary: `LOCALVOL_BIN` (tests/vm/suite.sh passes a private copy), else the
 /// one cargo built with this test.
 fn localvol_bin() -> PathBuf {
     std::env::var_os("LOCALVOL_BIN")

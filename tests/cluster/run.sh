@@ -110,9 +110,10 @@ phase "kit and binary"
 "$KIT/install.sh" /var/cache/kube-kit >"$LOGS/install.log"
 cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
 
-# The runtime stage's root filesystem (packages, lvm.conf) depends only on the Dockerfile
-# (and on how runtime-stage.sh exports it).
-rootfs=$IMAGE_CACHE/runtime-$(cat Dockerfile tests/image/runtime-stage.sh | sha256sum | cut -c1-16).tar
+# The runtime stage's root filesystem (packages, lvm.conf), cached under a name that
+# depends only on the Dockerfile and on how runtime-stage.sh exports it (tests/all.sh
+# makes it in its image step).
+rootfs=$(tests/image/runtime-stage.sh --export-path "$IMAGE_CACHE")
 if [ ! -s "$rootfs" ]; then
   phase "image root filesystem (tests/image/runtime-stage.sh, cached in $IMAGE_CACHE)"
   LOCALVOL_IMAGE_EXPORT=$rootfs tests/image/runtime-stage.sh "$IMAGE_CACHE" >"$LOGS/runtime-stage.log" 2>&1 ||

@@ -13,11 +13,18 @@
 # libraries. What it does not: BuildKit's cache mounts and the layer build.
 #
 #   tests/image/runtime-stage.sh [ROOTFS_CACHE_DIR]   (root; needs the apt mirror)
+#   tests/image/runtime-stage.sh --export-path [ROOTFS_CACHE_DIR]
 #
 # LOCALVOL_IMAGE_EXPORT=FILE.tar also writes the finished root filesystem, without the
 # binary, as a tar (tests/cluster makes the node's image from it with the binary added).
+# --export-path prints the FILE.tar under the cache that tests/cluster looks for: the
+# root filesystem depends only on the Dockerfile and on this script.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${1:-}" = --export-path ]; then
+  echo "${2:-/var/cache/localvol-image}/runtime-$(cat Dockerfile tests/image/runtime-stage.sh | sha256sum | cut -c1-16).tar"
+  exit 0
+fi
 cache=${1:-/var/cache/localvol-image}
 command -v mmdebstrap >/dev/null || apt-get install -y -qq mmdebstrap >/dev/null
 
@@ -46,7 +53,6 @@ stage=$(awk '/^FROM /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' Dockerfil
 grep -q '^FROM debian:bookworm-slim' <<<"$stage" ||
   { echo "runtime-stage: the last stage is not FROM debian:bookworm-slim" >&2; exit 1; }
 
-cargo build --locked --bin localvol
 runs=0
 while IFS= read -r line; do
   case $line in
@@ -56,6 +62,8 @@ while IFS= read -r line; do
       runs=$((runs + 1)) ;;
     COPY\ --from=builder\ /out/localvol\ *)
       dest=${line##* }
+      # Built here, after the RUNs: tests/all.sh runs this beside the host's test build.
+      cargo build --locked --bin localvol
       install -D -m 0755 "${CARGO_TARGET_DIR:-target}/debug/localvol" "$root$dest"
       entry=$dest ;;
     COPY\ *) echo "runtime-stage: unknown COPY: $line" >&2; exit 1 ;;

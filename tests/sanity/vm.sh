@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/sanity/vm.sh DISK - csi-sanity on the LVM and PMEM classes, in the tests/vm guest:
 # lvm (thick), lvm-thin, pmem direct and pmem lvm, each as filesystem and raw block
-# (8 runs of tests/sanity/run.sh, one result line each). Run by tests/vm/backends.sh after
-# tests/vm_backends.rs, in the same guest.
+# (8 runs of tests/sanity/run.sh, one result line each). Run by tests/vm/suite.sh (part
+# sanity), after tests/crash_vm.rs and the reclaim test in the same guest.
 #
 # It makes its own storage, beside whatever the backend suite left: VG sanityvg on DISK
 # (wiped) with the zeroing thin pool sanitypool, and on region0 one fsdax namespace holding
@@ -39,6 +39,7 @@ create_ns() {  # create_ns RAW NAME: prints the new namespace's JSON (numeric si
 }
 ns=$(create_ns 256M sanity-pmemvg)
 pmem_dev=/dev/$(json_str blockdev <<<"$ns")
+wipefs -q -a "$pmem_dev"   # a new namespace shows whatever earlier tests left on the media
 pvcreate -q "$pmem_dev" >/dev/null
 vgcreate -q sanitypmemvg "$pmem_dev" >/dev/null
 

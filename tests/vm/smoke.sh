@@ -4,7 +4,10 @@
 # and PMEM (labels, fsdax namespaces, mount -o dax) inside one guest.
 # Prints PASS/FAIL per step; exits non-zero if any step failed.
 #
-#   tests/vm/smoke.sh [run.sh options, e.g. -v]
+#   tests/vm/smoke.sh [--host-only] [run.sh options, e.g. -v]
+#
+# --host-only skips the guest part's own boot: tests/vm/suite.sh runs that part (this
+# script, in the guest) first in one of its guests.
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 FAILED=0
@@ -59,6 +62,7 @@ thin_xfs() {
 lv_remove() {
   lvremove -y vg0
   vgremove vg0
+  pvremove -q /dev/vda   # the next test in this guest gets a blank disk
   [ ! -e /dev/vg0 ]
 }
 
@@ -114,6 +118,8 @@ fi
 
 # ------------------------------------------------------------ on the host
 T_START=${EPOCHREALTIME/./}
+HOST_ONLY=0
+if [ "${1:-}" = --host-only ]; then HOST_ONLY=1; shift; fi
 OPTS=("$@")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -149,11 +155,13 @@ guest_env() {
 }
 step "run.sh: guest env, cwd, lvm.conf udev_sync=0" guest_env
 
-t0=${EPOCHREALTIME/./}
-"$HERE/run.sh" "${OPTS[@]}" -- "$HERE/smoke.sh"
-rc=$?
-printf 'guest part: exit %d, %.1fs wall including boot\n' "$rc" "$(((${EPOCHREALTIME/./} - t0) / 1000))e-3"
-[ "$rc" = 0 ] || FAILED=$((FAILED + 1))
+if [ "$HOST_ONLY" = 0 ]; then
+  t0=${EPOCHREALTIME/./}
+  "$HERE/run.sh" "${OPTS[@]}" -- "$HERE/smoke.sh"
+  rc=$?
+  printf 'guest part: exit %d, %.1fs wall including boot\n' "$rc" "$(((${EPOCHREALTIME/./} - t0) / 1000))e-3"
+  [ "$rc" = 0 ] || FAILED=$((FAILED + 1))
+fi
 printf 'smoke: %s, %.1fs in total\n' "$([ "$FAILED" = 0 ] && echo 'all passed' || echo "$FAILED failed")" \
   "$(((${EPOCHREALTIME/./} - T_START) / 1000))e-3"
 [ "$FAILED" = 0 ]
