@@ -126,7 +126,7 @@ pids=()
 for lane in "${lanes[@]}"; do
   LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} \
     nice -n "${LOCALVOL_VM_NICE:-0}" "$HERE/run.sh" "${VERBOSE[@]}" \
-    --disks 3 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3000 \
+    --disks 3 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3600 \
     -- bash "$run_dir/$lane.sh" > >(sed -u "s/^/[guest $lane] /") 2>&1 &
   pids+=($!)
 done
