@@ -84,9 +84,11 @@ impl LoopBackend {
         self.dir.join(format!("{token}.json"))
     }
 
-    /// Creates the class directory with owner-only access.
+    /// Creates the class directory with owner-only access, and its snapshot directory;
+    /// thaws any filesystem a killed snapshot left frozen.
     pub async fn prepare(&self) -> Result<(), BackendError> {
-        files::create_private_dir(&self.dir).await
+        files::create_private_dir(&self.dir).await?;
+        self.prepare_snapshots().await
     }
 
     fn to_record(&self, token: Token, file: RecordFile) -> VolumeRecord {
@@ -155,6 +157,8 @@ impl LoopBackend {
             };
             unbacked += record.size_bytes.saturating_sub(used);
         }
+        // Snapshots are never written: what they hold on disk is all they will take.
+        promised += self.snapshot_bytes().await?;
         Ok((promised, unbacked))
     }
 
@@ -486,6 +490,9 @@ impl LoopBackend {
         Ok(())
     }
 }
+
+#[path = "loop_snapshots.rs"]
+mod snapshots;
 
 #[cfg(test)]
 #[path = "loopdev_tests.rs"]
