@@ -275,6 +275,24 @@ mod tests {
             ),
             (VolumeError::NotFound(id()).into(), Code::NotFound),
             (
+                VolumeError::SnapshotNotFound(crate::model::SnapshotId::new(
+                    ClassName::parse("default").unwrap(),
+                    crate::model::Token::for_name("s"),
+                ))
+                .into(),
+                Code::NotFound,
+            ),
+            // CSI: a source the plugin cannot copy or snapshot is INVALID_ARGUMENT.
+            (
+                VolumeError::Backend(BackendError::SnapshotsUnsupported {
+                    class: ClassName::parse("thick").unwrap(),
+                    kind: "lvm",
+                    reason: "full copies only",
+                })
+                .into(),
+                Code::InvalidArgument,
+            ),
+            (
                 VolumeError::Backend(BackendError::NoSpace {
                     class: ClassName::parse("default").unwrap(),
                     requested: 2,

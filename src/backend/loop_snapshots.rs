@@ -134,7 +134,8 @@ impl LoopBackend {
     }
 
     /// Thaws every mount point a freeze record names: the daemon was killed between
-    /// FIFREEZE and FITHAW (nothing else leaves a record behind).
+    /// FIFREEZE and FITHAW (nothing else leaves a record behind). Removes the temporary
+    /// files of copies that were killed.
     pub async fn thaw_leftovers(&self) -> Result<(), BackendError> {
         let dir = self.snapshot_dir();
         let mut entries = tokio::fs::read_dir(&dir)
@@ -146,6 +147,11 @@ impl LoopBackend {
             .map_err(BackendError::io("readdir", &dir))?
         {
             let path = entry.path();
+            // A copy or record a killed call was writing: nothing refers to it.
+            if path.extension().is_some_and(|e| e == "tmp") {
+                files::remove_durably(&dir, &path).await?;
+                continue;
+            }
             if path.extension().is_none_or(|e| e != "freeze") {
                 continue;
             }
@@ -422,3 +428,7 @@ impl LoopBackend {
         Ok(self.to_record(spec.token.clone(), file))
     }
 }
+
+#[cfg(test)]
+#[path = "loop_snapshots_tests.rs"]
+mod tests;
