@@ -214,20 +214,28 @@ impl LoopBackend {
             .map_err(|e| BackendError::io("spawn", target)(std::io::Error::other(e)))?
     }
 
-    async fn read_snapshot(&self, token: &Token) -> Result<Option<SnapshotFile>, BackendError> {
-        let path = self.snapshot_record_path(token);
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(BackendError::io("read", path)(e)),
+    /// [`LoopBackend::copy_image`], with the filesystem mounted at `freeze` (the
+    /// volume `token`'s) frozen around it and thawed whatever the copy's outcome.
+    async fn copy_frozen(
+        &self,
+        token: &Token,
+        freeze: Option<&Path>,
+        image: &Path,
+        target: &Path,
+        dir: &Path,
+    ) -> Result<(), BackendError> {
+        let Some(mount) = freeze else {
+            return self.copy_image(image, target, dir).await;
         };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| BackendError::CorruptRecord {
-                token: token.to_string(),
-                path,
-                reason: e.to_string(),
-            })
+        let frozen = self.freeze(token, mount).await?;
+        let copied = self.copy_image(image, target, dir).await;
+        let thawed = frozen.thaw().await;
+        copied?;
+        thawed
+    }
+
+    async fn read_snapshot(&self, token: &Token) -> Result<Option<SnapshotFile>, BackendError> {
+        files::read_json(self.snapshot_record_path(token), token).await
     }
 
     fn to_snapshot(&self, token: Token, file: SnapshotFile) -> Result<SnapshotRecord, BackendError> {
@@ -298,16 +306,8 @@ impl LoopBackend {
         let image = self.image_path(&spec.source);
         let target = self.snapshot_image(&spec.token);
         let dir = self.snapshot_dir();
-        match &spec.freeze {
-            Some(mount) => {
-                let frozen = self.freeze(&spec.source, mount).await?;
-                let copied = self.copy_image(&image, &target, &dir).await;
-                let thawed = frozen.thaw().await;
-                copied?;
-                thawed?;
-            }
-            None => self.copy_image(&image, &target, &dir).await?,
-        }
+        self.copy_frozen(&spec.source, spec.freeze.as_deref(), &image, &target, &dir)
+            .await?;
         let file = SnapshotFile {
             name: spec.name.clone(),
             source: spec.source.to_string(),
@@ -375,16 +375,12 @@ impl LoopBackend {
             return Err(self.no_space(spec.size_bytes, available));
         }
         let target = self.image_path(&spec.token);
-        match (&freeze, source) {
-            (Some(mount), CopySource::Volume { token, .. }) => {
-                let frozen = self.freeze(token, mount).await?;
-                let copied = self.copy_image(&image, &target, &self.dir).await;
-                let thawed = frozen.thaw().await;
-                copied?;
-                thawed?;
-            }
-            _ => self.copy_image(&image, &target, &self.dir).await?,
-        }
+        let frozen_token = match source {
+            CopySource::Volume { token, .. } => token,
+            CopySource::Snapshot(token) => token,
+        };
+        self.copy_frozen(frozen_token, freeze.as_deref(), &image, &target, &self.dir)
+            .await?;
         // Grown to the requested size; the filesystem in it grows at the next
         // NodeExpandVolume or stage.
         let grow = tokio::fs::OpenOptions::new()
