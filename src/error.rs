@@ -49,6 +49,7 @@ impl Error {
             Error::Busy(_) => "busy",
             Error::Volume(e) => match e {
                 VolumeError::NotFound(_) => "not_found",
+                VolumeError::SnapshotNotFound(_) => "snapshot_not_found",
                 VolumeError::UnknownClass(_) => "unknown_class",
                 VolumeError::StorageMissing { .. } => "storage_missing",
                 VolumeError::AlreadyExists { .. } => "already_exists",
@@ -94,7 +95,9 @@ fn validation_code(e: &ValidationError) -> Code {
 
 fn volume_code(e: &VolumeError) -> Code {
     match e {
-        VolumeError::NotFound(_) | VolumeError::NotAtPath { .. } => Code::NotFound,
+        VolumeError::NotFound(_) | VolumeError::SnapshotNotFound(_) | VolumeError::NotAtPath { .. } => {
+            Code::NotFound
+        }
         VolumeError::UnknownClass(_) | VolumeError::Symlink { .. } | VolumeError::AccessMismatch { .. } => {
             Code::InvalidArgument
         }
@@ -149,7 +152,10 @@ fn reclaim_code(e: &ReclaimError) -> Code {
 fn backend_code(e: &BackendError) -> Code {
     match e {
         BackendError::NoSpace { .. } => Code::ResourceExhausted,
-        BackendError::NotFound { .. } => Code::NotFound,
+        BackendError::NotFound { .. } | BackendError::SnapshotNotFound { .. } => Code::NotFound,
+        // CSI's CreateVolume "source incompatible or not supported", and the same for a
+        // snapshot of a volume its class cannot snapshot: final, not retried.
+        BackendError::SnapshotsUnsupported { .. } => Code::InvalidArgument,
         BackendError::InUse { .. } => Code::FailedPrecondition,
         BackendError::Unavailable { .. } => Code::Unavailable,
         BackendError::CorruptRecord { .. } | BackendError::Io { .. } => Code::Internal,
@@ -268,6 +274,24 @@ mod tests {
                 Code::Aborted,
             ),
             (VolumeError::NotFound(id()).into(), Code::NotFound),
+            (
+                VolumeError::SnapshotNotFound(crate::model::SnapshotId::new(
+                    ClassName::parse("default").unwrap(),
+                    crate::model::Token::for_name("s"),
+                ))
+                .into(),
+                Code::NotFound,
+            ),
+            // CSI: a source the plugin cannot copy or snapshot is INVALID_ARGUMENT.
+            (
+                VolumeError::Backend(BackendError::SnapshotsUnsupported {
+                    class: ClassName::parse("thick").unwrap(),
+                    kind: "lvm",
+                    reason: "full copies only",
+                })
+                .into(),
+                Code::InvalidArgument,
+            ),
             (
                 VolumeError::Backend(BackendError::NoSpace {
                     class: ClassName::parse("default").unwrap(),

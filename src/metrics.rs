@@ -33,6 +33,7 @@ pub struct Metrics {
     rpc_total: IntCounterVec,
     rpc_duration: HistogramVec,
     volumes: IntGaugeVec,
+    snapshots: IntGaugeVec,
     provisioned_bytes: IntGaugeVec,
     capacity_bytes: IntGaugeVec,
     storage_bytes: IntGaugeVec,
@@ -96,6 +97,8 @@ impl ReclaimMetrics {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ClassStats {
     pub volumes: u64,
+    /// Snapshots held by the class (0 where the kind makes none).
+    pub snapshots: u64,
     /// The sum of the volumes' sizes.
     pub provisioned_bytes: u64,
     pub capacity: ClassCapacity,
@@ -171,6 +174,12 @@ impl Metrics {
             "Volumes per device class",
             &["device_class"],
         );
+        let snapshots = int_gauges(
+            &registry,
+            "snapshots",
+            "Volume snapshots per device class",
+            &["device_class"],
+        );
         let provisioned_bytes = int_gauges(
             &registry,
             "provisioned_bytes",
@@ -236,6 +245,7 @@ impl Metrics {
             rpc_total,
             rpc_duration,
             volumes,
+            snapshots,
             provisioned_bytes,
             capacity_bytes,
             storage_bytes,
@@ -261,6 +271,9 @@ impl Metrics {
         self.volumes
             .with_label_values(&[class])
             .set(i64_of(stats.volumes));
+        self.snapshots
+            .with_label_values(&[class])
+            .set(i64_of(stats.snapshots));
         self.provisioned_bytes
             .with_label_values(&[class])
             .set(i64_of(stats.provisioned_bytes));
@@ -314,6 +327,7 @@ impl Metrics {
     pub fn class_stats_failed(&self, class: &ClassName) {
         let class = class.as_str();
         let _ = self.volumes.remove_label_values(&[class]);
+        let _ = self.snapshots.remove_label_values(&[class]);
         let _ = self.provisioned_bytes.remove_label_values(&[class]);
         for kind in ["available", "total"] {
             let _ = self.capacity_bytes.remove_label_values(&[class, kind]);
@@ -455,6 +469,7 @@ mod tests {
         let m = Metrics::new();
         let stats = ClassStats {
             volumes: 3,
+            snapshots: 2,
             provisioned_bytes: 3 << 30,
             capacity: ClassCapacity {
                 available: 7 << 30,
@@ -480,6 +495,7 @@ mod tests {
             r#"localvol_thin_pool_data_ratio{device_class="fast"} 0.25"#,
             r#"localvol_thin_pool_metadata_ratio{device_class="fast"} 0.05"#,
             r#"localvol_volumes{device_class="fast"} 3"#,
+            r#"localvol_snapshots{device_class="fast"} 2"#,
             r#"localvol_provisioned_bytes{device_class="fast"} 3221225472"#,
             r#"localvol_capacity_bytes{device_class="fast",kind="available"} 7516192768"#,
             r#"localvol_capacity_bytes{device_class="fast",kind="total"} 10737418240"#,

@@ -151,6 +151,56 @@ impl fmt::Display for VolumeId {
     }
 }
 
+/// A snapshot id: `snapshot.<device class>.<token>`. Two dots, where a volume id has
+/// one: neither kind of id ever parses as the other (a token holds no dot), so a
+/// snapshot id given to a volume call names no volume, and the reverse.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SnapshotId {
+    pub class: ClassName,
+    /// Derived from the CreateSnapshot name, as a volume's is from its CreateVolume name.
+    pub token: Token,
+}
+
+const SNAPSHOT_PREFIX: &str = "snapshot.";
+
+impl SnapshotId {
+    pub fn new(class: ClassName, token: Token) -> Self {
+        Self { class, token }
+    }
+
+    /// The same rules as [`VolumeId::parse`]: empty and malformed ids are refused,
+    /// well-formed text that localvol could not have made is [`IdError::NotOurs`].
+    pub fn parse(id: &str) -> Result<Self, IdError> {
+        let rest = match VolumeId::parse(id) {
+            // A volume id is not a snapshot id.
+            Ok(_) => return Err(IdError::NotOurs(id.to_string())),
+            Err(IdError::NotOurs(_)) => id.strip_prefix(SNAPSHOT_PREFIX),
+            Err(e) => return Err(e),
+        };
+        let not_ours = || IdError::NotOurs(id.to_string());
+        let rest = rest.ok_or_else(not_ours)?;
+        match VolumeId::parse(rest) {
+            Ok(inner) => Ok(Self {
+                class: inner.class,
+                token: inner.token,
+            }),
+            Err(_) => Err(not_ours()),
+        }
+    }
+
+    /// The key its per-snapshot lock is taken under: always a digest (the text holds a
+    /// `/`), so it never equals a volume's token and the two kinds never wait on each other.
+    pub fn lock_token(token: &Token) -> Token {
+        Token::for_name(&format!("snapshot/{token}"))
+    }
+}
+
+impl fmt::Display for SnapshotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{SNAPSHOT_PREFIX}{}.{}", self.class, self.token)
+    }
+}
+
 /// How a volume is accessed: through a filesystem or as a raw block device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AccessType {
@@ -259,6 +309,38 @@ mod tests {
             VolumeId::parse(&"x".repeat(300)),
             Err(IdError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn snapshot_ids_round_trip_and_never_parse_as_volume_ids() {
+        let id = SnapshotId::new(ClassName::parse("thin").unwrap(), Token::for_name("snapshot-1"));
+        assert_eq!(id.to_string(), "snapshot.thin.snapshot-1");
+        assert_eq!(SnapshotId::parse("snapshot.thin.snapshot-1"), Ok(id));
+        assert!(matches!(
+            VolumeId::parse("snapshot.thin.snapshot-1"),
+            Err(IdError::NotOurs(_))
+        ));
+        // A volume of a class named "snapshot" stays a volume.
+        assert!(VolumeId::parse("snapshot.pvc-1").is_ok());
+        assert!(matches!(
+            SnapshotId::parse("snapshot.pvc-1"),
+            Err(IdError::NotOurs(_))
+        ));
+        for foreign in ["thin.pvc-1", "snap.thin.x", "snapshot.Thin.x", "snapshot.thin."] {
+            assert!(
+                matches!(SnapshotId::parse(foreign), Err(IdError::NotOurs(_))),
+                "{foreign}"
+            );
+        }
+        assert_eq!(SnapshotId::parse(""), Err(IdError::Empty));
+        assert!(matches!(
+            SnapshotId::parse("snapshot.a/b"),
+            Err(IdError::Malformed { .. })
+        ));
+        assert_ne!(
+            SnapshotId::lock_token(&Token::for_name("x")),
+            Token::for_name("x")
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::fs::FsType;
-use crate::model::{AccessMode, AccessType, Capability, ClassName, IdError, Token, VolumeId};
+use crate::model::{AccessMode, AccessType, Capability, ClassName, IdError, SnapshotId, Token, VolumeId};
 use crate::proto::csi::v1 as csi;
 
 mod confine;
@@ -224,6 +224,117 @@ pub struct CreateRequest {
     pub claim: ClaimRef,
     /// Every topology the CO would accept (requisite, else preferred); empty: any.
     pub topologies: Vec<Segments>,
+    /// What the new volume starts as: a snapshot's or another volume's contents.
+    pub source: Option<ContentSource>,
+}
+
+/// A CreateVolume `volume_content_source`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentSource {
+    Snapshot(SnapshotId),
+    Volume(VolumeId),
+}
+
+/// An id of a source that localvol could not have made names nothing here: CSI's
+/// "source does not exist", NOT_FOUND.
+fn content_source(raw: &csi::VolumeContentSource) -> Result<ContentSource, ValidationError> {
+    use csi::volume_content_source::Type;
+    match &raw.r#type {
+        Some(Type::Snapshot(s)) => Ok(ContentSource::Snapshot(SnapshotId::parse(&s.snapshot_id)?)),
+        Some(Type::Volume(v)) => Ok(ContentSource::Volume(VolumeId::parse(&v.volume_id)?)),
+        None => Err(invalid(
+            "volume_content_source",
+            "names neither a snapshot nor a volume",
+        )),
+    }
+}
+
+/// A validated CreateSnapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRequest {
+    pub name: String,
+    pub token: Token,
+    pub source: VolumeId,
+}
+
+impl TryFrom<&csi::CreateSnapshotRequest> for SnapshotRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::CreateSnapshotRequest) -> Result<Self, Self::Error> {
+        if req.name.is_empty() {
+            return Err(ValidationError::Missing { field: "name" });
+        }
+        check_name("name", &req.name)?;
+        if req.source_volume_id.is_empty() {
+            return Err(ValidationError::Missing {
+                field: "source_volume_id",
+            });
+        }
+        check_map("parameters", &req.parameters)?;
+        check_map("secrets", &req.secrets)?;
+        if let Some(key) = req
+            .parameters
+            .keys()
+            .find(|k| !k.starts_with("csi.storage.k8s.io/"))
+        {
+            return Err(invalid(
+                "parameters",
+                format!("unknown parameter {key:?} (snapshots take none)"),
+            ));
+        }
+        Ok(Self {
+            name: req.name.clone(),
+            token: Token::for_name(&req.name),
+            source: VolumeId::parse(&req.source_volume_id)?,
+        })
+    }
+}
+
+/// A validated ListSnapshots: paging and the two filters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListSnapshotsRequest {
+    /// 0: no limit.
+    pub max_entries: usize,
+    pub starting_token: Option<String>,
+    pub filter: SnapshotFilter,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotFilter {
+    All,
+    Snapshot(SnapshotId),
+    Source(VolumeId),
+    /// A filter that names no snapshot or volume localvol could have made: the answer is
+    /// an empty list, as CSI asks for an unknown id.
+    Nothing,
+}
+
+impl TryFrom<&csi::ListSnapshotsRequest> for ListSnapshotsRequest {
+    type Error = ValidationError;
+
+    fn try_from(req: &csi::ListSnapshotsRequest) -> Result<Self, Self::Error> {
+        if req.max_entries < 0 {
+            return Err(invalid("max_entries", "cannot be negative"));
+        }
+        let not_ours = |e: IdError| match e {
+            IdError::NotOurs(_) => Ok(SnapshotFilter::Nothing),
+            e => Err(ValidationError::Id(e)),
+        };
+        let filter = if !req.snapshot_id.is_empty() {
+            SnapshotId::parse(&req.snapshot_id)
+                .map_or_else(not_ours, |id| Ok(SnapshotFilter::Snapshot(id)))?
+        } else if !req.source_volume_id.is_empty() {
+            VolumeId::parse(&req.source_volume_id)
+                .map_or_else(not_ours, |id| Ok(SnapshotFilter::Source(id)))?
+        } else {
+            SnapshotFilter::All
+        };
+        Ok(Self {
+            max_entries: req.max_entries as usize,
+            starting_token: (!req.starting_token.is_empty()).then(|| req.starting_token.clone()),
+            filter,
+        })
+    }
 }
 
 impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
@@ -246,12 +357,11 @@ impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
             .iter()
             .map(capability)
             .collect::<Result<Vec<_>, _>>()?;
-        if req.volume_content_source.is_some() {
-            return Err(invalid(
-                "volume_content_source",
-                "snapshots and clones are not supported by localvol",
-            ));
-        }
+        let source = req
+            .volume_content_source
+            .as_ref()
+            .map(content_source)
+            .transpose()?;
         let mut class = None;
         for (key, value) in &req.parameters {
             match key.as_str() {
@@ -289,6 +399,7 @@ impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
             class,
             claim: ClaimRef::from_map(&req.parameters),
             topologies,
+            source,
         })
     }
 }

@@ -324,3 +324,92 @@ fn capacity_ranges_round_up_within_limits() {
         "exact sizes stay exact"
     );
 }
+
+#[test]
+fn content_sources_and_snapshot_requests_convert() {
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let from = |t: Type| csi::CreateVolumeRequest {
+        volume_content_source: Some(csi::VolumeContentSource { r#type: Some(t) }),
+        ..create("v", writer("ext4"), None)
+    };
+    let snap = from(Type::Snapshot(SnapshotSource {
+        snapshot_id: "snapshot.default.s1".into(),
+    }));
+    assert_eq!(
+        CreateRequest::try_from(&snap).unwrap().source,
+        Some(ContentSource::Snapshot(
+            SnapshotId::parse("snapshot.default.s1").unwrap()
+        ))
+    );
+    let clone = from(Type::Volume(VolumeSource {
+        volume_id: "default.v1".into(),
+    }));
+    assert_eq!(
+        CreateRequest::try_from(&clone).unwrap().source,
+        Some(ContentSource::Volume(VolumeId::parse("default.v1").unwrap()))
+    );
+    // CSI: a source that does not exist is NOT_FOUND; one that is malformed is invalid.
+    for (id, expected) in [
+        ("default.v1", Code::NotFound),
+        ("fake-snapshot", Code::NotFound),
+        ("a/b", Code::InvalidArgument),
+    ] {
+        let req = from(Type::Snapshot(SnapshotSource {
+            snapshot_id: id.into(),
+        }));
+        assert_eq!(code(CreateRequest::try_from(&req)), expected, "{id}");
+    }
+
+    let snapshot = |name: &str, source: &str| csi::CreateSnapshotRequest {
+        source_volume_id: source.into(),
+        name: name.into(),
+        ..Default::default()
+    };
+    let ok = SnapshotRequest::try_from(&snapshot("s1", "default.v1")).unwrap();
+    assert_eq!(
+        (ok.token.as_str(), ok.source.to_string().as_str()),
+        ("s1", "default.v1")
+    );
+    assert_eq!(
+        code(SnapshotRequest::try_from(&snapshot("", "default.v1"))),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(SnapshotRequest::try_from(&snapshot("s1", ""))),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(SnapshotRequest::try_from(&snapshot("s1", "gone"))),
+        Code::NotFound
+    );
+    let with_param = csi::CreateSnapshotRequest {
+        parameters: HashMap::from([("typo".to_string(), "x".to_string())]),
+        ..snapshot("s1", "default.v1")
+    };
+    assert_eq!(
+        code(SnapshotRequest::try_from(&with_param)),
+        Code::InvalidArgument
+    );
+
+    let list = |snapshot_id: &str, source_volume_id: &str| csi::ListSnapshotsRequest {
+        snapshot_id: snapshot_id.into(),
+        source_volume_id: source_volume_id.into(),
+        ..Default::default()
+    };
+    let filter = |r: csi::ListSnapshotsRequest| ListSnapshotsRequest::try_from(&r).unwrap().filter;
+    assert_eq!(filter(list("", "")), SnapshotFilter::All);
+    assert_eq!(filter(list("unknown", "")), SnapshotFilter::Nothing);
+    assert_eq!(filter(list("", "unknown")), SnapshotFilter::Nothing);
+    assert_eq!(
+        filter(list("", "default.v1")),
+        SnapshotFilter::Source(VolumeId::parse("default.v1").unwrap())
+    );
+    let negative = csi::ListSnapshotsRequest {
+        max_entries: -1,
+        ..Default::default()
+    };
+    assert_eq!(
+        code(ListSnapshotsRequest::try_from(&negative)),
+        Code::InvalidArgument
+    );
+}

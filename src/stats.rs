@@ -24,6 +24,7 @@ async fn class_stats(backend: &Backend) -> Result<ClassStats, BackendError> {
     let storage = backend.store_usage().await?;
     Ok(ClassStats {
         volumes: volumes.len() as u64,
+        snapshots: backend.list_snapshots().await?.len() as u64,
         provisioned_bytes: volumes.iter().map(|v| v.size_bytes).sum(),
         capacity,
         storage,

@@ -32,6 +32,26 @@ pub async fn write_atomically(dir: &Path, path: &Path, contents: Vec<u8>) -> Res
     .map_err(|e| BackendError::io("spawn", spawn_dir)(std::io::Error::other(e)))?
 }
 
+/// Reads a JSON record; `None` when there is none. A record that does not parse is
+/// [`BackendError::CorruptRecord`], never taken for absent.
+pub async fn read_json<T: serde::de::DeserializeOwned>(
+    path: PathBuf,
+    token: &Token,
+) -> Result<Option<T>, BackendError> {
+    let bytes = match tokio::fs::read(&path).await {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(BackendError::io("read", path)(e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| BackendError::CorruptRecord {
+            token: token.to_string(),
+            path,
+            reason: e.to_string(),
+        })
+}
+
 /// Removes a file and makes the removal durable; a missing file is already removed.
 pub async fn remove_durably(dir: &Path, path: &Path) -> Result<(), BackendError> {
     match tokio::fs::remove_file(path).await {

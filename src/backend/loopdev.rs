@@ -84,9 +84,11 @@ impl LoopBackend {
         self.dir.join(format!("{token}.json"))
     }
 
-    /// Creates the class directory with owner-only access.
+    /// Creates the class directory with owner-only access, and its snapshot directory;
+    /// thaws any filesystem a killed snapshot left frozen.
     pub async fn prepare(&self) -> Result<(), BackendError> {
-        files::create_private_dir(&self.dir).await
+        files::create_private_dir(&self.dir).await?;
+        self.prepare_snapshots().await
     }
 
     fn to_record(&self, token: Token, file: RecordFile) -> VolumeRecord {
@@ -105,19 +107,7 @@ impl LoopBackend {
     }
 
     async fn read_record(&self, token: &Token) -> Result<Option<RecordFile>, BackendError> {
-        let path = self.record_path(token);
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(BackendError::io("read", path)(e)),
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| BackendError::CorruptRecord {
-                token: token.to_string(),
-                path,
-                reason: e.to_string(),
-            })
+        files::read_json(self.record_path(token), token).await
     }
 
     async fn write_atomically(&self, path: &Path, contents: Vec<u8>) -> Result<(), BackendError> {
@@ -155,6 +145,8 @@ impl LoopBackend {
             };
             unbacked += record.size_bytes.saturating_sub(used);
         }
+        // Snapshots are never written: what they hold on disk is all they will take.
+        promised += self.snapshot_bytes().await?;
         Ok((promised, unbacked))
     }
 
@@ -486,6 +478,9 @@ impl LoopBackend {
         Ok(())
     }
 }
+
+#[path = "loop_snapshots.rs"]
+mod snapshots;
 
 #[cfg(test)]
 #[path = "loopdev_tests.rs"]

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use crate::fs::{FormatOptions, FsType};
 use crate::host::{CommandError, SyscallError};
-use crate::model::{ClassName, Token, VolumeId, VolumeMode};
+use crate::model::{ClassName, SnapshotId, Token, VolumeId, VolumeMode};
 use crate::request::{CapacityRange, ClaimRef, ValidationError};
 
 pub use loopdev::LoopBackend;
@@ -33,6 +33,45 @@ pub struct VolumeRecord {
     pub mode: VolumeMode,
     pub fs_type: Option<FsType>,
     pub claim: ClaimRef,
+}
+
+/// A snapshot as its backend records it: found again after a restart from the storage
+/// alone, like a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub id: SnapshotId,
+    /// The CreateSnapshot name.
+    pub name: String,
+    /// The volume it was taken of (which may have been deleted since).
+    pub source: VolumeId,
+    /// The source volume's size when the snapshot was taken: a restore is at least this.
+    pub size_bytes: u64,
+    pub created: std::time::SystemTime,
+    /// The source's mode and filesystem, so a restore knows what it holds.
+    pub mode: VolumeMode,
+    pub fs_type: Option<FsType>,
+}
+
+/// What CreateSnapshot asks a backend for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotSpec {
+    pub token: Token,
+    pub name: String,
+    pub source: Token,
+    /// Where the source's filesystem is mounted (staged), to freeze around the copy;
+    /// `None`: not mounted on this node, nothing writes through a filesystem.
+    pub freeze: Option<PathBuf>,
+}
+
+/// Where a new volume's contents come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopySource {
+    Snapshot(Token),
+    /// A clone: the volume's token, and where it is mounted, to freeze as for a snapshot.
+    Volume {
+        token: Token,
+        freeze: Option<PathBuf>,
+    },
 }
 
 /// What CreateVolume asks a backend for, already sized and aligned.
@@ -104,6 +143,16 @@ pub enum BackendError {
         #[source]
         source: std::io::Error,
     },
+    /// Snapshots and clones on a kind that does not make them, by design (see
+    /// docs/backends.md): never a silent full copy.
+    #[error("device class {class} (kind {kind}) does not make snapshots or clones: {reason}")]
+    SnapshotsUnsupported {
+        class: ClassName,
+        kind: &'static str,
+        reason: &'static str,
+    },
+    #[error("snapshot {token} does not exist in device class {class}")]
+    SnapshotNotFound { class: ClassName, token: Token },
     #[error(transparent)]
     Lvm(#[from] LvmError),
     #[error(transparent)]
@@ -358,6 +407,69 @@ impl Backend {
             Backend::Loop(b) => b.mark_formatted(token).await,
             Backend::Lvm(b) => b.mark_formatted(token).await,
             Backend::Pmem(b) => b.mark_formatted(token).await,
+        }
+    }
+
+    fn snapshots_unsupported(&self) -> BackendError {
+        let reason = match self {
+            Backend::Loop(_) => "",
+            Backend::Lvm(b) if b.kind() == "lvm-thin" => {
+                "thin snapshots are not implemented yet; use a loop class for snapshots"
+            }
+            Backend::Lvm(_) => "a thick LV can only be copied in full; use an lvm-thin class",
+            Backend::Pmem(_) => "a namespace can only be copied in full; no snapshot shares its blocks",
+        };
+        BackendError::SnapshotsUnsupported {
+            class: self.class().clone(),
+            kind: self.kind(),
+            reason,
+        }
+    }
+
+    /// Whether the class makes snapshots and clones.
+    pub fn snapshots(&self) -> bool {
+        matches!(self, Backend::Loop(_))
+    }
+
+    /// Takes a snapshot of a volume; an existing snapshot of that token is returned as is.
+    pub async fn create_snapshot(&self, spec: &SnapshotSpec) -> Result<SnapshotRecord, BackendError> {
+        match self {
+            Backend::Loop(b) => b.create_snapshot(spec).await,
+            Backend::Lvm(_) | Backend::Pmem(_) => Err(self.snapshots_unsupported()),
+        }
+    }
+
+    pub async fn get_snapshot(&self, token: &Token) -> Result<Option<SnapshotRecord>, BackendError> {
+        match self {
+            Backend::Loop(b) => b.get_snapshot(token).await,
+            Backend::Lvm(_) | Backend::Pmem(_) => Ok(None),
+        }
+    }
+
+    pub async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>, BackendError> {
+        match self {
+            Backend::Loop(b) => b.list_snapshots().await,
+            Backend::Lvm(_) | Backend::Pmem(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// Removes the snapshot; one that does not exist is already deleted.
+    pub async fn delete_snapshot(&self, token: &Token) -> Result<(), BackendError> {
+        match self {
+            Backend::Loop(b) => b.delete_snapshot(token).await,
+            Backend::Lvm(_) | Backend::Pmem(_) => Ok(()),
+        }
+    }
+
+    /// Creates a volume holding a copy of a snapshot or a volume, grown to the spec's size.
+    pub async fn create_from(
+        &self,
+        spec: &CreateSpec,
+        source: &CopySource,
+    ) -> Result<VolumeRecord, BackendError> {
+        match self {
+            Backend::Loop(b) => b.create_from(spec, source).await,
+            Backend::Lvm(_) | Backend::Pmem(_) => Err(self.snapshots_unsupported()),
         }
     }
 

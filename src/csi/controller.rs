@@ -6,30 +6,91 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{Driver, not_supported};
-use crate::backend::VolumeRecord;
+use crate::backend::{SnapshotRecord, VolumeRecord};
 use crate::error::Error;
-use crate::model::{ClassName, VolumeId};
+use crate::model::{ClassName, SnapshotId, VolumeId};
 use crate::proto::csi::v1::{self as csi, controller_server::Controller, controller_service_capability};
-use crate::request::{self, ControllerExpandRequest, CreateRequest, PARAM_DEVICE_CLASS, ValidationError};
+use crate::request::{
+    self, ContentSource, ControllerExpandRequest, CreateRequest, ListSnapshotsRequest, PARAM_DEVICE_CLASS,
+    SnapshotRequest, ValidationError,
+};
 use crate::status_registry::{ResizeState, ResizeStep};
 
 #[derive(Debug)]
 pub struct ControllerService(pub Arc<Driver>);
 
 impl ControllerService {
-    fn volume(&self, record: &VolumeRecord) -> csi::Volume {
+    fn volume(&self, record: &VolumeRecord, source: Option<&ContentSource>) -> csi::Volume {
         let mut context = record.claim.to_context();
         context.insert(PARAM_DEVICE_CLASS.to_string(), record.id.class.to_string());
         csi::Volume {
             capacity_bytes: record.size_bytes as i64,
             volume_id: record.id.to_string(),
             volume_context: context,
-            content_source: None,
+            content_source: source.map(content_source),
             accessible_topology: vec![csi::Topology {
                 segments: self.0.volumes.topology().into_iter().collect(),
             }],
         }
     }
+}
+
+fn content_source(source: &ContentSource) -> csi::VolumeContentSource {
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    csi::VolumeContentSource {
+        r#type: Some(match source {
+            ContentSource::Snapshot(id) => Type::Snapshot(SnapshotSource {
+                snapshot_id: id.to_string(),
+            }),
+            ContentSource::Volume(id) => Type::Volume(VolumeSource {
+                volume_id: id.to_string(),
+            }),
+        }),
+    }
+}
+
+fn snapshot(record: &SnapshotRecord) -> csi::Snapshot {
+    let since = record
+        .created
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    csi::Snapshot {
+        size_bytes: record.size_bytes as i64,
+        snapshot_id: record.id.to_string(),
+        source_volume_id: record.source.to_string(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: since.as_secs() as i64,
+            nanos: since.subsec_nanos() as i32,
+        }),
+        // A snapshot is a complete copy by the time its record exists.
+        ready_to_use: true,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// One page of `all` (ordered by id): after the entry whose id is `starting` (stable
+/// while entries come and go), at most `max` (0: all). The token is the last id given.
+fn paginate<'a, T>(
+    all: &'a [T],
+    id: impl Fn(&T) -> String,
+    starting: Option<&str>,
+    max: usize,
+) -> Result<(Vec<&'a T>, String), ValidationError> {
+    let start = match starting {
+        None => 0,
+        Some(token) => match all.iter().position(|e| id(e) == token) {
+            Some(i) => i + 1,
+            None => return Err(ValidationError::StaleToken(token.to_string())),
+        },
+    };
+    let take = if max == 0 { usize::MAX } else { max };
+    let page: Vec<_> = all.iter().skip(start).take(take).collect();
+    let next_token = if start + page.len() < all.len() {
+        page.last().map(|e| id(e)).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Ok((page, next_token))
 }
 
 fn class_parameter(
@@ -59,9 +120,14 @@ impl Controller for ControllerService {
             .observe("CreateVolume", &raw.name, async {
                 let req = CreateRequest::try_from(&raw)?;
                 let guard = self.0.lock(&req.token, "CreateVolume")?;
+                // A clone reads its source: nothing may change or delete it meanwhile.
+                let _source_guard = match &req.source {
+                    Some(ContentSource::Volume(id)) => Some(self.0.lock(&id.token, "CreateVolume")?),
+                    _ => None,
+                };
                 let created = self.0.volumes.create(&guard, &req).await?;
                 Ok(csi::CreateVolumeResponse {
-                    volume: Some(self.volume(&created.record)),
+                    volume: Some(self.volume(&created.record, req.source.as_ref())),
                 })
             })
             .await
@@ -177,31 +243,14 @@ impl Controller for ControllerService {
                     .into());
                 }
                 let all = self.0.volumes.list().await?;
-                // The token is the id to resume after: stable when volumes come and go.
-                let start = if raw.starting_token.is_empty() {
-                    0
-                } else {
-                    match all.iter().position(|r| r.id.to_string() == raw.starting_token) {
-                        Some(i) => i + 1,
-                        None => return Err(ValidationError::StaleToken(raw.starting_token.clone()).into()),
-                    }
-                };
-                let take = if raw.max_entries == 0 {
-                    usize::MAX
-                } else {
-                    raw.max_entries as usize
-                };
-                let page: Vec<_> = all.iter().skip(start).take(take).collect();
-                let next_token = if start + page.len() < all.len() {
-                    page.last().map(|r| r.id.to_string()).unwrap_or_default()
-                } else {
-                    String::new()
-                };
+                let starting = (!raw.starting_token.is_empty()).then_some(raw.starting_token.as_str());
+                let (page, next_token) =
+                    paginate(&all, |r| r.id.to_string(), starting, raw.max_entries as usize)?;
                 Ok(csi::ListVolumesResponse {
                     entries: page
                         .into_iter()
                         .map(|r| csi::list_volumes_response::Entry {
-                            volume: Some(self.volume(r)),
+                            volume: Some(self.volume(r, None)),
                             status: None,
                         })
                         .collect(),
@@ -252,6 +301,9 @@ impl Controller for ControllerService {
             Type::ListVolumes,
             Type::GetCapacity,
             Type::ExpandVolume,
+            Type::CreateDeleteSnapshot,
+            Type::ListSnapshots,
+            Type::CloneVolume,
         ]
         .into_iter()
         .map(|t| csi::ControllerServiceCapability {
@@ -267,23 +319,77 @@ impl Controller for ControllerService {
 
     async fn create_snapshot(
         &self,
-        _: Request<csi::CreateSnapshotRequest>,
+        request: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
-        Err(not_supported("CreateSnapshot", "snapshots are not offered"))
+        let raw = request.into_inner();
+        self.0
+            .observe("CreateSnapshot", &raw.source_volume_id, async {
+                let req = SnapshotRequest::try_from(&raw)?;
+                let _guard = self
+                    .0
+                    .lock(&SnapshotId::lock_token(&req.token), "CreateSnapshot")?;
+                let source_guard = self.0.lock(&req.source.token, "CreateSnapshot")?;
+                let record = self.0.volumes.create_snapshot(&source_guard, &req).await?;
+                Ok(csi::CreateSnapshotResponse {
+                    snapshot: Some(snapshot(&record)),
+                })
+            })
+            .await
     }
 
     async fn delete_snapshot(
         &self,
-        _: Request<csi::DeleteSnapshotRequest>,
+        request: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
-        Err(not_supported("DeleteSnapshot", "snapshots are not offered"))
+        let raw = request.into_inner();
+        self.0
+            .observe("DeleteSnapshot", &raw.snapshot_id, async {
+                let id = match SnapshotId::parse(&raw.snapshot_id) {
+                    Ok(id) => id,
+                    Err(crate::model::IdError::NotOurs(_)) => {
+                        tracing::info!("not a snapshot id of this driver: nothing to delete");
+                        return Ok(csi::DeleteSnapshotResponse {});
+                    }
+                    Err(crate::model::IdError::Empty) => {
+                        return Err(ValidationError::Missing { field: "snapshot_id" }.into());
+                    }
+                    Err(e) => return Err(ValidationError::Id(e).into()),
+                };
+                let _guard = self
+                    .0
+                    .lock(&SnapshotId::lock_token(&id.token), "DeleteSnapshot")?;
+                self.0.volumes.delete_snapshot(&id).await?;
+                Ok(csi::DeleteSnapshotResponse {})
+            })
+            .await
     }
 
     async fn list_snapshots(
         &self,
-        _: Request<csi::ListSnapshotsRequest>,
+        request: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
-        Err(not_supported("ListSnapshots", "snapshots are not offered"))
+        let raw = request.into_inner();
+        self.0
+            .observe("ListSnapshots", "", async {
+                let req = ListSnapshotsRequest::try_from(&raw)?;
+                let all = self.0.volumes.list_snapshots(&req.filter).await?;
+                let (page, next_token) = paginate(
+                    &all,
+                    |s| s.id.to_string(),
+                    req.starting_token.as_deref(),
+                    req.max_entries,
+                )?;
+                Ok(csi::ListSnapshotsResponse {
+                    entries: page
+                        .into_iter()
+                        .map(|s| csi::list_snapshots_response::Entry {
+                            snapshot: Some(snapshot(s)),
+                        })
+                        .collect(),
+                    next_token,
+                })
+            })
+            .await
     }
 
     async fn get_snapshot(

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    CommandError, CommandOutput, CommandSpec, Commands, FsUsage, LoopDevice, MountCall, SyscallError,
-    Syscalls,
+    CommandError, CommandOutput, CommandSpec, Commands, CopyMethod, FsUsage, LoopDevice, MountCall,
+    SyscallError, Syscalls,
 };
 
 type Handler = Box<dyn Fn(&CommandSpec) -> Result<CommandOutput, CommandError> + Send + Sync>;
@@ -329,5 +329,25 @@ impl Syscalls for FakeSyscalls {
 
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
         Ok(self.state.lock().unwrap().loops.clone())
+    }
+
+    /// A plain copy of the real file (the fake's tests run on temporary directories),
+    /// reported as sparse.
+    async fn copy_file(&self, source: &Path, target: &Path) -> Result<CopyMethod, SyscallError> {
+        self.record("copy", target)?;
+        std::fs::copy(source, target).map_err(|source| SyscallError {
+            call: "copy",
+            path: target.to_path_buf(),
+            source,
+        })?;
+        Ok(CopyMethod::Sparse)
+    }
+
+    async fn freeze(&self, path: &Path) -> Result<(), SyscallError> {
+        self.record("FIFREEZE", path)
+    }
+
+    async fn thaw(&self, path: &Path) -> Result<(), SyscallError> {
+        self.record("FITHAW", path)
     }
 }

@@ -10,7 +10,7 @@ pub mod syscalls;
 use std::sync::Arc;
 
 pub use command::{CommandError, CommandOutput, CommandSpec, Commands, SystemCommands};
-pub use syscalls::{FsUsage, LoopDevice, MountCall, SyscallError, Syscalls, SystemSyscalls};
+pub use syscalls::{CopyMethod, FsUsage, LoopDevice, MountCall, SyscallError, Syscalls, SystemSyscalls};
 
 /// The machine, as the rest of localvol sees it.
 #[derive(Clone)]

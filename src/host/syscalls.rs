@@ -126,6 +126,23 @@ pub trait Syscalls: Send + Sync + 'static {
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError>;
     /// Every attached loop device and its backing file.
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError>;
+    /// Copies `source` into a new file `target` (mode 0600, must not exist) and fsyncs
+    /// it: sharing blocks (FICLONE) where the filesystem can, else only the extents
+    /// holding data (SEEK_DATA/SEEK_HOLE), so holes stay holes.
+    async fn copy_file(&self, source: &Path, target: &Path) -> Result<CopyMethod, SyscallError>;
+    /// Freezes the filesystem mounted at `path` (FIFREEZE): writes block until thawed.
+    async fn freeze(&self, path: &Path) -> Result<(), SyscallError>;
+    /// Thaws it (FITHAW); EINVAL when it was not frozen.
+    async fn thaw(&self, path: &Path) -> Result<(), SyscallError>;
+}
+
+/// How [`Syscalls::copy_file`] copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyMethod {
+    /// FICLONE: the copy shares every block with its source until either is written.
+    Reflink,
+    /// The source's data extents, copied; its holes left as holes.
+    Sparse,
 }
 
 /// The real system calls.
@@ -155,6 +172,100 @@ struct FstrimRange {
     minlen: u64,
 }
 nix::ioctl_readwrite!(fitrim_ioctl, b'X', 121, FstrimRange);
+// linux/fs.h: FIFREEZE _IOWR('X', 119, int), FITHAW _IOWR('X', 120, int), FICLONE
+// _IOW(0x94, 9, int). The int argument of the first two is unused; FICLONE's is the
+// source fd, passed by value.
+nix::ioctl_readwrite!(fifreeze_ioctl, b'X', 119, libc::c_int);
+nix::ioctl_readwrite!(fithaw_ioctl, b'X', 120, libc::c_int);
+nix::ioctl_write_int!(ficlone_ioctl, 0x94, 9);
+
+/// FIFREEZE or FITHAW on the directory `p`.
+fn freeze_ioctl(call: &'static str, p: &Path, thaw: bool) -> Result<(), SyscallError> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(p).map_err(|e| SyscallError::new("open", p, e))?;
+    let mut unused: libc::c_int = 0;
+    // SAFETY: the fd is open for the call; the kernel ignores the int it is given.
+    let result = unsafe {
+        if thaw {
+            fithaw_ioctl(dir.as_raw_fd(), &mut unused)
+        } else {
+            fifreeze_ioctl(dir.as_raw_fd(), &mut unused)
+        }
+    };
+    result.map(drop).map_err(|e| SyscallError::new(call, p, e))
+}
+
+/// The blocking body of [`Syscalls::copy_file`].
+fn copy_file_blocking(source: &Path, target: &Path) -> Result<CopyMethod, SyscallError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let src = std::fs::File::open(source).map_err(|e| SyscallError::new("open", source, e))?;
+    let dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(target)
+        .map_err(|e| SyscallError::new("create", target, e))?;
+    let len = src
+        .metadata()
+        .map_err(|e| SyscallError::new("stat", source, e))?
+        .len();
+    // SAFETY: both fds are open for the call; FICLONE takes the source fd by value.
+    let method = match unsafe { ficlone_ioctl(dst.as_raw_fd(), src.as_raw_fd() as libc::c_ulong) } {
+        Ok(_) => CopyMethod::Reflink,
+        // Not a reflink filesystem (ext4, xfs without reflink, tmpfs), or two filesystems.
+        Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::EXDEV | nix::errno::Errno::EINVAL) => {
+            copy_extents(&src, &dst, len).map_err(|e| SyscallError::new("copy", target, e))?;
+            CopyMethod::Sparse
+        }
+        Err(e) => return Err(SyscallError::new("FICLONE", target, e)),
+    };
+    dst.set_len(len)
+        .map_err(|e| SyscallError::new("truncate", target, e))?;
+    dst.sync_all()
+        .map_err(|e| SyscallError::new("fsync", target, e))?;
+    Ok(method)
+}
+
+/// Copies the data extents of `src` (SEEK_DATA/SEEK_HOLE) to the same offsets of `dst`.
+fn copy_extents(src: &std::fs::File, dst: &std::fs::File, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let seek = |offset: u64, whence| -> std::io::Result<Option<u64>> {
+        // SAFETY: lseek on an fd we hold open; no memory is passed.
+        let at = unsafe { libc::lseek(src.as_raw_fd(), offset as libc::off_t, whence) };
+        if at >= 0 {
+            return Ok(Some(at as u64));
+        }
+        let error = std::io::Error::last_os_error();
+        // ENXIO: no data at or after `offset`.
+        if error.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(error)
+        }
+    };
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut offset = 0;
+    while offset < len {
+        let Some(data) = seek(offset, libc::SEEK_DATA)? else {
+            break;
+        };
+        let hole = seek(data, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        let mut at = data;
+        while at < hole {
+            let want = ((hole - at) as usize).min(buffer.len());
+            let read = src.read_at(&mut buffer[..want], at)?;
+            if read == 0 {
+                break;
+            }
+            dst.write_all_at(&buffer[..read], at)?;
+            at += read as u64;
+        }
+        offset = hole;
+    }
+    Ok(())
+}
 
 #[async_trait]
 impl Syscalls for SystemSyscalls {
@@ -270,5 +381,18 @@ impl Syscalls for SystemSyscalls {
             Ok(found)
         })
         .await
+    }
+
+    async fn copy_file(&self, source: &Path, target: &Path) -> Result<CopyMethod, SyscallError> {
+        let source = source.to_path_buf();
+        blocking("copy", target, move |t| copy_file_blocking(&source, t)).await
+    }
+
+    async fn freeze(&self, path: &Path) -> Result<(), SyscallError> {
+        blocking("FIFREEZE", path, |p| freeze_ioctl("FIFREEZE", p, false)).await
+    }
+
+    async fn thaw(&self, path: &Path) -> Result<(), SyscallError> {
+        blocking("FITHAW", path, |p| freeze_ioctl("FITHAW", p, true)).await
     }
 }

@@ -78,6 +78,7 @@ fn volume(v: &VolumeError) -> Failure {
     use Failure::{Terminal, Transient};
     match v {
         VolumeError::NotFound(_)
+        | VolumeError::SnapshotNotFound(_)
         | VolumeError::UnknownClass(_)
         | VolumeError::AlreadyExists { .. }
         | VolumeError::PathInUse { .. }
@@ -118,9 +119,11 @@ fn mount(m: &MountError) -> Failure {
 
 fn backend(e: &BackendError) -> Failure {
     match e {
-        BackendError::NoSpace { .. } | BackendError::NotFound { .. } | BackendError::CorruptRecord { .. } => {
-            Failure::Terminal
-        }
+        BackendError::NoSpace { .. }
+        | BackendError::NotFound { .. }
+        | BackendError::CorruptRecord { .. }
+        | BackendError::SnapshotsUnsupported { .. }
+        | BackendError::SnapshotNotFound { .. } => Failure::Terminal,
         // In use by someone else, or the class (VG, directory, region) is missing now:
         // both can change without the claim changing.
         BackendError::InUse { .. } | BackendError::Unavailable { .. } => Failure::Transient,

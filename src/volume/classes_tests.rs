@@ -104,6 +104,7 @@ fn create_request(class: &str) -> CreateRequest {
         class: Some(ClassName::parse(class).unwrap()),
         claim: ClaimRef::default(),
         topologies: Vec::new(),
+        source: None,
     }
 }
 

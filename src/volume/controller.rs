@@ -132,7 +132,10 @@ impl Volumes {
             fs_type,
             claim: req.claim.clone(),
         };
-        let record = backend.create(&spec).await?;
+        let record = match &req.source {
+            Some(source) => self.create_copy(backend, spec, req, source).await?,
+            None => backend.create(&spec).await?,
+        };
         Ok(CreatedVolume { record })
     }
 

@@ -9,6 +9,7 @@ mod classes;
 mod controller;
 mod node;
 mod ownership;
+mod snapshots;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use crate::backend::{Backend, BackendError, Opener, VolumeRecord};
 use crate::fs::{FsError, FsType};
 use crate::host::{Host, SyscallError};
 use crate::locks::VolumeGuard;
-use crate::model::{ClassName, Token, VolumeId};
+use crate::model::{ClassName, SnapshotId, Token, VolumeId};
 use crate::mount::MountError;
 use crate::request::ValidationError;
 
@@ -32,6 +33,8 @@ pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";
 pub enum VolumeError {
     #[error("volume {0} does not exist on this node")]
     NotFound(VolumeId),
+    #[error("snapshot {0} does not exist on this node")]
+    SnapshotNotFound(SnapshotId),
     #[error("device class {0} is not configured on this node")]
     UnknownClass(ClassName),
     #[error("device class {class} cannot take volumes on this node: its storage is missing ({reason})")]

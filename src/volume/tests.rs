@@ -129,6 +129,7 @@ impl Fixture {
             class: None,
             claim: ClaimRef::default(),
             topologies: Vec::new(),
+            source: None,
         };
         let guard = self.locks.try_lock(&req.token, "create").unwrap();
         self.volumes.create(&guard, &req).await.unwrap().record.id
@@ -392,6 +393,7 @@ async fn create_is_idempotent_by_name_and_refuses_incompatible_repeats() {
         class: None,
         claim: ClaimRef::default(),
         topologies: Vec::new(),
+        source: None,
     };
     let guard = f.locks.try_lock(&req.token, "create").unwrap();
     let err = f.volumes.create(&guard, &req).await.unwrap_err();
@@ -485,6 +487,7 @@ async fn topology_of_another_node_is_refused() {
         class: None,
         claim: ClaimRef::default(),
         topologies: vec![[(TOPOLOGY_KEY.to_string(), "node-b".to_string())].into()],
+        source: None,
     };
     let guard = f.locks.try_lock(&req.token, "create").unwrap();
     let err = f.volumes.create(&guard, &req).await.unwrap_err();

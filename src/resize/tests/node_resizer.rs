@@ -59,6 +59,7 @@ impl Node {
             class: None,
             claim: claim(),
             topologies: Vec::new(),
+            source: None,
         };
         let guard = self.locks.try_lock(&req.token, "create").unwrap();
         self.volumes.create(&guard, &req).await.unwrap().record.id
