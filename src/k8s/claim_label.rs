@@ -12,8 +12,8 @@
 //!
 //! The claims come from the node's own volume records (each volume records the claim it
 //! was created for, `--extra-create-metadata`), never from the API. A claim is labelled
-//! at most once per process; one that is gone (404) is skipped, other failures are
-//! retried at the next call.
+//! at most once per process, even by concurrent calls; one that is gone (404) is not
+//! tried again, other failures are retried at the next call.
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -71,9 +71,11 @@ impl ClaimLabels {
 
     /// Labels each of `claims` (namespace, name) not labelled by this process yet.
     pub async fn ensure(&self, claims: impl IntoIterator<Item = (String, String)>) {
+        // Claimed before the PATCH, so that concurrent calls (the reclaim scheduler
+        // calls on every refresh) never label one claim twice; given back on failure.
         let todo: Vec<(String, String)> = {
-            let done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
-            claims.into_iter().filter(|c| !done.contains(c)).collect()
+            let mut done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+            claims.into_iter().filter(|c| done.insert(c.clone())).collect()
         };
         let patch = serde_json::json!({"metadata": {"labels": {NODE_LABEL: self.value}}});
         for (namespace, name) in todo {
@@ -84,14 +86,14 @@ impl ClaimLabels {
             {
                 Ok(_) => {
                     debug!(pvc.namespace = %namespace, pvc.name = %name, "labelled claim with this node");
-                    let mut done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
-                    done.insert((namespace, name));
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     debug!(pvc.namespace = %namespace, pvc.name = %name, "claim is gone; not labelled");
                 }
                 Err(e) => {
                     warn!(pvc.namespace = %namespace, pvc.name = %name, error = %e, "cannot label claim with this node; retrying later");
+                    let mut done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+                    done.remove(&(namespace, name));
                 }
             }
         }
@@ -100,7 +102,47 @@ impl ClaimLabels {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use http::{Request, Response};
+    use kube::client::Body;
+
     use super::*;
+
+    /// Concurrent calls (the reclaim scheduler calls on every refresh) label a claim
+    /// once: the second call does not PATCH while the first one's PATCH is in flight.
+    #[tokio::test]
+    async fn concurrent_calls_label_a_claim_once() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let labels = Arc::new(ClaimLabels::new(Client::new(service, "default"), "node-a"));
+        let claim = || vec![("apps".to_string(), "data".to_string())];
+        let first = tokio::spawn({
+            let labels = Arc::clone(&labels);
+            async move { labels.ensure(claim()).await }
+        });
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        assert!(
+            request
+                .uri()
+                .path()
+                .ends_with("/namespaces/apps/persistentvolumeclaims/data")
+        );
+        // While that PATCH is unanswered, a second call finds the claim taken.
+        labels.ensure(claim()).await;
+        send.send_response(
+            Response::builder()
+                .body(Body::from(
+                    br#"{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"data"}}"#
+                        .to_vec(),
+                ))
+                .unwrap(),
+        );
+        first.await.unwrap();
+        labels.ensure(claim()).await;
+        drop(labels);
+        assert!(handle.next_request().await.is_none(), "a second PATCH");
+    }
 
     #[test]
     fn short_node_names_are_the_value_and_long_ones_are_shortened_stably() {

@@ -23,7 +23,8 @@ s8_api_load() {
     rows+=("$(s8_window "$start" "$target" 0 "$other" "")")
   done
   new_namespace $other
-  s8_claims $other foreign 0 500 node-elsewhere | k apply -f - >/dev/null
+  # create, not apply: one request per claim, not two.
+  s8_claims $other foreign 0 500 node-elsewhere | k create -f - >/dev/null
   note "500 claims of node-elsewhere created"
   rows+=("$(s8_window "$start" 50 500 "$other" change)")
 
