@@ -38,7 +38,9 @@ RUN apt-get update \
       xfsprogs \
  && rm -rf /var/lib/apt/lists/*
 
-# LVM inside a container. The pod bind-mounts the host's /dev, but no udev
+# LVM inside a container (the same settings localvol passes to every LVM
+# command with --config, so they hold where the pod mounts the host's /etc/lvm
+# over this file: components/lvm-host). The pod bind-mounts the host's /dev, but no udev
 # daemon runs in the container, and the host's udevd cannot answer libdm's
 # completion semaphores, which live in the container's IPC namespace.
 #  - udev_sync = 0: do not wait for udev to confirm each device-mapper

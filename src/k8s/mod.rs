@@ -7,6 +7,7 @@
 //! without the API server.
 
 mod check;
+pub mod claim_label;
 mod events;
 mod lookup;
 pub mod owner;

@@ -4,9 +4,15 @@
 //! Watched (each a kube-runtime reflector with the default backoff):
 //! - Namespaces and StorageClasses, all of them: few objects, rarely changed.
 //! - The `csi-addons-config` ConfigMap, by name, in the csi-addons namespace.
-//! - Each PVC of a volume on this node, by name (`metadata.name` field selector), as
-//!   kubelet watches the Secrets and ConfigMaps its pods use: a cluster-wide PVC watch
-//!   on every node would not scale. Watches start and stop with the node's volumes.
+//! - The PVCs of this node's volumes, in one watch selected by the label this node
+//!   puts on them ([`crate::k8s::claim_label`]): the API server sends this node its own
+//!   claims only, and the number of watches stays constant however many claims the
+//!   node holds (it was one watch per claim). A cluster-wide PVC watch on every node
+//!   would not scale.
+//!
+//! Namespaces and StorageClasses stay cluster-wide: their count is the cluster's
+//! tenants and classes, not its claims, and they change rarely; a per-object watch
+//! of each would cost more watches for the same bytes.
 //!
 //! Every change wakes the scheduler, which re-resolves: annotation and ConfigMap edits
 //! take effect without a restart. Results go back as a JSON merge patch of the PVC's
@@ -16,10 +22,10 @@
 //! The client comes from the caller (the k8s module's, at startup); nothing here builds
 //! one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, PersistentVolumeClaim};
@@ -33,11 +39,12 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio_stream::StreamExt;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::policy::{CONFIG_MAP_NAME, ClusterSettings, storage_class_name};
 use super::scheduler::{ClaimKey, Cluster, ClusterObjects, RunReport};
 use super::{LAST_RESULT_ANNOTATION, LAST_RUN_ANNOTATION};
+use crate::k8s::claim_label::{self, ClaimLabels};
 
 /// Events name this controller.
 pub const REPORTER: &str = "localvol";
@@ -95,7 +102,8 @@ pub struct KubeCluster {
     namespaces: Watched<Namespace>,
     storage_classes: Watched<StorageClass>,
     config_map: Watched<ConfigMap>,
-    pvcs: Mutex<BTreeMap<ClaimKey, Watched<PersistentVolumeClaim>>>,
+    pvcs: Watched<PersistentVolumeClaim>,
+    labels: Arc<ClaimLabels>,
     recorder: Recorder,
 }
 
@@ -129,6 +137,12 @@ impl KubeCluster {
             Arc::clone(&notify),
             format!("configmap {csi_addons_namespace}/{CONFIG_MAP_NAME}"),
         );
+        let pvcs = watch(
+            Api::<PersistentVolumeClaim>::all(client.clone()),
+            watcher::Config::default().labels(&claim_label::selector(node)),
+            Arc::clone(&notify),
+            "this node's pvcs".to_string(),
+        );
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -137,21 +151,20 @@ impl KubeCluster {
             },
         );
         Arc::new(Self {
+            labels: Arc::new(ClaimLabels::new(client.clone(), node)),
             client,
             csi_addons_namespace: csi_addons_namespace.to_string(),
             notify,
             namespaces,
             storage_classes,
             config_map,
-            pvcs: Mutex::new(BTreeMap::new()),
+            pvcs,
             recorder,
         })
     }
 
     fn pvc(&self, claim: &ClaimKey) -> Option<PersistentVolumeClaim> {
-        let pvcs = self.pvcs.lock().unwrap_or_else(|p| p.into_inner());
-        let watched = pvcs.get(claim)?;
-        watched
+        self.pvcs
             .store
             .get(&ObjectRef::new(&claim.name).within(&claim.namespace))
             .map(|p| (*p).clone())
@@ -189,21 +202,15 @@ impl KubeCluster {
 #[async_trait]
 impl Cluster for KubeCluster {
     fn track(&self, claims: &BTreeSet<ClaimKey>) {
-        let mut pvcs = self.pvcs.lock().unwrap_or_else(|p| p.into_inner());
-        pvcs.retain(|claim, _| claims.contains(claim));
-        for claim in claims {
-            if pvcs.contains_key(claim) {
-                continue;
-            }
-            debug!(pvc.namespace = %claim.namespace, pvc.name = %claim.name, "watching PVC");
-            let watched = watch(
-                Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &claim.namespace),
-                watcher::Config::default().fields(&format!("metadata.name={}", claim.name)),
-                Arc::clone(&self.notify),
-                format!("pvc {}/{}", claim.namespace, claim.name),
-            );
-            pvcs.insert(claim.clone(), watched);
-        }
+        // Labelled in the background: one PATCH per claim this process has not labelled
+        // yet (none for the others, so a failed one is retried at the next refresh).
+        // The label brings the claim into the watch, whose event wakes the scheduler.
+        let labels = Arc::clone(&self.labels);
+        let keys: Vec<(String, String)> = claims
+            .iter()
+            .map(|c| (c.namespace.clone(), c.name.clone()))
+            .collect();
+        tokio::spawn(async move { labels.ensure(keys).await });
     }
 
     fn objects(&self, claim: &ClaimKey) -> ClusterObjects {

@@ -2,6 +2,7 @@
 //! and that watch events reschedule without a restart.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::http::{Method, Request, Response, StatusCode};
@@ -23,6 +24,8 @@ use crate::request::ClaimRef;
 
 const UID: &str = "6f1c2a8e-0d4b-4c3e-9a51-2b7d9e0c4f10";
 const PVC_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims";
+/// Where this node's claims are listed and watched (label-selected, all namespaces).
+const ALL_PVCS_PATH: &str = "/api/v1/persistentvolumeclaims";
 const CM_PATH: &str = "/api/v1/namespaces/csi-addons-system/configmaps";
 
 #[derive(Debug, Clone)]
@@ -59,7 +62,7 @@ impl MockApi {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut events = HashMap::new();
         let mut receivers: Receivers = HashMap::new();
-        for path in [PVC_PATH, CM_PATH] {
+        for path in [ALL_PVCS_PATH, CM_PATH] {
             let (tx, rx) = mpsc::unbounded_channel();
             events.insert(path, tx);
             receivers.insert(path, Arc::new(tokio::sync::Mutex::new(rx)));
@@ -219,7 +222,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
             },
         )
         .await;
-    let lists = HashMap::from([(PVC_PATH, vec![pvc(&[(SCHEDULE_ANNOTATION, "@daily")], "10")])]);
+    let lists = HashMap::from([(ALL_PVCS_PATH, vec![pvc(&[(SCHEDULE_ANNOTATION, "@daily")], "10")])]);
     let (client, api) = MockApi::start(lists, pvc(&[], "20"));
     let cluster = KubeCluster::start(client, "csi-addons-system", "node-a");
     let config = SchedulerConfig {
@@ -237,21 +240,46 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
         s.next_run(&id) == daily
     })
     .await;
-    let watched: Vec<_> = api
+    // This node's claims: listed and watched once, by this node's label, never by
+    // name or namespace; the claim of the volume is labelled with one merge patch.
+    let claim_reads: Vec<_> = api
         .seen(Method::GET)
         .into_iter()
-        .filter(|s| s.uri.starts_with(PVC_PATH))
+        .filter(|s| s.uri.contains("persistentvolumeclaims"))
         .collect();
+    assert!(!claim_reads.is_empty());
     assert!(
-        watched
+        claim_reads.iter().all(|s| path_of(&s.uri) == ALL_PVCS_PATH
+            && s.uri.contains("labelSelector=localvol.csi.dev%2Fnode%3Dnode-a")),
+        "{claim_reads:?}"
+    );
+    assert_eq!(
+        claim_reads
             .iter()
-            .all(|s| s.uri.contains("fieldSelector=metadata.name%3Dpvc-1")),
-        "the PVC is watched by name: {watched:?}"
+            .filter(|s| s.uri.contains("watch=true"))
+            .count(),
+        1,
+        "one claim watch: {claim_reads:?}"
+    );
+    // The label is written in the background.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while label_patches(&api).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the claim is labelled");
+    let labels = label_patches(&api);
+    assert_eq!(labels.len(), 1, "{labels:?}");
+    assert_eq!(path_of(&labels[0].uri), format!("{PVC_PATH}/pvc-1"));
+    assert_eq!(
+        labels[0].content_type.as_deref(),
+        Some("application/merge-patch+json")
     );
 
     // The annotation changes: the next run follows without a restart.
     api.send(
-        PVC_PATH,
+        ALL_PVCS_PATH,
         "MODIFIED",
         pvc(&[(SCHEDULE_ANNOTATION, "@hourly")], "11"),
     );
@@ -281,7 +309,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
     // A run at that time annotates the PVC with a merge patch.
     f.stage("pvc-1").await;
     assert_eq!(scheduler.run_due(due).await, vec![(id.clone(), "trimmed")]);
-    let patches = api.seen(Method::PATCH);
+    let patches = annotation_patches(&api);
     assert_eq!(patches.len(), 1, "{patches:?}");
     assert_eq!(path_of(&patches[0].uri), format!("{PVC_PATH}/pvc-1"));
     assert_eq!(
@@ -301,7 +329,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
 
     // An invalid schedule: @weekly, and one warning event (not one per refresh).
     api.send(
-        PVC_PATH,
+        ALL_PVCS_PATH,
         "MODIFIED",
         pvc(&[(SCHEDULE_ANNOTATION, "every day")], "13"),
     );
@@ -328,7 +356,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
 
     // enable: "false" on the PVC turns it off.
     api.send(
-        PVC_PATH,
+        ALL_PVCS_PATH,
         "MODIFIED",
         pvc(
             &[(SCHEDULE_ANNOTATION, "@hourly"), (ENABLE_ANNOTATION, "false")],
@@ -339,6 +367,26 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
         s.next_run(&id).is_none()
     })
     .await;
+    // Many refreshes later, the claim is still labelled once and watched once.
+    assert_eq!(label_patches(&api).len(), 1);
+}
+
+/// The merge patches that put this node's label on a claim.
+fn label_patches(api: &MockApi) -> Vec<Seen> {
+    api.seen(Method::PATCH)
+        .into_iter()
+        .filter(|p| {
+            p.body == json!({"metadata": {"labels": {crate::k8s::claim_label::NODE_LABEL: "node-a"}}})
+        })
+        .collect()
+}
+
+/// The patches that write the reclaim result.
+fn annotation_patches(api: &MockApi) -> Vec<Seen> {
+    api.seen(Method::PATCH)
+        .into_iter()
+        .filter(|p| !p.body["metadata"]["annotations"].is_null())
+        .collect()
 }
 
 #[tokio::test]

@@ -13,11 +13,14 @@
 //! not retried until the claim asks for another size; a transient one is retried.
 //!
 //! Finding its claims: each volume records the claim it was created for
-//! (`--extra-create-metadata`), so the node knows its claims by name. A watch of all
-//! claims triggers work (the provisioner sidecar beside localvol keeps the same watch);
-//! only this node's claims that need something are queued, and each is read fresh
-//! from the API before anything is decided, so no claim cache is kept. Every claim of
-//! this node is also looked at every [`RESYNC`], in case an event was missed.
+//! (`--extra-create-metadata`), so the node knows its claims by name. Every
+//! [`LABEL_INTERVAL`] the node labels the claims of its volumes that it has not
+//! labelled yet ([`crate::k8s::claim_label`], one PATCH per claim), and one watch of
+//! claims with this node's label triggers work: the API server sends this node only its
+//! own claims' events, so its traffic does not grow with the cluster's claims. Claims
+//! that need something are queued, and each is read fresh from the API before anything
+//! is decided, so no claim cache is kept. Every claim of this node is also looked at
+//! every [`RESYNC`], in case an event was missed.
 //!
 //! Concurrency: one claim at a time on this node; the volume lock excludes CSI calls on
 //! the same volume; every status write is guarded by the claim's resourceVersion and
@@ -45,6 +48,7 @@ use super::status::{
 };
 use crate::csi::DRIVER_NAME;
 use crate::error::{Error, full_message};
+use crate::k8s::claim_label::{self, ClaimLabels};
 use crate::locks::VolumeLocks;
 use crate::model::VolumeId;
 use crate::request::{CapacityRange, ControllerExpandRequest};
@@ -58,6 +62,10 @@ pub const RETRY: Duration = Duration::from_secs(15);
 pub const SLOW_RETRY: Duration = Duration::from_secs(300);
 /// The list of this node's volumes is read again on a miss at most this often.
 const LOCAL_REFRESH: Duration = Duration::from_secs(10);
+/// How often the node's own volume list is read for claims to label (a new claim is
+/// watched from then on). Reads only local records; the API sees one PATCH per new
+/// claim.
+pub const LABEL_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A claim by namespace and name.
 pub type Key = (String, String);
@@ -110,6 +118,8 @@ pub struct NodeResizer {
     volumes: Arc<Volumes>,
     locks: VolumeLocks,
     local: Mutex<LocalClaims>,
+    labels: ClaimLabels,
+    node: String,
 }
 
 impl std::fmt::Debug for NodeResizer {
@@ -168,6 +178,8 @@ impl NodeResizer {
         Self {
             status: ClaimStatus::new(client.clone(), failure),
             events: ClaimEvents::new(client.clone(), node),
+            labels: ClaimLabels::new(client.clone(), node),
+            node: node.to_string(),
             client,
             volumes,
             locks,
@@ -221,6 +233,18 @@ impl NodeResizer {
         self.refresh_local().await?;
         let local = self.local.lock().unwrap_or_else(|p| p.into_inner());
         Ok(local.by_claim.keys().cloned().collect())
+    }
+
+    /// Labels the claims of this node's volumes that are not labelled yet.
+    pub(super) async fn label_local(&self) -> Result<(), Error> {
+        let keys = self.local_keys().await?;
+        self.labels.ensure(keys).await;
+        Ok(())
+    }
+
+    /// The one watch of claims: those labelled with this node.
+    pub(super) fn claim_watch(&self) -> watcher::Config {
+        watcher::Config::default().labels(&claim_label::selector(&self.node))
     }
 
     /// Looks at one claim and does the next steps of its expansion.
@@ -471,7 +495,7 @@ pub async fn run(
         let tx = tx.clone();
         async move {
             let api: Api<PersistentVolumeClaim> = Api::all(resizer.client.clone());
-            let stream = watcher(api, watcher::Config::default())
+            let stream = watcher(api, resizer.claim_watch())
                 .default_backoff()
                 .applied_objects()
                 .filter(|item| item.as_ref().map_or(true, wants_attention));
@@ -503,6 +527,18 @@ pub async fn run(
                 match resizer.local_keys().await {
                     Ok(keys) => keys.into_iter().for_each(|k| drop(tx.send(k))),
                     Err(e) => warn!(error = %e, "cannot list this node's volumes"),
+                }
+            }
+        }
+    };
+    let label = {
+        let resizer = Arc::clone(&resizer);
+        async move {
+            let mut tick = tokio::time::interval(LABEL_INTERVAL);
+            loop {
+                tick.tick().await;
+                if let Err(e) = resizer.label_local().await {
+                    warn!(error = %e, "cannot list this node's volumes");
                 }
             }
         }
@@ -553,6 +589,7 @@ pub async fn run(
     tokio::select! {
         _ = watch => warn!("claim watch ended"),
         _ = resync => {}
+        _ = label => {}
         _ = work => {}
         _ = shutdown => info!("node resizer stopped"),
     }

@@ -2,7 +2,7 @@
 # tests/cluster/run.sh - localvol on a real single-node Kubernetes cluster (kubelet,
 # containerd, the real CSI sidecars), deployed from deploy/ through a test overlay.
 #
-#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..7 or their names; all by default)
+#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..8 or their names; all by default)
 #
 # Needs the kube-kit at ../shared/kube-kit next to the repository (or KUBE_KIT=DIR) and
 # the apt mirror for the image's root filesystem (cached in /var/cache/localvol-image).
@@ -30,7 +30,7 @@ esac
 source "$HERE/lib.sh"
 for f in "$HERE"/scenarios/*.sh; do source "$f"; done
 
-ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics)
+ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load)
 selected=()
 for arg in "$@"; do
   match=""
@@ -122,6 +122,26 @@ if [ ! -s "$rootfs" ]; then
 fi
 
 phase "node"
+# The control plane first, with an audit log of the daemon pod's requests (scenario 8
+# counts them): start-node.sh then finds it running. The kubelet client flags are the
+# ones start-node.sh would pass.
+AUDIT_LOG=$KUBE_KIT_STATE/logs/localvol-audit.log
+mkdir -p "$KUBE_KIT_STATE/logs"
+cat >"$LOGS/audit-policy.yaml" <<'YAML'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    users: ["system:serviceaccount:localvol-system:localvol-node"]
+  - level: None
+YAML
+"$KIT/recipe/start-kube.sh" --kcm -- \
+  --kubelet-client-certificate="$KUBE_KIT_STATE/pki/admin.crt" --kubelet-client-key="$KUBE_KIT_STATE/pki/admin.key" \
+  --kubelet-preferred-address-types=InternalIP,Hostname \
+  --audit-policy-file="$LOGS/audit-policy.yaml" --audit-log-path="$AUDIT_LOG" --audit-log-format=json \
+  --audit-log-mode=batch --audit-log-batch-max-wait=1s >"$LOGS/start-kube.log" 2>&1 ||
+  { tail -20 "$LOGS/start-kube.log"; exit 1; }
 "$KIT/recipe/start-node.sh" >"$LOGS/start-node.log" 2>&1 || { tail -20 "$LOGS/start-node.log"; exit 1; }
 
 phase "images"

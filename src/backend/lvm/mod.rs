@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use self::report::Lv;
 use self::tags::Ownership;
-pub use self::vg::{LvmError, VgState, VolumeGroup};
+pub use self::vg::{CONTAINER_CONFIG, LvmError, VgState, VolumeGroup, lvm_command};
 use super::{BackendError, ClassCapacity, StoreUsage, ThinPoolFill, VolumeRecord};
 use crate::fs::FormatOptions;
 use crate::host::{CommandError, CommandSpec, Host};
@@ -418,7 +418,7 @@ impl LvmBackend {
 
     /// One lvchange that removes and adds tags (for the format mark).
     async fn retag(&self, lv: &str, remove: &[&str], add: &[&str]) -> Result<(), BackendError> {
-        let mut cmd = CommandSpec::new("lvchange");
+        let mut cmd = lvm_command("lvchange");
         for tag in remove {
             cmd = cmd.args(["--deltag", tag]);
         }
@@ -448,7 +448,7 @@ impl LvmBackend {
             });
         };
         if !lv.is_active() {
-            let cmd = CommandSpec::new("lvchange").arg("-ay").arg(self.target(&lv.name));
+            let cmd = lvm_command("lvchange").arg("-ay").arg(self.target(&lv.name));
             self.vg
                 .change_known(cmd, |state| state.activated(&lv.name))
                 .await

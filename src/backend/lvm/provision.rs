@@ -7,7 +7,7 @@ use tokio::sync::MutexGuard;
 use tracing::{info, warn};
 
 use super::vg::{REPORT_TIMEOUT, VgState, stderr};
-use super::{Layout, Lookup, LvmBackend, LvmError, report, tags};
+use super::{Layout, Lookup, LvmBackend, LvmError, lvm_command, report, tags};
 use crate::backend::{BackendError, CreateSpec, VolumeRecord};
 use crate::host::CommandSpec;
 use crate::model::{Token, VolumeMode};
@@ -20,7 +20,7 @@ fn zero_timeout(bytes: u64) -> std::time::Duration {
 impl LvmBackend {
     fn lvcreate_command(&self, lv: &str, spec: &CreateSpec) -> CommandSpec {
         let size = format!("{}b", spec.size_bytes);
-        let mut cmd = CommandSpec::new("lvcreate").args(["-y", "-n", lv]);
+        let mut cmd = lvm_command("lvcreate").args(["-y", "-n", lv]);
         cmd = match &self.settings.layout {
             // -Wy -Zy: wipe known signatures and zero the first 4 KiB, so blkid never
             // finds a deleted volume's filesystem here.
@@ -74,7 +74,7 @@ impl LvmBackend {
 
     /// Removes an LV of `token`'s volume (its own, or its temporary zeroing LV).
     async fn remove_lv(&self, lv: &str, token: &Token) -> Result<(), BackendError> {
-        let cmd = CommandSpec::new("lvremove").arg("-y").arg(self.target(lv));
+        let cmd = lvm_command("lvremove").arg("-y").arg(self.target(lv));
         match self.vg.change_known(cmd, |state| state.removed(lv)).await {
             Ok(()) => Ok(()),
             Err(e) if stderr::is_lv_not_found(e.stderr()) => Ok(()),
@@ -209,7 +209,7 @@ impl LvmBackend {
     async fn finish_thick(&self, spec: &CreateSpec, lv: &str) -> Result<(), BackendError> {
         let device = PathBuf::from(format!("/dev/{}/{lv}", self.vg.name));
         self.zero_device(&device, spec.size_bytes).await?;
-        let cmd = CommandSpec::new("lvchange")
+        let cmd = lvm_command("lvchange")
             .args(["--deltag", tags::PENDING])
             .arg(self.target(lv));
         self.vg
@@ -256,7 +256,7 @@ impl LvmBackend {
         if growth > available {
             return Err(self.no_space(growth, available));
         }
-        let mut cmd = CommandSpec::new("lvextend")
+        let mut cmd = lvm_command("lvextend")
             .arg("-L")
             .arg(format!("{size_bytes}b"))
             .arg(self.target(&lv.name));
@@ -296,7 +296,7 @@ impl LvmBackend {
         if state.lv(&tmp).is_some() {
             self.remove_lv(&tmp, token).await?;
         }
-        let cmd = CommandSpec::new("lvcreate")
+        let cmd = lvm_command("lvcreate")
             .args(["-y", "-Wn", "-Zn", "-n", &tmp, "-L", &format!("{growth}b")])
             .arg("--addtag")
             .arg(tags::zeroing_tag(lv));
@@ -326,7 +326,7 @@ impl LvmBackend {
 
     /// The extent ranges of the temporary LV, after zeroing it.
     async fn zero_tmp(&self, tmp: &str, growth: u64) -> Result<Vec<String>, BackendError> {
-        let cmd = CommandSpec::new("lvs")
+        let cmd = lvm_command("lvs")
             .args([
                 "--reportformat",
                 "json",

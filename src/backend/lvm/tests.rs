@@ -79,12 +79,43 @@ fn ok(stdout: String) -> Result<CommandOutput, CommandError> {
     })
 }
 
+/// The arguments of an LVM command after its `--config` pair, which every LVM
+/// command must start with (the simulated lvm refuses to answer otherwise).
 fn args(cmd: &CommandSpec) -> Vec<String> {
-    cmd.args
+    let all: Vec<String> = cmd
+        .args
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        all.get(..2),
+        Some(&["--config".to_string(), CONTAINER_CONFIG.to_string()][..]),
+        "{cmd:?} lacks the container's LVM configuration"
+    );
+    all[2..].to_vec()
+}
+
+/// The commands run so far, as `program args`, with the `--config` pair of each LVM
+/// command checked and left out (so expectations show what differs between commands).
+fn calls_without_config(commands: &FakeCommands) -> Vec<String> {
+    let config = format!(" --config {CONTAINER_CONFIG}");
+    commands
+        .calls()
+        .into_iter()
+        .map(|call| {
+            let program = call.split(' ').next().unwrap_or_default();
+            if !LVM_PROGRAMS.contains(&program) {
+                return call;
+            }
+            let rest = call[program.len()..]
+                .strip_prefix(config.as_str())
+                .unwrap_or_else(|| panic!("{call} lacks the container's LVM configuration"));
+            format!("{program}{rest}")
+        })
         .collect()
 }
+
+const LVM_PROGRAMS: [&str; 6] = ["lvs", "vgs", "lvcreate", "lvchange", "lvextend", "lvremove"];
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).map(|i| args[i + 1].clone())
@@ -416,7 +447,7 @@ impl Fixture {
 
     /// The commands run since the last call, reports left out.
     fn changes(&self) -> Vec<String> {
-        let calls = self.commands.calls();
+        let calls = calls_without_config(&self.commands);
         calls
             .into_iter()
             .filter(|c| {
@@ -511,6 +542,46 @@ async fn a_failed_zeroing_leaves_nothing_behind() {
     assert!(err.to_string().contains("Input/output error"), "{err}");
     assert!(f.lv_names().is_empty(), "{:?}", f.lv_names());
     assert!(b.get(&Token::for_name("blk")).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn every_lvm_command_carries_the_container_config() {
+    let f = Fixture::new(Some(true));
+    let thick = f.thick(0).await;
+    let thin = f.thin(2.0).await;
+    f.commands
+        .on("dmsetup", |_| ok("0 131072 thin 0 131071\n".to_string()));
+    for (b, name, mode) in [
+        (&thick, "blk", VolumeMode::Block),
+        (&thick, "fs", VolumeMode::Filesystem),
+        (&thin, "thin-fs", VolumeMode::Filesystem),
+    ] {
+        let token = Token::for_name(name);
+        b.create(&spec(name, 64 * MIB, mode)).await.unwrap();
+        if mode == VolumeMode::Filesystem {
+            b.begin_format(&token).await.unwrap();
+            b.mark_formatted(&token).await.unwrap();
+        }
+        b.expand(&token, 96 * MIB).await.unwrap();
+        b.delete(&token).await.unwrap();
+    }
+    let calls = f.commands.calls();
+    let mut seen: Vec<&str> = Vec::new();
+    for call in &calls {
+        let (program, rest) = call.split_once(' ').unwrap_or((call, ""));
+        if LVM_PROGRAMS.contains(&program) {
+            assert!(
+                rest.starts_with(&format!("--config {CONTAINER_CONFIG} ")),
+                "{call}"
+            );
+            seen.push(program);
+        }
+    }
+    seen.sort_unstable();
+    seen.dedup();
+    let mut all = LVM_PROGRAMS.to_vec();
+    all.sort_unstable();
+    assert_eq!(seen, all, "the lifecycle ran every LVM program: {calls:#?}");
 }
 
 #[tokio::test]

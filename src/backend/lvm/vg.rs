@@ -15,6 +15,31 @@ use crate::model::ClassName;
 pub(super) const REPORT_TIMEOUT: Duration = Duration::from_secs(60);
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// What every LVM command gets through `--config`, on top of the host's own
+/// configuration (the pod mounts the host's /etc/lvm, so its filters, devices file,
+/// backup and archive settings stay in force; see docs/operations.md).
+///
+/// The pod has no udev: none runs in the container, and the host's udevd cannot
+/// answer libdm's completion semaphores, which live in the container's IPC namespace.
+/// - `udev_sync=0`: do not wait for udev to confirm each device-mapper change
+///   (lvcreate/lvchange would otherwise block until udev's timeout).
+/// - `udev_rules=0`: libdm creates /dev/mapper/* and /dev/VG/LV itself and flags its
+///   uevents so that the host's rules leave them alone.
+/// - `monitoring=0`: register no LV with dmeventd, which LVM would otherwise start as
+///   a stray daemon in the pod (thin-pool auto-extend is therefore off; the thin
+///   class's overprovision ratio bounds pool use).
+///
+/// A command-line `--config` beats lvm.conf for these three keys only, so a host whose
+/// lvm.conf says otherwise (udev on, as every distribution ships it) cannot make a
+/// command in the pod hang. The environment equivalent (DM_DISABLE_UDEV=1) does not
+/// cover monitoring, and the image's own lvm.conf is hidden by the host's.
+pub const CONTAINER_CONFIG: &str = "activation{udev_sync=0 udev_rules=0 monitoring=0}";
+
+/// The start of every LVM command localvol runs: `program --config CONTAINER_CONFIG`.
+pub fn lvm_command(program: &'static str) -> CommandSpec {
+    CommandSpec::new(program).args(["--config", CONTAINER_CONFIG])
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LvmError {
     #[error("volume group {vg} does not exist on this node")]
@@ -202,7 +227,7 @@ impl VolumeGroup {
     }
 
     async fn report(&self, program: &'static str, fields: &str) -> Result<Vec<u8>, LvmError> {
-        let cmd = CommandSpec::new(program)
+        let cmd = lvm_command(program)
             .args([
                 "--reportformat",
                 "json",

@@ -422,3 +422,29 @@ async fn auto_reporting_follows_the_kubelet_version() {
     };
     assert!(crate::resize::reporting(&on, None, "node-a").await.is_err());
 }
+
+#[tokio::test]
+async fn the_claims_of_this_nodes_volumes_are_labelled_once_and_watched_by_that_label() {
+    let node = Node::new();
+    node.create().await;
+    let (client, server) = serve(vec![
+        step(
+            Method::PATCH,
+            &format!("{PVC_PATH}?*"),
+            200,
+            pvc("41", "64Mi", "64Mi", None, json!([])),
+        )
+        .body(json!({"metadata": {"labels": {"localvol.csi.dev/node": "node-a"}}})),
+    ]);
+    let resizer = resizer(client, &node);
+    assert_eq!(
+        resizer.claim_watch().label_selector.as_deref(),
+        Some("localvol.csi.dev/node=node-a")
+    );
+    assert_eq!(resizer.claim_watch().field_selector, None);
+    resizer.label_local().await.unwrap();
+    // Labelled already: no second request (the script would fail on one).
+    resizer.label_local().await.unwrap();
+    drop(resizer);
+    server.await.unwrap();
+}

@@ -1,0 +1,158 @@
+//! The label that makes a node's claims watchable by that node alone.
+//!
+//! Why a label: the node resizer and the reclaim scheduler must see changes to the
+//! claims of this node's volumes, and nothing else. A PVC carries no field a field
+//! selector could match to a node (the scheduler's `volume.kubernetes.io/selected-node`
+//! is an annotation, and the PV's node affinity is on another object, which the API
+//! server cannot filter by node either), so a plain watch of claims is a cluster-wide
+//! stream sent to every node. Instead each daemon labels the claims it holds a volume
+//! for, `localvol.csi.dev/node=<node>`, with one merge PATCH per claim, and watches
+//! claims with that label selector: the API server sends each node only its own
+//! claims' events, and the node opens one claim watch however many claims it holds.
+//!
+//! The claims come from the node's own volume records (each volume records the claim it
+//! was created for, `--extra-create-metadata`), never from the API. A claim is labelled
+//! at most once per process, even by concurrent calls; one that is gone (404) is not
+//! tried again, other failures are retried at the next call.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use tracing::{debug, warn};
+
+/// The label key; its value is [`node_value`] of the node holding the claim's volume.
+pub const NODE_LABEL: &str = "localvol.csi.dev/node";
+
+/// A label value for `node`. Node names are DNS subdomains of up to 253 characters,
+/// label values at most 63: a longer name keeps its first 46 characters and gets a
+/// hash of the whole name (FNV-1a, stable across releases and machines).
+pub fn node_value(node: &str) -> String {
+    if node.len() <= 63 {
+        return node.to_string();
+    }
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let head: String = node.chars().take(46).collect();
+    format!("{}-{hash:016x}", head.trim_end_matches(['.', '-']))
+}
+
+/// The label selector of `node`'s claims.
+pub fn selector(node: &str) -> String {
+    format!("{NODE_LABEL}={}", node_value(node))
+}
+
+/// Puts [`NODE_LABEL`] on the claims of this node's volumes.
+pub struct ClaimLabels {
+    client: Client,
+    value: String,
+    labelled: Mutex<HashSet<(String, String)>>,
+}
+
+impl std::fmt::Debug for ClaimLabels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimLabels")
+            .field("value", &self.value)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClaimLabels {
+    pub fn new(client: Client, node: &str) -> Self {
+        Self {
+            client,
+            value: node_value(node),
+            labelled: Mutex::default(),
+        }
+    }
+
+    /// Labels each of `claims` (namespace, name) not labelled by this process yet.
+    pub async fn ensure(&self, claims: impl IntoIterator<Item = (String, String)>) {
+        // Claimed before the PATCH, so that concurrent calls (the reclaim scheduler
+        // calls on every refresh) never label one claim twice; given back on failure.
+        let todo: Vec<(String, String)> = {
+            let mut done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+            claims.into_iter().filter(|c| done.insert(c.clone())).collect()
+        };
+        let patch = serde_json::json!({"metadata": {"labels": {NODE_LABEL: self.value}}});
+        for (namespace, name) in todo {
+            let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &namespace);
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    debug!(pvc.namespace = %namespace, pvc.name = %name, "labelled claim with this node");
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    debug!(pvc.namespace = %namespace, pvc.name = %name, "claim is gone; not labelled");
+                }
+                Err(e) => {
+                    warn!(pvc.namespace = %namespace, pvc.name = %name, error = %e, "cannot label claim with this node; retrying later");
+                    let mut done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
+                    done.remove(&(namespace, name));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    use super::*;
+
+    /// Concurrent calls (the reclaim scheduler calls on every refresh) label a claim
+    /// once: the second call does not PATCH while the first one's PATCH is in flight.
+    #[tokio::test]
+    async fn concurrent_calls_label_a_claim_once() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let labels = Arc::new(ClaimLabels::new(Client::new(service, "default"), "node-a"));
+        let claim = || vec![("apps".to_string(), "data".to_string())];
+        let first = tokio::spawn({
+            let labels = Arc::clone(&labels);
+            async move { labels.ensure(claim()).await }
+        });
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        assert!(
+            request
+                .uri()
+                .path()
+                .ends_with("/namespaces/apps/persistentvolumeclaims/data")
+        );
+        // While that PATCH is unanswered, a second call finds the claim taken.
+        labels.ensure(claim()).await;
+        send.send_response(
+            Response::builder()
+                .body(Body::from(
+                    br#"{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"data"}}"#
+                        .to_vec(),
+                ))
+                .unwrap(),
+        );
+        first.await.unwrap();
+        labels.ensure(claim()).await;
+        drop(labels);
+        assert!(handle.next_request().await.is_none(), "a second PATCH");
+    }
+
+    #[test]
+    fn short_node_names_are_the_value_and_long_ones_are_shortened_stably() {
+        assert_eq!(node_value("node-a.example.com"), "node-a.example.com");
+        assert_eq!(selector("node-a"), "localvol.csi.dev/node=node-a");
+        let long = format!("{}.example.com", "n".repeat(70));
+        let value = node_value(&long);
+        assert!(value.len() <= 63, "{value}");
+        assert_eq!(value, node_value(&long));
+        assert_ne!(value, node_value(&format!("{}.example.org", "n".repeat(70))));
+        assert!(value.starts_with(&"n".repeat(46)));
+    }
+}
