@@ -1,7 +1,6 @@
 //! The runner against fake syscalls and a real loop-backend directory: which mount it
 //! trims, how usage is measured, and the busy, timeout, block and unstaged paths.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
