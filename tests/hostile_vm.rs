@@ -260,6 +260,7 @@ fn backend(class: &str) -> Backend {
         storage: Storage::Guest {
             volume_groups: vec![VG.into(), PMEM_VG.into()],
         },
+        discards: !class.starts_with("pmem"),
     }
 }
 
