@@ -159,6 +159,7 @@ pub async fn serve(
         config.reclaim.concurrency,
         config.reclaim.timeout,
         states,
+        KubeletRoots::new(config.kubelet_root_dirs.clone()),
     );
     let addons = match &config.reclaim.csi_addons_socket {
         Some(path) => {

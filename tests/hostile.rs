@@ -17,6 +17,8 @@
 mod common;
 #[path = "hostile/node_cases.rs"]
 mod node_cases;
+#[path = "hostile/requests.rs"]
+mod requests;
 #[path = "hostile/sandbox.rs"]
 mod sandbox;
 
@@ -210,7 +212,7 @@ fn node_calls_act_only_on_what_belongs_to_the_volume() {
     let Some(scratch) = sandbox::run_sandboxed("node_calls_act_only_on_what_belongs_to_the_volume") else {
         return;
     };
-    runtime().block_on(node_cases::run(scratch));
+    runtime().block_on(node_cases::run(scratch, node_cases::Backend::loop_files()));
 }
 
 fn runtime() -> tokio::runtime::Runtime {

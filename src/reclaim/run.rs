@@ -24,6 +24,7 @@ use crate::locks::{VolumeGuard, VolumeLocks};
 use crate::metrics::Metrics;
 use crate::model::{VolumeId, VolumeMode};
 use crate::mount::MountTable;
+use crate::request::{HostPath, KubeletRoots};
 use crate::status_registry::{ReclaimResult, VolumeStates};
 use crate::volume::{VolumeError, Volumes};
 
@@ -107,6 +108,8 @@ pub struct Runner {
     timeout: Duration,
     /// Where each volume's last run is kept for `localvol status`.
     states: VolumeStates,
+    /// Only mounts below these are trimmed (`--kubelet-root-dir`), as node calls act.
+    roots: KubeletRoots,
 }
 
 impl Runner {
@@ -118,6 +121,7 @@ impl Runner {
         concurrency: usize,
         timeout: Duration,
         states: VolumeStates,
+        roots: KubeletRoots,
     ) -> Self {
         Self {
             volumes,
@@ -126,18 +130,26 @@ impl Runner {
             limit: Arc::new(Semaphore::new(concurrency.max(1))),
             timeout,
             states,
+            roots,
         }
+    }
+
+    /// Where the paths of a NodeReclaimSpace request may lie.
+    pub fn roots(&self) -> &KubeletRoots {
+        &self.roots
     }
 
     pub fn volumes(&self) -> &Arc<Volumes> {
         &self.volumes
     }
 
-    /// Reclaims `id`'s free space. `hints`: paths the caller believes the volume is
-    /// mounted at (kubelet's staging or target path); any mount of the volume's
-    /// filesystem serves, they only pick which. A busy volume is [`Error::Busy`].
+    /// Reclaims `id`'s free space. `paths`: where the caller says the volume is mounted
+    /// (kubelet's target or staging path); each must hold the volume's filesystem
+    /// (NOT_FOUND otherwise, as for NodeGetVolumeStats) and the first is trimmed.
+    /// Without paths, a mount of the filesystem below a kubelet root is. A busy volume
+    /// is [`Error::Busy`].
     #[instrument(skip_all, fields(volume.id = %id))]
-    pub async fn reclaim(&self, id: &VolumeId, hints: &[PathBuf]) -> Result<ReclaimOutcome, Error> {
+    pub async fn reclaim(&self, id: &VolumeId, paths: &[HostPath]) -> Result<ReclaimOutcome, Error> {
         let permit = Arc::clone(&self.limit)
             .acquire_owned()
             .await
@@ -145,7 +157,7 @@ impl Runner {
         let started = Instant::now();
         let result = match self.locks.try_lock(&id.token, "ReclaimSpace") {
             Err(busy) => Err(Error::Busy(busy)),
-            Ok(guard) => self.locked(guard, permit, id, hints).await.map_err(Error::from),
+            Ok(guard) => self.locked(guard, permit, id, paths).await.map_err(Error::from),
         };
         self.record(id, &result, started);
         result
@@ -193,20 +205,35 @@ impl Runner {
         guard: VolumeGuard,
         permit: OwnedSemaphorePermit,
         id: &VolumeId,
-        hints: &[PathBuf],
+        paths: &[HostPath],
     ) -> Result<ReclaimOutcome, ReclaimError> {
         debug_assert_eq!(guard.token(), &id.token);
         let record = self.volumes.get(id).await?;
-        if record.mode == VolumeMode::Block {
-            info!("raw block volume: not discarded");
-            return Ok(ReclaimOutcome::NotDiscarded);
-        }
         let backend = self
             .volumes
             .backends()
             .find(|b| b.class() == &id.class)
             .ok_or_else(|| VolumeError::NotFound(id.clone()))?;
-        let mount_point = self.filesystem_mount(backend, id, hints).await?;
+        // Every path the caller names must hold this volume, whatever its mode.
+        let mut named = Vec::with_capacity(paths.len());
+        for path in paths {
+            named.push(self.volumes.mount_at(backend, id, path).await?);
+        }
+        if record.mode == VolumeMode::Block {
+            info!("raw block volume: not discarded");
+            return Ok(ReclaimOutcome::NotDiscarded);
+        }
+        let mount_point = match named.first() {
+            Some(mount) if mount.fs_type != "devtmpfs" => mount.mount_point.clone(),
+            Some(mount) => {
+                return Err(VolumeError::NotAtPath {
+                    id: id.clone(),
+                    path: mount.mount_point.display().to_string(),
+                }
+                .into());
+            }
+            None => self.staged_mount(backend, id).await?,
+        };
         let (before, measure) = self.usage(backend, id, &mount_point).await?;
 
         let syscalls = Arc::clone(&self.volumes.host().syscalls);
@@ -250,14 +277,9 @@ impl Runner {
         Ok(ReclaimOutcome::Trimmed(trim))
     }
 
-    /// A mount of the volume's filesystem: same device number, the filesystem's root.
-    /// The first hint that is one wins, else the first in the table (the staging mount).
-    async fn filesystem_mount(
-        &self,
-        backend: &Backend,
-        id: &VolumeId,
-        hints: &[PathBuf],
-    ) -> Result<PathBuf, ReclaimError> {
+    /// A mount of the volume's filesystem (same device, the filesystem's root) below a
+    /// kubelet root: normally its staging mount.
+    async fn staged_mount(&self, backend: &Backend, id: &VolumeId) -> Result<PathBuf, ReclaimError> {
         let not_staged = || ReclaimError::NotStaged { id: id.clone() };
         let device = backend.device(&id.token).await?.ok_or_else(not_staged)?;
         let host = self.volumes.host();
@@ -267,16 +289,15 @@ impl Runner {
             .await?
             .ok_or_else(not_staged)?;
         let table = MountTable::read(host).await?;
-        let mounts: Vec<&Path> = table
+        table
             .entries()
-            .filter(|e| e.device_number() == dev && e.root == Path::new("/") && e.fs_type != "devtmpfs")
-            .map(|e| e.mount_point.as_path())
-            .collect();
-        hints
-            .iter()
-            .find(|h| mounts.contains(&h.as_path()))
-            .map(|h| h.to_path_buf())
-            .or_else(|| mounts.first().map(|m| m.to_path_buf()))
+            .find(|e| {
+                e.device_number() == dev
+                    && e.root == Path::new("/")
+                    && e.fs_type != "devtmpfs"
+                    && self.roots.root_of(&e.mount_point).is_some()
+            })
+            .map(|e| e.mount_point.clone())
             .ok_or_else(not_staged)
     }
 

@@ -1,12 +1,9 @@
 //! The runner against fake syscalls and a real loop-backend directory: which mount it
 //! trims, how usage is measured, and the busy, timeout, block and unstaged paths.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::host::Host;
-use crate::host::fake::FakeCommands;
 use crate::reclaim::testing::{DEV, Fixture, MIB};
 
 #[tokio::test]
@@ -52,27 +49,49 @@ async fn trims_the_staged_filesystem_and_measures_the_image() {
 }
 
 #[tokio::test]
-async fn a_hint_picks_which_mount_of_the_filesystem() {
+async fn a_named_path_must_hold_the_volume_and_is_the_one_trimmed() {
     let f = Fixture::new(Duration::from_secs(60)).await;
     let id = f.create("pvc-1", VolumeMode::Filesystem).await;
     f.stage("pvc-1").await;
-    crate::mount::bind(
-        &Host {
-            commands: Arc::new(FakeCommands::default()),
-            syscalls: Arc::new(f.syscalls.clone()),
-        },
-        &f.path("stage"),
-        &f.path("target"),
-        false,
-    )
-    .await
-    .unwrap();
-    let hints = [f.path("elsewhere"), f.path("target")];
-    f.runner.reclaim(&id, &hints).await.unwrap();
+    crate::mount::bind(&f.host(), &f.path("stage"), &f.path("target"), false)
+        .await
+        .unwrap();
+    let path = |name: &str| {
+        HostPath::confined("volume_path", f.path(name).to_str().unwrap(), f.runner.roots()).unwrap()
+    };
+    // A path holding nothing (or anything but this volume) is refused, and nothing is
+    // trimmed, also when another named path does hold it.
+    for paths in [vec![path("elsewhere")], vec![path("target"), path("elsewhere")]] {
+        let err = f.runner.reclaim(&id, &paths).await.unwrap_err();
+        assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
+    }
+    assert!(f.fitrims().is_empty());
+    f.runner
+        .reclaim(&id, &[path("target"), path("stage")])
+        .await
+        .unwrap();
     assert_eq!(
         f.fitrims(),
         vec![format!("FITRIM {}", f.path("target").display())]
     );
+}
+
+#[tokio::test]
+async fn without_paths_only_a_mount_below_a_kubelet_root_is_trimmed() {
+    let f = Fixture::new(Duration::from_secs(60)).await;
+    let id = f.create("pvc-1", VolumeMode::Filesystem).await;
+    f.stage("pvc-1").await;
+    let outside = std::path::Path::new("/localvol-test-outside-the-roots");
+    crate::mount::bind(&f.host(), &f.path("stage"), outside, false)
+        .await
+        .unwrap();
+    f.host().syscalls.umount(&f.path("stage")).await.unwrap();
+    let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Reclaim(ReclaimError::NotStaged { .. })),
+        "{err}"
+    );
+    assert!(f.fitrims().is_empty());
 }
 
 #[tokio::test]

@@ -6,7 +6,6 @@
 //! usage figures; the `localvol-reclaim` response header says what happened in every
 //! case (the message has no field for it).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::model::VolumeId;
 use crate::proto::identity::{self as id, capability, identity_server};
 use crate::proto::reclaimspace::{self as rs, reclaim_space_node_server};
-use crate::request::{HostPath, ValidationError};
+use crate::request::{HostPath, KubeletRoots, ValidationError};
 
 /// Response header carrying the run's outcome in words.
 pub const OUTCOME_HEADER: &str = "localvol-reclaim";
@@ -39,29 +38,28 @@ pub struct Addons {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReclaimRequest {
     pub id: VolumeId,
-    /// The paths kubelet or the caller named (volume path first), if any.
-    pub hints: Vec<PathBuf>,
+    /// The paths the caller named (volume path first), confined like a node call's:
+    /// each must hold this volume's filesystem, and the first is trimmed.
+    pub paths: Vec<HostPath>,
 }
 
-impl TryFrom<&rs::NodeReclaimSpaceRequest> for ReclaimRequest {
-    type Error = ValidationError;
-
-    fn try_from(req: &rs::NodeReclaimSpaceRequest) -> Result<Self, Self::Error> {
+impl ReclaimRequest {
+    pub fn parse(req: &rs::NodeReclaimSpaceRequest, roots: &KubeletRoots) -> Result<Self, ValidationError> {
         if req.volume_id.is_empty() {
             return Err(ValidationError::Missing { field: "volume_id" });
         }
-        let mut hints = Vec::new();
+        let mut paths = Vec::new();
         for (field, raw) in [
             ("volume_path", &req.volume_path),
             ("staging_target_path", &req.staging_target_path),
         ] {
             if !raw.is_empty() {
-                hints.push(HostPath::parse(field, raw)?.as_path().to_path_buf());
+                paths.push(HostPath::confined(field, raw, roots)?);
             }
         }
         Ok(Self {
             id: VolumeId::parse(&req.volume_id)?,
-            hints,
+            paths,
         })
     }
 }
@@ -144,8 +142,8 @@ impl reclaim_space_node_server::ReclaimSpaceNode for ReclaimSpaceService {
         let started = Instant::now();
         let span = info_span!("rpc", rpc.method = METHOD, volume.id = %raw.volume_id);
         let result: Result<ReclaimOutcome, Error> = async {
-            let req = ReclaimRequest::try_from(&raw)?;
-            self.0.runner.reclaim(&req.id, &req.hints).await
+            let req = ReclaimRequest::parse(&raw, self.0.runner.roots())?;
+            self.0.runner.reclaim(&req.id, &req.paths).await
         }
         .instrument(span.clone())
         .await;
@@ -191,25 +189,38 @@ mod tests {
         }
     }
 
+    fn parse(r: &rs::NodeReclaimSpaceRequest) -> Result<ReclaimRequest, ValidationError> {
+        ReclaimRequest::parse(r, &KubeletRoots::new(vec!["/k".into()]))
+    }
+
     #[test]
     fn requests_validate_like_the_csi_handlers() {
-        let ok =
-            ReclaimRequest::try_from(&req("default.pvc-1", "/var/lib/kubelet/pods/x/mount", "")).unwrap();
-        assert_eq!(ok.id.to_string(), "default.pvc-1");
-        assert_eq!(ok.hints, vec![PathBuf::from("/var/lib/kubelet/pods/x/mount")]);
-        let both = ReclaimRequest::try_from(&req("default.pvc-1", "/a", "/b/")).unwrap();
-        assert_eq!(both.hints, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
-        assert!(
-            ReclaimRequest::try_from(&req("default.pvc-1", "", ""))
-                .unwrap()
-                .hints
-                .is_empty()
-        );
-
-        let code = |r: rs::NodeReclaimSpaceRequest| {
-            Status::from(Error::from(ReclaimRequest::try_from(&r).unwrap_err())).code()
+        let paths = |r: ReclaimRequest| -> Vec<std::path::PathBuf> {
+            r.paths.iter().map(|p| p.as_path().to_path_buf()).collect()
         };
-        assert_eq!(code(req("", "/a", "")), tonic::Code::InvalidArgument);
+        let ok = parse(&req("default.pvc-1", "/k/pods/x/mount", "")).unwrap();
+        assert_eq!(ok.id.to_string(), "default.pvc-1");
+        assert_eq!(paths(ok), ["/k/pods/x/mount"].map(std::path::PathBuf::from));
+        let both = parse(&req("default.pvc-1", "/k/a", "/k/b/")).unwrap();
+        assert_eq!(paths(both), ["/k/a", "/k/b"].map(std::path::PathBuf::from));
+        assert!(parse(&req("default.pvc-1", "", "")).unwrap().paths.is_empty());
+
+        let code = |r: rs::NodeReclaimSpaceRequest| Status::from(Error::from(parse(&r).unwrap_err())).code();
+        // Confined as node calls are: outside the roots, a root itself, `..`, relative.
+        for (volume_path, staging) in [
+            ("/etc", ""),
+            ("", "/proc"),
+            ("/k", ""),
+            ("/k/pods/../../etc", ""),
+            ("/k/a", "/var/lib/kubelet/b"),
+        ] {
+            assert_eq!(
+                code(req("default.pvc-1", volume_path, staging)),
+                tonic::Code::InvalidArgument,
+                "{volume_path:?} {staging:?}"
+            );
+        }
+        assert_eq!(code(req("", "/k/a", "")), tonic::Code::InvalidArgument);
         assert_eq!(
             code(req("default.pvc-1", "relative", "")),
             tonic::Code::InvalidArgument
@@ -219,13 +230,13 @@ mod tests {
             tonic::Code::InvalidArgument
         );
         assert_eq!(
-            code(req("default.pvc-1", "/a", "x")),
+            code(req("default.pvc-1", "/k/a", "x")),
             tonic::Code::InvalidArgument
         );
-        assert_eq!(code(req("a/b", "/a", "")), tonic::Code::InvalidArgument);
-        assert_eq!(code(req("fake-vol-id", "/a", "")), tonic::Code::NotFound);
+        assert_eq!(code(req("a/b", "/k/a", "")), tonic::Code::InvalidArgument);
+        assert_eq!(code(req("fake-vol-id", "/k/a", "")), tonic::Code::NotFound);
         assert!(matches!(
-            ReclaimRequest::try_from(&req("fake-vol-id", "", "")),
+            parse(&req("fake-vol-id", "", "")),
             Err(ValidationError::Id(IdError::NotOurs(_)))
         ));
     }

@@ -65,6 +65,7 @@ impl Fixture {
             1,
             timeout,
             states.clone(),
+            crate::request::KubeletRoots::new(vec![dir.path().to_path_buf()]),
         );
         Self {
             runner,
@@ -73,6 +74,14 @@ impl Fixture {
             states,
             syscalls,
             dir,
+        }
+    }
+
+    /// A host on the fixture's fake syscalls (and no commands).
+    pub fn host(&self) -> Host {
+        Host {
+            commands: Arc::new(FakeCommands::default()),
+            syscalls: Arc::new(self.syscalls.clone()),
         }
     }
 

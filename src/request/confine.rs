@@ -44,7 +44,7 @@ impl KubeletRoots {
 pub struct HostPath(PathBuf);
 
 impl HostPath {
-    /// The lexical checks alone, for paths that are only hints (csi-addons).
+    /// The lexical checks alone; [`HostPath::confined`] adds the roots.
     pub fn parse(field: &'static str, raw: &str) -> Result<Self, ValidationError> {
         if raw.is_empty() {
             return Err(ValidationError::Missing { field });

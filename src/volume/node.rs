@@ -345,7 +345,7 @@ impl Volumes {
 
     /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of
     /// its device node); anything else, a symlink on the way or no path, is NOT_FOUND.
-    async fn mounted_at(
+    pub(super) async fn mounted_at(
         &self,
         backend: &Backend,
         id: &VolumeId,

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 use super::{VolumeError, Volumes, io_error};
 use crate::backend::Backend;
-use crate::model::Token;
+use crate::model::{Token, VolumeId};
 use crate::mount::{MountEntry, MountTable};
+use crate::request::HostPath;
 
 /// How this volume appears in the mount table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +115,18 @@ impl Volumes {
             dev,
             devtmpfs_root: devtmpfs_root(&device).await?,
         }))
+    }
+
+    /// The mount of this volume at `path` (its filesystem, or a bind of its raw device
+    /// node), proven as for NodeGetVolumeStats: a symlink on the way, nothing or
+    /// anything else mounted there is NOT_FOUND. (ReclaimSpace checks its paths so.)
+    pub async fn mount_at(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        path: &HostPath,
+    ) -> Result<MountEntry, VolumeError> {
+        Ok(self.mounted_at(backend, id, Some(path)).await?.1)
     }
 }
 

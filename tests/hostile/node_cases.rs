@@ -1,39 +1,67 @@
 //! The node calls of issue 14, one hostile case at a time, each followed by a check
 //! that nothing changed: paths outside kubelet's root or through a symlink, a tmpfs that
 //! is not a volume, another volume's staging and target paths, stats and expand on
-//! foreign paths, and requests beyond the CSI spec's limits.
+//! foreign paths, NodeReclaimSpace (csi-addons) on paths that do not hold the volume,
+//! and requests beyond the CSI spec's limits.
+//!
+//! The backend is a parameter ([`Backend`]): tests/hostile.rs runs the cases on the
+//! loop default on the host, tests/hostile_vm.rs on LVM and PMEM in the tests/vm guest.
+//! With `LOCALVOL_HOSTILE_KEEP_GOING=1` a failing case is reported and the next one
+//! runs; the suite still fails at the end, with the count (used to measure a driver
+//! without the checks).
+
+#![allow(dead_code)] // tests/hostile.rs and tests/hostile_vm.rs each use their own part
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use localvol::proto::csi::v1 as csi;
+use localvol::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
 use tonic::Code;
 
-use super::common::{Daemon, create_request, create_volume_id, mount_capability};
-use super::sandbox::Snapshot;
+use super::common::{Daemon, connect, create_request, create_volume_id, mount_capability};
+use super::requests::{
+    block_capability, publish, reclaim_req, s, stage, stats_req, unpublish_req, unstage_req,
+};
+use super::sandbox::{Snapshot, Storage};
 
 const MIB: i64 = 1 << 20;
 
-fn block_capability() -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, BlockVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
+/// Where the suite's volumes live.
+pub struct Backend {
+    /// For the report: `loop`, `lvm`, `lvm-thin`, ...
+    pub name: String,
+    /// Extra daemon arguments: a `--config` whose default class is the one under test.
+    pub daemon_args: Vec<String>,
+    /// What besides mounts, loop devices and files each case must leave unchanged.
+    pub storage: Storage,
+    /// Whether the device takes discards: FITRIM on PMEM is EOPNOTSUPP, which a
+    /// legitimate NodeReclaimSpace answers as FAILED_PRECONDITION.
+    pub discards: bool,
 }
 
-fn s(p: &Path) -> String {
-    p.display().to_string()
+impl Backend {
+    /// The embedded default: one loop class.
+    pub fn loop_files() -> Self {
+        Self {
+            name: "loop".into(),
+            daemon_args: Vec::new(),
+            storage: Storage::Loop,
+            discards: true,
+        }
+    }
 }
 
 struct Suite {
     node: csi::node_client::NodeClient<tonic::transport::Channel>,
     controller: csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    reclaim: ReclaimSpaceNodeClient<tonic::transport::Channel>,
     scratch: PathBuf,
     trees: Vec<PathBuf>,
+    storage: Storage,
     cases: usize,
+    /// With `LOCALVOL_HOSTILE_KEEP_GOING=1`: the cases that failed, instead of a panic.
+    failures: Option<Vec<String>>,
 }
 
 impl Suite {
@@ -45,21 +73,36 @@ impl Suite {
         expected: Code,
         call: impl AsyncFnOnce(&mut Self) -> Result<T, tonic::Status>,
     ) {
-        let trees: Vec<&Path> = self.trees.iter().map(PathBuf::as_path).collect();
-        let before = Snapshot::take(&self.scratch, &trees);
+        let before = self.snapshot();
         let result = call(self).await;
         let code = match &result {
             Ok(_) => Code::Ok,
             Err(status) => status.code(),
         };
-        assert_eq!(code, expected, "{what}: {result:?}");
-        let trees: Vec<&Path> = self.trees.iter().map(PathBuf::as_path).collect();
-        assert_eq!(
-            Snapshot::take(&self.scratch, &trees),
-            before,
-            "{what} changed the host"
-        );
+        let after = self.snapshot();
         self.cases += 1;
+        let Some(failures) = &mut self.failures else {
+            assert_eq!(code, expected, "{what}: {result:?}");
+            assert_eq!(after, before, "{what} changed the host");
+            return;
+        };
+        let changed = before.diff(&after);
+        if code != expected || !changed.is_empty() {
+            eprintln!(
+                "hostile-case FAIL {what}: {code:?} (expected {expected:?}); {} changes{}",
+                changed.len(),
+                changed.iter().map(|l| format!("\n    {l}")).collect::<String>()
+            );
+            failures.push(format!(
+                "{what}: {code:?}, expected {expected:?}; {} changes",
+                changed.len()
+            ));
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let trees: Vec<&Path> = self.trees.iter().map(PathBuf::as_path).collect();
+        Snapshot::take(&self.scratch, &trees, &self.storage)
     }
 
     async fn create(&mut self, name: &str, cap: csi::VolumeCapability) -> String {
@@ -69,67 +112,29 @@ impl Suite {
     }
 }
 
-fn stage(id: &str, path: &str, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: path.into(),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-fn publish(
-    id: &str,
-    staging: &str,
-    target: &str,
-    cap: csi::VolumeCapability,
-) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.into(),
-        target_path: target.into(),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-fn unpublish_req(id: &str, target: impl Into<String>) -> csi::NodeUnpublishVolumeRequest {
-    csi::NodeUnpublishVolumeRequest {
-        volume_id: id.into(),
-        target_path: target.into(),
-    }
-}
-
-fn unstage_req(id: &str, staging: impl Into<String>) -> csi::NodeUnstageVolumeRequest {
-    csi::NodeUnstageVolumeRequest {
-        volume_id: id.into(),
-        staging_target_path: staging.into(),
-    }
-}
-
-fn stats_req(id: &str, path: impl Into<String>) -> csi::NodeGetVolumeStatsRequest {
-    csi::NodeGetVolumeStatsRequest {
-        volume_id: id.into(),
-        volume_path: path.into(),
-        ..Default::default()
-    }
-}
-
-pub async fn run(scratch: PathBuf) {
+pub async fn run(scratch: PathBuf, backend: Backend) {
+    let started = std::time::Instant::now();
     let root = scratch.join("kubelet");
     std::fs::create_dir_all(&root).unwrap();
-    let d = Daemon::start(&["--kubelet-root-dir", root.to_str().unwrap()]).await;
+    let mut args = vec!["--kubelet-root-dir", root.to_str().unwrap()];
+    args.extend(backend.daemon_args.iter().map(String::as_str));
+    let d = Daemon::start(&args).await;
+    let keep_going = std::env::var("LOCALVOL_HOSTILE_KEEP_GOING").as_deref() == Ok("1");
     let mut t = Suite {
         node: d.node().await,
         controller: d.controller().await,
+        reclaim: ReclaimSpaceNodeClient::new(connect(&d.addons_socket).await),
         trees: vec![root.clone(), d.data_dir()],
         scratch: scratch.clone(),
+        storage: backend.storage.clone(),
         cases: 0,
+        failures: keep_going.then(Vec::new),
     };
     // The baseline: A staged and published, F staged, B (raw block) published, a tmpfs
     // that is no volume, a directory with content, a symlink out of the root.
     let a = t.create("pvc-a", mount_capability()).await;
     let f = t.create("pvc-f", mount_capability()).await;
+    let class = f.split('.').next().unwrap().to_string();
     let b = t.create("pvc-b", block_capability()).await;
     let a_stage = root.join("plugins/a/globalmount");
     let a_target = root.join("pods/1/volumes/a/mount");
@@ -354,6 +359,63 @@ pub async fn run(scratch: PathBuf) {
         .await;
     }
 
+    // NodeReclaimSpace (csi-addons): its paths are confined and must hold the volume.
+    let f_stage_s = s(&f_stage);
+    for path in &outside {
+        t.case(&format!("reclaim F at {path:?}"), Invalid, async |t| {
+            t.reclaim.node_reclaim_space(reclaim_req(&f, path, "")).await
+        })
+        .await;
+        t.case(&format!("reclaim F staged at {path:?}"), Invalid, async |t| {
+            t.reclaim.node_reclaim_space(reclaim_req(&f, "", path)).await
+        })
+        .await;
+    }
+    for (what, path) in [
+        ("a tmpfs", s(&tmpfs)),
+        ("A's staging path", s(&a_stage)),
+        ("A's target", s(&a_target)),
+        ("B's block target", s(&b_target)),
+        ("a directory with content", s(&full)),
+        ("a symlink to /etc", s(&root.join("etc-link"))),
+        (
+            "a symlink to A's staging path",
+            s(&root.join("plugins-link/a/globalmount")),
+        ),
+    ] {
+        t.case(&format!("reclaim F at {what}"), NotFound, async |t| {
+            t.reclaim.node_reclaim_space(reclaim_req(&f, &path, "")).await
+        })
+        .await;
+        t.case(
+            &format!("reclaim F at its staging path, staged at {what}"),
+            NotFound,
+            async |t| {
+                t.reclaim
+                    .node_reclaim_space(reclaim_req(&f, &f_stage_s, &path))
+                    .await
+            },
+        )
+        .await;
+    }
+    t.case("reclaim B (raw block) at A's target", NotFound, async |t| {
+        t.reclaim
+            .node_reclaim_space(reclaim_req(&b, &s(&a_target), ""))
+            .await
+    })
+    .await;
+    let trimmed = if backend.discards { Done } else { Busy };
+    t.case(
+        "reclaim A at its own target and staging path",
+        trimmed,
+        async |t| {
+            t.reclaim
+                .node_reclaim_space(reclaim_req(&a, &s(&a_target), &s(&a_stage)))
+                .await
+        },
+    )
+    .await;
+
     // The spec's limits: names, maps, mount flags, context keys.
     let fresh = root.join("plugins/fresh/globalmount");
     let huge = "v".repeat(64 << 10);
@@ -416,15 +478,31 @@ pub async fn run(scratch: PathBuf) {
     t.case("a 129-byte volume id", Invalid, async |t| {
         t.node
             .node_stage_volume(stage(
-                &format!("default.{}", "a".repeat(121)),
+                &format!("{class}.{}", "a".repeat(128 - class.len())),
                 &s(&fresh),
                 mount_capability(),
             ))
             .await
     })
     .await;
+    if let Some(failures) = &t.failures
+        && !failures.is_empty()
+    {
+        panic!(
+            "{}: {} of {} hostile cases failed:\n{}",
+            backend.name,
+            failures.len(),
+            t.cases,
+            failures.join("\n")
+        );
+    }
     assert_eq!(std::fs::read(a_target.join("a-data")).unwrap(), b"tenant a");
-    eprintln!("{} hostile node cases, each without a side effect", t.cases);
+    eprintln!(
+        "{}: {} hostile node cases, each without a side effect, {:.1}s",
+        backend.name,
+        t.cases,
+        started.elapsed().as_secs_f64()
+    );
 
     // The legitimate teardown still works, and leaves nothing behind.
     let node = &mut t.node;

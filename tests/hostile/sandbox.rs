@@ -8,6 +8,14 @@
 //! included, and proves `/` refuses a write. Mounts made or removed inside never
 //! propagate out, and the namespace dies with the process; loop devices are global, so
 //! those left on files in the scratch tmpfs are detached by the parent afterwards.
+//!
+//! In the tests/vm guest the LVM and PMEM backends need a few places writable that
+//! the host's sandbox keeps read-only ([`Sandbox::guest`]): device-mapper makes its
+//! nodes in `/dev`, ndctl writes sysfs, LVM takes its locks below `/run`, and LVM's
+//! metadata backups get a private tmpfs each. Those are the guest's own (it is thrown
+//! away after the run); `/` stays read-only there too.
+
+#![allow(dead_code)] // tests/hostile.rs and tests/hostile_vm.rs each use their own part
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,14 +23,63 @@ use std::process::Command;
 use nix::mount::{MsFlags, mount};
 
 const SCRATCH_ENV: &str = "LOCALVOL_HOSTILE_SCRATCH";
+const WRITABLE_ENV: &str = "LOCALVOL_HOSTILE_WRITABLE";
+const PRIVATE_ENV: &str = "LOCALVOL_HOSTILE_PRIVATE";
+
+/// What the sandbox leaves writable besides its scratch directory.
+#[derive(Debug, Default, Clone)]
+pub struct Sandbox {
+    /// Mount points left as they are (not remounted read-only).
+    pub writable: Vec<PathBuf>,
+    /// Directories given a private, empty tmpfs before the rest turns read-only.
+    pub private: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    /// For the tests/vm guest: `/dev`, `/sys` and `/run` writable, private LVM backups.
+    pub fn guest() -> Self {
+        Self {
+            writable: ["/dev", "/sys", "/run"].map(PathBuf::from).to_vec(),
+            private: ["/etc/lvm/archive", "/etc/lvm/backup"]
+                .map(PathBuf::from)
+                .to_vec(),
+        }
+    }
+}
+
+fn join(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn split(var: &str) -> Vec<PathBuf> {
+    std::env::var(var)
+        .unwrap_or_default()
+        .split(':')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
 
 /// Runs test `name` of this binary inside a fresh sandbox and fails if it fails. Returns
 /// `Some(scratch)` when called inside the sandbox (the test body should run), `None` in
 /// the parent (the body already ran in the child).
 pub fn run_sandboxed(name: &str) -> Option<PathBuf> {
+    run_sandboxed_with(name, &Sandbox::default(), &[])
+}
+
+/// [`run_sandboxed`] with `sandbox`'s exceptions and `env` set for the child.
+pub fn run_sandboxed_with(name: &str, sandbox: &Sandbox, env: &[(&str, &str)]) -> Option<PathBuf> {
     if let Ok(scratch) = std::env::var(SCRATCH_ENV) {
         let scratch = PathBuf::from(scratch);
-        enter(&scratch);
+        let sandbox = Sandbox {
+            writable: split(WRITABLE_ENV),
+            private: split(PRIVATE_ENV),
+        };
+        enter(&scratch, &sandbox);
         return Some(scratch);
     }
     // Short: the daemon's sockets live below it, and socket paths are bounded.
@@ -33,7 +90,10 @@ pub fn run_sandboxed(name: &str) -> Option<PathBuf> {
         .arg(std::env::current_exe().unwrap())
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env(SCRATCH_ENV, &scratch)
+        .env(WRITABLE_ENV, join(&sandbox.writable))
+        .env(PRIVATE_ENV, join(&sandbox.private))
         .env("TMPDIR", &scratch)
+        .envs(env.iter().copied())
         .status()
         .expect("unshare (util-linux) runs");
     detach_loops_under(&scratch);
@@ -42,16 +102,18 @@ pub fn run_sandboxed(name: &str) -> Option<PathBuf> {
     None
 }
 
-fn enter(scratch: &Path) {
+fn enter(scratch: &Path, sandbox: &Sandbox) {
     let none: Option<&str> = None;
-    mount(
-        Some("tmpfs"),
-        scratch,
-        Some("tmpfs"),
-        MsFlags::empty(),
-        Some("mode=0700"),
-    )
-    .expect("private tmpfs on the scratch directory");
+    for dir in std::iter::once(scratch).chain(sandbox.private.iter().map(PathBuf::as_path)) {
+        mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("mode=0700"),
+        )
+        .unwrap_or_else(|e| panic!("private tmpfs on {}: {e}", dir.display()));
+    }
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let mut points: Vec<(PathBuf, Vec<String>)> = mountinfo
         .lines()
@@ -61,7 +123,7 @@ fn enter(scratch: &Path) {
             let options = fields.get(5)?.split(',').map(str::to_string).collect();
             Some((point, options))
         })
-        .filter(|(p, _)| p != scratch)
+        .filter(|(p, _)| p != scratch && !sandbox.private.contains(p) && !sandbox.writable.contains(p))
         .collect();
     points.sort();
     points.dedup_by(|a, b| a.0 == b.0);
@@ -113,62 +175,172 @@ fn detach_loops_under(dir: &Path) {
 }
 
 /// What a hostile call must not change: the namespace's mount table, the loop devices
-/// on the scratch directory, and every file below the kubelet root and the data
-/// directory (kind, size, mode), read without following symlinks.
+/// on the scratch directory, every file below the kubelet root and the data directory
+/// (kind, size, mode), read without following symlinks, and with [`Storage::Guest`] the
+/// guest's block devices (device-mapper ones by name), NVDIMM namespaces and LVs.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Snapshot {
     mounts: Vec<String>,
     loops: Vec<String>,
     files: Vec<String>,
+    storage: Vec<String>,
+}
+
+/// Which storage besides loop devices a snapshot lists.
+#[derive(Debug, Clone)]
+pub enum Storage {
+    /// None: on a shared host, other tests' devices come and go.
+    Loop,
+    /// Every block device, namespace and the LVs (with tags) of these volume groups:
+    /// in the tests/vm guest nothing else makes or removes them.
+    Guest { volume_groups: Vec<String> },
 }
 
 impl Snapshot {
-    pub fn take(scratch: &Path, trees: &[&Path]) -> Self {
-        use std::os::unix::fs::MetadataExt;
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .map(str::to_string)
-            .collect();
-        let mut loops = Vec::new();
-        for entry in std::fs::read_dir("/sys/block").unwrap().flatten() {
-            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
-            if Path::new(backing.trim()).starts_with(scratch) {
-                loops.push(format!(
-                    "{} {}",
-                    entry.file_name().to_string_lossy(),
-                    backing.trim()
-                ));
-            }
+    pub fn take(scratch: &Path, trees: &[&Path], storage: &Storage) -> Self {
+        Self {
+            mounts: std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect(),
+            loops: loops_on(scratch),
+            files: files_below(trees),
+            storage: match storage {
+                Storage::Loop => Vec::new(),
+                Storage::Guest { volume_groups } => guest_storage(volume_groups),
+            },
         }
-        loops.sort();
-        let mut files = Vec::new();
-        let mut todo: Vec<PathBuf> = trees.iter().map(|t| t.to_path_buf()).collect();
-        while let Some(path) = todo.pop() {
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
-                files.push(format!("{} missing", path.display()));
-                continue;
-            };
-            let kind = if meta.is_dir() {
-                "dir"
-            } else if meta.file_type().is_symlink() {
-                "link"
-            } else {
-                "file"
-            };
-            files.push(format!(
-                "{} {kind} {} {:o}",
-                path.display(),
-                meta.len(),
-                meta.mode()
-            ));
-            if meta.is_dir() {
-                for entry in std::fs::read_dir(&path).unwrap().flatten() {
-                    todo.push(entry.path());
-                }
-            }
-        }
-        files.sort();
-        Self { mounts, loops, files }
     }
+
+    /// What differs from `other`, one line per entry only one of them has.
+    pub fn diff(&self, other: &Snapshot) -> Vec<String> {
+        let mut out = Vec::new();
+        for (mine, theirs) in [
+            (&self.mounts, &other.mounts),
+            (&self.loops, &other.loops),
+            (&self.files, &other.files),
+            (&self.storage, &other.storage),
+        ] {
+            out.extend(
+                mine.iter()
+                    .filter(|l| !theirs.contains(l))
+                    .map(|l| format!("- {l}")),
+            );
+            out.extend(
+                theirs
+                    .iter()
+                    .filter(|l| !mine.contains(l))
+                    .map(|l| format!("+ {l}")),
+            );
+        }
+        out
+    }
+}
+
+fn loops_on(scratch: &Path) -> Vec<String> {
+    let mut loops = Vec::new();
+    for entry in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
+        if Path::new(backing.trim()).starts_with(scratch) {
+            loops.push(format!(
+                "{} {}",
+                entry.file_name().to_string_lossy(),
+                backing.trim()
+            ));
+        }
+    }
+    loops.sort();
+    loops
+}
+
+fn files_below(trees: &[&Path]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut files = Vec::new();
+    let mut todo: Vec<PathBuf> = trees.iter().map(|t| t.to_path_buf()).collect();
+    while let Some(path) = todo.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            files.push(format!("{} missing", path.display()));
+            continue;
+        };
+        let kind = if meta.is_dir() {
+            "dir"
+        } else if meta.file_type().is_symlink() {
+            "link"
+        } else {
+            "file"
+        };
+        files.push(format!(
+            "{} {kind} {} {:o}",
+            path.display(),
+            meta.len(),
+            meta.mode()
+        ));
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap().flatten() {
+                todo.push(entry.path());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// sysfs attributes of `dir` named in `attrs`, as `name=value` (missing ones left out).
+fn attributes(dir: &Path, attrs: &[&str]) -> String {
+    attrs
+        .iter()
+        .filter_map(|a| {
+            let value = std::fs::read_to_string(dir.join(a)).ok()?;
+            Some(format!("{a}={}", value.trim()))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Block devices (size; device-mapper name and table owner), NVDIMM namespaces (size,
+/// name, mode, holder) and the LVs of `volume_groups` (attributes, size, tags).
+fn guest_storage(volume_groups: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        let attrs = attributes(&entry.path(), &["size", "dm/name", "dm/uuid", "ro"]);
+        out.push(format!("block {} {attrs}", entry.file_name().to_string_lossy()));
+    }
+    for entry in std::fs::read_dir("/sys/bus/nd/devices")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("namespace") {
+            let attrs = attributes(&entry.path(), &["size", "alt_name", "mode", "holder", "uuid"]);
+            out.push(format!("namespace {name} {attrs}"));
+        }
+    }
+    if !volume_groups.is_empty() {
+        let listing = Command::new("lvs")
+            .args([
+                "--noheadings",
+                "-o",
+                "vg_name,lv_name,lv_attr,lv_size,lv_tags",
+                "--units",
+                "b",
+            ])
+            .args(volume_groups)
+            .env("LC_ALL", "C")
+            .output()
+            .expect("lvs runs");
+        assert!(
+            listing.status.success(),
+            "lvs {volume_groups:?}: {}",
+            String::from_utf8_lossy(&listing.stderr)
+        );
+        out.extend(
+            String::from_utf8_lossy(&listing.stdout)
+                .lines()
+                .map(|l| format!("lv {}", l.split_whitespace().collect::<Vec<_>>().join(" "))),
+        );
+    }
+    out.sort();
+    out
 }

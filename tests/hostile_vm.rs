@@ -1,0 +1,322 @@
+//! The hostile node cases of tests/hostile.rs (`hostile/node_cases.rs`, issue 14) on
+//! LVM thick, LVM thin, PMEM direct and PMEM on LVM, in the tests/vm guest: the same
+//! case list and sandbox, with the device class as the parameter, and after every case
+//! also the guest's block devices (device-mapper ones by name), NVDIMM namespaces and
+//! LVs (with their tags) compared with what they were before it.
+//!
+//! It makes its own storage and removes it at the end: VG `hostilevg` with the zeroing
+//! thin pool `hostilepool` on the disk named by `LOCALVOL_VM_DISK` (wiped first: earlier
+//! steps in the same guest may have used it as scratch), and on region0 one fsdax
+//! namespace holding VG `hostilepmemvg`; PMEM direct volumes take region0's free space.
+//! region0's labels are initialised only when it offers no space at all (a label-less
+//! region, as the guest boots). Each class runs in its own sandboxed child with one
+//! daemon serving only that class.
+//!
+//! In CI (the guest needs one disk and an NVDIMM):
+//!
+//! ```sh
+//! exe=$(cargo test --locked --no-run --test hostile_vm 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p')
+//! LOCALVOL_VM_SUITE=1 LOCALVOL_VM_DISK=/dev/vda tests/vm/run.sh --disk-size 4G --pmem-size 1G --timeout 3600 -- \
+//!     "$exe" --test-threads=1 --nocapture
+//! ```
+//!
+//! On the host it reports that it did not run and passes, unless `LOCALVOL_VM_SUITE=1`
+//! says it must run (then it fails outside the guest).
+
+mod common;
+#[path = "hostile/node_cases.rs"]
+mod node_cases;
+#[path = "hostile/requests.rs"]
+mod requests;
+#[path = "hostile/sandbox.rs"]
+mod sandbox;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use node_cases::Backend;
+use sandbox::{Sandbox, Storage};
+
+const VG: &str = "hostilevg";
+const POOL: &str = "hostilepool";
+const PMEM_VG: &str = "hostilepmemvg";
+const PMEM_VG_NAMESPACE: &str = "hostile-pmemvg";
+const REGION: &str = "region0";
+const NMEM: &str = "nmem0";
+const CONFIG_DIR: &str = "/run/localvol-hostile-vm";
+const CLASS_ENV: &str = "LOCALVOL_HOSTILE_CLASS";
+const DISK_ENV: &str = "LOCALVOL_VM_DISK";
+
+/// Each class is the default of its own daemon, so the cases' CreateVolume calls
+/// (which name no class) land on it.
+const CLASSES: &[(&str, &str)] = &[
+    (
+        "lvm",
+        "{name: lvm, kind: lvm, volume-group: hostilevg, spare-gb: 0, default: true}",
+    ),
+    (
+        "lvm-thin",
+        "{name: lvm-thin, kind: lvm-thin, volume-group: hostilevg, default: true, \
+         thin-pool: {name: hostilepool, overprovision-ratio: 1.0}}",
+    ),
+    (
+        "pmem",
+        "{name: pmem, kind: pmem, mode: direct, region: region0, default: true}",
+    ),
+    (
+        "pmem-lvm",
+        "{name: pmem-lvm, kind: pmem, mode: lvm, volume-group: hostilepmemvg, default: true}",
+    ),
+];
+
+/// True in the guest. On the host: fails if the suite is required, else says so.
+fn in_guest(test: &str) -> bool {
+    if std::env::var("VMTEST_GUEST").as_deref() == Ok("1") {
+        return true;
+    }
+    if std::env::var("LOCALVOL_VM_SUITE").as_deref() == Ok("1") {
+        panic!("{test}: LOCALVOL_VM_SUITE=1 but this is not the VM guest; run it with tests/vm/run.sh");
+    }
+    eprintln!("hostile_vm: {test} not run: run it in the tests/vm guest (see this file's header)");
+    false
+}
+
+/// Runs a command; its stdout, or its stderr as the error.
+fn try_sh(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(format!(
+            "{program} {args:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn sh(program: &str, args: &[&str]) -> String {
+    try_sh(program, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// ndctl prints one object or an array of them.
+fn json_list(out: &str) -> Vec<serde_json::Value> {
+    if out.trim().is_empty() {
+        return Vec::new();
+    }
+    match serde_json::from_str(out).unwrap() {
+        serde_json::Value::Array(all) => all,
+        one => vec![one],
+    }
+}
+
+/// The namespaces of region0 that hold space, disabled ones too, as `dev name size
+/// mode` (a destroyed namespace leaves an idle seed of size 0 behind, which is no leak).
+fn namespaces() -> Vec<String> {
+    let mut all: Vec<String> = json_list(&sh("ndctl", &["list", "-N", "-i", "-r", REGION]))
+        .iter()
+        .filter(|n| n["size"].as_u64().unwrap_or(0) > 0)
+        .map(|n| format!("{} {} {} {}", n["dev"], n["name"], n["size"], n["mode"]))
+        .collect();
+    all.sort();
+    all
+}
+
+/// Device-mapper devices by name, but the thin pool's own: LVM activates the pool's
+/// `-tpool` layer with its first thin LV and keeps it, which is the pool's, no volume's.
+fn dm_devices() -> Vec<String> {
+    let pool = format!("{VG}-{POOL}");
+    let mut all: Vec<String> = sh("dmsetup", &["ls"])
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| *n != "No" && !n.starts_with(&pool))
+        .map(str::to_string)
+        .collect();
+    all.sort();
+    all
+}
+
+fn lvs(vg: &str) -> Vec<String> {
+    sh("lvs", &["--noheadings", "-o", "lv_name", vg])
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The suite's VGs and namespace; removed again when dropped, also after a failure.
+struct GuestStorage {
+    disk: String,
+    pmem_namespace: Option<(String, String)>,
+}
+
+impl GuestStorage {
+    fn set_up() -> Self {
+        let started = Instant::now();
+        let disk = std::env::var(DISK_ENV)
+            .unwrap_or_else(|_| panic!("{DISK_ENV} names the disk this suite may wipe (CI: /dev/vdc)"));
+        assert!(Path::new(&disk).exists(), "{DISK_ENV}={disk} does not exist");
+        let mut storage = Self {
+            disk: disk.clone(),
+            pmem_namespace: None,
+        };
+        sh("wipefs", &["-q", "-a", &disk]);
+        sh("pvcreate", &["-q", "-y", &disk]);
+        sh("vgcreate", &["-q", VG, &disk]);
+        sh(
+            "lvcreate",
+            &["-q", "-y", "-T", &format!("{VG}/{POOL}"), "-L", "512M", "-Zy"],
+        );
+        // A region nobody labelled holds one label-less raw namespace and offers nothing.
+        let region = json_list(&sh("ndctl", &["list", "-R", "-r", REGION]));
+        if region.first().and_then(|r| r["available_size"].as_u64()) == Some(0) {
+            sh("ndctl", &["disable-region", REGION]);
+            sh("ndctl", &["init-labels", "-f", NMEM]);
+            sh("ndctl", &["enable-region", REGION]);
+        }
+        let made = sh(
+            "ndctl",
+            &[
+                "create-namespace",
+                "-r",
+                REGION,
+                "-m",
+                "fsdax",
+                "-M",
+                "dev",
+                "-s",
+                "256M",
+                "-n",
+                PMEM_VG_NAMESPACE,
+            ],
+        );
+        let made: serde_json::Value = serde_json::from_str(&made).unwrap();
+        let field = |key: &str| {
+            made[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("{key} in {made}"))
+                .to_string()
+        };
+        let pv = format!("/dev/{}", field("blockdev"));
+        storage.pmem_namespace = Some((field("dev"), pv.clone()));
+        sh("pvcreate", &["-q", "-y", &pv]);
+        sh("vgcreate", &["-q", PMEM_VG, &pv]);
+        std::fs::create_dir_all(CONFIG_DIR).unwrap();
+        for (class, yaml) in CLASSES {
+            std::fs::write(config_path(class), format!("device-classes:\n  - {yaml}\n")).unwrap();
+        }
+        eprintln!(
+            "hostile_vm: storage set up in {:.1}s (VG {VG} on {disk}, VG {PMEM_VG} on {pv})",
+            started.elapsed().as_secs_f64()
+        );
+        storage
+    }
+
+    /// What a class's run must leave as it found it.
+    fn state() -> (Vec<String>, Vec<String>, Vec<String>, Vec<String>) {
+        (lvs(VG), lvs(PMEM_VG), namespaces(), dm_devices())
+    }
+}
+
+impl Drop for GuestStorage {
+    fn drop(&mut self) {
+        let mut failed = Vec::new();
+        let mut run = |program: &str, args: &[&str]| {
+            if let Err(e) = try_sh(program, args) {
+                failed.push(e);
+            }
+        };
+        run("vgremove", &["-q", "-f", "-y", VG]);
+        run("pvremove", &["-q", "-y", &self.disk]);
+        run("wipefs", &["-q", "-a", &self.disk]);
+        if let Some((namespace, pv)) = &self.pmem_namespace {
+            run("vgremove", &["-q", "-f", "-y", PMEM_VG]);
+            run("pvremove", &["-q", "-y", pv]);
+            run("ndctl", &["destroy-namespace", "-f", namespace]);
+        }
+        let _ = std::fs::remove_dir_all(CONFIG_DIR);
+        if !failed.is_empty() {
+            eprintln!("hostile_vm: cleaning up failed:\n{}", failed.join("\n"));
+            if !std::thread::panicking() {
+                panic!("hostile_vm: the suite's storage was not removed: {failed:?}");
+            }
+        }
+    }
+}
+
+fn config_path(class: &str) -> PathBuf {
+    Path::new(CONFIG_DIR).join(format!("{class}.yaml"))
+}
+
+fn backend(class: &str) -> Backend {
+    Backend {
+        name: class.to_string(),
+        daemon_args: vec!["--config".into(), config_path(class).display().to_string()],
+        storage: Storage::Guest {
+            volume_groups: vec![VG.into(), PMEM_VG.into()],
+        },
+        discards: !class.starts_with("pmem"),
+    }
+}
+
+#[test]
+fn node_calls_act_only_on_what_belongs_to_the_volume_on_lvm_and_pmem() {
+    const NAME: &str = "node_calls_act_only_on_what_belongs_to_the_volume_on_lvm_and_pmem";
+    if let Ok(class) = std::env::var(CLASS_ENV) {
+        // The sandboxed child of one class.
+        let scratch = sandbox::run_sandboxed_with(NAME, &Sandbox::guest(), &[])
+            .expect("the child runs inside its sandbox");
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(node_cases::run(scratch, backend(&class)));
+        return;
+    }
+    if !in_guest(NAME) {
+        return;
+    }
+    let started = Instant::now();
+    // `LOCALVOL_HOSTILE_CLASSES=pmem,pmem-lvm` runs a subset (for a second guest lane).
+    let only = std::env::var("LOCALVOL_HOSTILE_CLASSES").unwrap_or_default();
+    let classes: Vec<&str> = CLASSES
+        .iter()
+        .map(|(class, _)| *class)
+        .filter(|class| only.is_empty() || only.split(',').any(|o| o == *class))
+        .collect();
+    assert!(
+        !classes.is_empty(),
+        "LOCALVOL_HOSTILE_CLASSES={only} names no class"
+    );
+    let storage = GuestStorage::set_up();
+    for class in &classes {
+        let class_started = Instant::now();
+        let before = GuestStorage::state();
+        let ran = sandbox::run_sandboxed_with(NAME, &Sandbox::guest(), &[(CLASS_ENV, *class)]);
+        assert!(ran.is_none(), "the parent does not run a class itself");
+        assert_eq!(
+            GuestStorage::state(),
+            before,
+            "{class}: the run left LVs, namespaces or device-mapper devices behind"
+        );
+        eprintln!(
+            "hostile_vm: {class}: passed in {:.1}s (daemon, baseline, cases, teardown)",
+            class_started.elapsed().as_secs_f64()
+        );
+    }
+    drop(storage);
+    assert!(
+        try_sh("vgs", &[VG]).is_err() && try_sh("vgs", &[PMEM_VG]).is_err(),
+        "the suite's VGs are gone"
+    );
+    assert!(
+        !namespaces().iter().any(|n| n.contains(PMEM_VG_NAMESPACE)),
+        "the suite's namespace is gone"
+    );
+    eprintln!("hostile_vm: 4 classes in {:.1}s", started.elapsed().as_secs_f64());
+}
