@@ -11,7 +11,7 @@ step() { printf '\n==== %s (%s)\n' "$1" "$(date +%T)"; }
 
 step "host packages"
 need=()
-for tool in mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount blkid:util-linux fstrim:util-linux; do
+for tool in mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount blkid:util-linux fstrim:util-linux jq:jq; do
   command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -12,13 +12,9 @@
 //! region, as the guest boots). Each class runs in its own sandboxed child with one
 //! daemon serving only that class.
 //!
-//! In CI (the guest needs one disk and an NVDIMM):
-//!
-//! ```sh
-//! exe=$(cargo test --locked --no-run --test hostile_vm 2>&1 | sed -n 's/^ *Executable .*(\(.*\))$/\1/p')
-//! LOCALVOL_VM_SUITE=1 LOCALVOL_VM_DISK=/dev/vda tests/vm/run.sh --disk-size 4G --pmem-size 1G --timeout 3600 -- \
-//!     "$exe" --test-threads=1 --nocapture
-//! ```
+//! In CI, `tests/vm/suite.sh` runs it as two parts, one per guest:
+//! `hostile-lvm` (`LOCALVOL_HOSTILE_CLASSES=lvm,lvm-thin`, `/dev/vdc`) and `hostile-pmem`
+//! (`pmem,pmem-lvm`, `/dev/vdb`). Alone: `tests/vm/suite.sh hostile-lvm hostile-pmem`.
 //!
 //! On the host it reports that it did not run and passes, unless `LOCALVOL_VM_SUITE=1`
 //! says it must run (then it fails outside the guest).

@@ -12,9 +12,11 @@
 #                 on /dev/vda and region0, after its host steps (exit codes, parallel runs)
 #     privileged  tests/privileged.rs (loop backend, all capabilities), TMPDIR on /dev/vdc
 #     backends    tests/vm_backends.rs on /dev/vda, /dev/vdb and the NVDIMM
+#     hostile-lvm tests/hostile_vm.rs on lvm and lvm-thin (/dev/vdc)
 #   guest B (three 4G disks, a 2G NVDIMM):
 #     crash       tests/crash_vm.rs: random SIGKILLs on lvm, lvm-thin, pmem (/dev/vda, NVDIMM)
 #     reclaim     tests/reclaim_privileged.rs lvm_thin on /dev/vdb
+#     hostile-pmem tests/hostile_vm.rs on pmem and pmem-lvm (/dev/vdb, the NVDIMM)
 #     sanity      csi-sanity on lvm, lvm-thin, pmem, pmem-lvm x mount, block (/dev/vdc,
 #                 what is left of the NVDIMM): tests/sanity/vm.sh, 8 result lines
 #
@@ -27,15 +29,15 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cd "$HERE/../.."
 
-LANE_A=(smoke privileged backends)
-LANE_B=(crash reclaim sanity)
+LANE_A=(smoke privileged backends hostile-lvm)
+LANE_B=(crash reclaim hostile-pmem sanity)
 VERBOSE=()
 parts=() filter=()
 while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
     --) shift; filter=("$@"); break ;;
-    smoke|privileged|backends|crash|reclaim|sanity) parts+=("$1") ;;
+    smoke|privileged|backends|hostile-lvm|crash|reclaim|hostile-pmem|sanity) parts+=("$1") ;;
     *) echo "tests/vm/suite.sh: unknown part $1 (${LANE_A[*]} ${LANE_B[*]})" >&2; exit 2 ;;
   esac
   shift
@@ -52,7 +54,7 @@ mkdir -p "$target"
 run_dir=$(mktemp -d "$(realpath "$target")/vm-suite.XXXXXX")
 trap 'rm -rf "$run_dir"' EXIT
 if ! cargo test --locked --no-run --test vm_backends --test privileged --test crash_vm \
-    --test reclaim_privileged --message-format=json-render-diagnostics \
+    --test reclaim_privileged --test hostile_vm --message-format=json-render-diagnostics \
     >"$run_dir/build.json" 2>"$run_dir/build.log"; then
   cat "$run_dir/build.log" >&2
   echo "tests/vm/suite.sh: FAIL: cannot build the test binaries" >&2
@@ -62,7 +64,7 @@ artifact() {  # artifact KIND NAME: the executable cargo reported for that targe
   grep -o "\"kind\":\[\"$1\"\],[^}]*\"name\":\"$2\".*\"executable\":\"[^\"]*\"" "$run_dir/build.json" |
     sed 's/.*"executable":"\([^"]*\)"/\1/' | tail -n 1
 }
-for a in test:vm_backends test:privileged test:crash_vm test:reclaim_privileged bin:localvol; do
+for a in test:vm_backends test:privileged test:crash_vm test:reclaim_privileged test:hostile_vm bin:localvol; do
   exe=$(artifact "${a%:*}" "${a#*:}")
   [ -x "$exe" ] || { cat "$run_dir/build.log" >&2; echo "tests/vm/suite.sh: FAIL: no executable for $a" >&2; exit 1; }
   cp "$exe" "$run_dir/${a#*:}"
@@ -84,7 +86,9 @@ part_cmd() {
     smoke) echo "bash $HERE/smoke.sh" ;;
     privileged) echo "bash -c 'mkfs.ext4 -q -F /dev/vdc && mkdir -p /mnt/scratch && mount /dev/vdc /mnt/scratch && rc=0 && { TMPDIR=/mnt/scratch $r/privileged --test-threads=1 || rc=\$?; } && umount /mnt/scratch && exit \$rc'" ;;
     backends) echo "$r/vm_backends --test-threads=1 --nocapture ${filter[*]:-}" ;;
+    hostile-lvm) echo "env LOCALVOL_VM_DISK=/dev/vdc LOCALVOL_HOSTILE_CLASSES=lvm,lvm-thin $r/hostile_vm --test-threads=1 --nocapture" ;;
     crash) echo "$r/crash_vm --test-threads=1 --nocapture" ;;
+    hostile-pmem) echo "env LOCALVOL_VM_DISK=/dev/vdb LOCALVOL_HOSTILE_CLASSES=pmem,pmem-lvm $r/hostile_vm --test-threads=1 --nocapture" ;;
     reclaim) echo "env LOCALVOL_VM_DISK=/dev/vdb $r/reclaim_privileged lvm_thin --test-threads=1" ;;
     sanity) echo "bash $HERE/../sanity/vm.sh /dev/vdc" ;;
   esac
@@ -144,7 +148,7 @@ verdict() {  # verdict PART: PASS when the part's own evidence says so
   set -- $line
   [ "$2" = 0 ] || { echo "exit $2 (${3}s)"; return 1; }
   case $p in
-    privileged|backends|crash|reclaim)
+    privileged|backends|hostile-*|crash|reclaim)
       if ! grep -q '^test result: ok\. [1-9]' "$log" || grep -q '^test result: FAILED' "$log"; then
         echo "no passing test result (${3}s)"; return 1
       fi ;;
@@ -164,10 +168,10 @@ fi
 echo "==== tests/vm/suite.sh: parts"
 for p in "${parts[@]}"; do
   if [ "$p" = sanity ] && [ "$sanity_ok" = 0 ]; then
-    printf '%-11s FAIL  no csi-sanity (kube-kit)\n' "$p"; failed=1; continue
+    printf '%-13s FAIL  no csi-sanity (kube-kit)\n' "$p"; failed=1; continue
   fi
-  if v=$(verdict "$p"); then printf '%-11s PASS  %s\n' "$p" "$v"
-  else printf '%-11s FAIL  %s\n' "$p" "$v"; failed=1; fi
+  if v=$(verdict "$p"); then printf '%-13s PASS  %s\n' "$p" "$v"
+  else printf '%-13s FAIL  %s\n' "$p" "$v"; failed=1; fi
 done
 echo "==== total wall time $(elapsed)s (build, boots, tests)"
 if [ "$failed" != 0 ]; then
