@@ -258,19 +258,7 @@ impl PmemBackend {
     }
 
     async fn read_record(&self, token: &Token) -> Result<Option<RecordFile>, BackendError> {
-        let path = self.record_path(token);
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(BackendError::io("read", path)(e)),
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| BackendError::CorruptRecord {
-                token: token.to_string(),
-                path,
-                reason: e.to_string(),
-            })
+        files::read_json(self.record_path(token), token).await
     }
 
     async fn write_record(&self, token: &Token, record: &RecordFile) -> Result<(), BackendError> {
