@@ -90,8 +90,10 @@ cleanup() {
     awk '$1 == "mount" {print $2}' <<<"$left" | sort -r | xargs -r -n1 umount -l
     awk '$1 == "loop" {print $2}' <<<"$left" | xargs -r -n1 losetup -d
   fi
-  if [ -d "$LOOP_DIR" ] && [ -n "$(ls -A "$LOOP_DIR")" ]; then
-    echo "cleanup: FAIL, backing files left in $LOOP_DIR:"; ls -la "$LOOP_DIR"; rc=1
+  # Any file left is a volume's or a snapshot's (image, record); the daemon's own
+  # empty directories (snapshots/) are not.
+  if [ -d "$LOOP_DIR" ] && [ -n "$(find "$LOOP_DIR" -mindepth 1 ! -type d -print -quit)" ]; then
+    echo "cleanup: FAIL, files left in $LOOP_DIR:"; find "$LOOP_DIR" -mindepth 1 -ls; rc=1
   fi
   [ $created_data_dir = 1 ] && rm -rf --one-file-system "$HOST_DATA_DIR"
   [ -n "${WORK:-}" ] && rm -rf "$WORK"
