@@ -22,8 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::LoopBackend;
 use super::files::{self, sync_dir};
-use super::{LoopBackend, RecordFile};
 use crate::backend::{BackendError, CopySource, CreateSpec, SnapshotRecord, SnapshotSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::Host;
@@ -408,20 +408,7 @@ impl LoopBackend {
             (VolumeMode::Filesystem, VolumeMode::Filesystem) => source_formatted,
             _ => None,
         };
-        let file = RecordFile {
-            name: spec.name.clone(),
-            size_bytes: spec.size_bytes,
-            mode: spec.mode,
-            fs_type: spec.fs_type,
-            pvc_name: spec.claim.pvc_name.clone(),
-            pvc_namespace: spec.claim.pvc_namespace.clone(),
-            pv_name: spec.claim.pv_name.clone(),
-            formatted,
-        };
-        let json = serde_json::to_vec_pretty(&file).expect("record serialises");
-        self.write_atomically(&self.record_path(&spec.token), json)
-            .await?;
-        Ok(self.to_record(spec.token.clone(), file))
+        self.commit_record(spec, formatted).await
     }
 }
 

@@ -215,6 +215,17 @@ impl LoopBackend {
         })
         .await
         .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))??;
+        self.commit_record(spec, (spec.mode == VolumeMode::Filesystem).then_some(false))
+            .await
+    }
+
+    /// Writes the record of the new volume `spec`, whose image is in place: the last
+    /// step of a create, so a volume exists exactly when its record does.
+    pub(super) async fn commit_record(
+        &self,
+        spec: &CreateSpec,
+        formatted: Option<bool>,
+    ) -> Result<VolumeRecord, BackendError> {
         let file = RecordFile {
             name: spec.name.clone(),
             size_bytes: spec.size_bytes,
@@ -223,7 +234,7 @@ impl LoopBackend {
             pvc_name: spec.claim.pvc_name.clone(),
             pvc_namespace: spec.claim.pvc_namespace.clone(),
             pv_name: spec.claim.pv_name.clone(),
-            formatted: (spec.mode == VolumeMode::Filesystem).then_some(false),
+            formatted,
         };
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         self.write_atomically(&self.record_path(&spec.token), json)
