@@ -70,7 +70,9 @@ tail -n 3 "$image_log"
 
 # The cluster suite mostly waits (kubelet, the API server); the VM guests and the fuzzer
 # are CPU-bound. Run side by side, the guests and the fuzzer take the cores the cluster
-# leaves idle, at lower priorities so that the cluster's timing-bound steps come first.
+# leaves idle, at a lower priority so that the cluster's timing-bound steps come first.
+# The fuzzer shares the guests' priority: its instrumented build has a long serial tail
+# (one rustc for the crate), which at nice 19 ran only after the guests, cores idle.
 cluster_suite() {
   if [ ! -x ../shared/kube-kit/install.sh ]; then
     echo "cluster suite: NOT RUN: provide the kube-kit (kubelet, control plane, sidecars) at $(cd .. && pwd)/shared/kube-kit"
@@ -86,7 +88,7 @@ fuzz_suite() {
   command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
   fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
 }
-step "in parallel: cluster (tests/cluster/run.sh), VM (tests/vm/suite.sh, nice 10), fuzz (nice 19, ${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
+step "in parallel: cluster (tests/cluster/run.sh), VM (tests/vm/suite.sh, nice 10), fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
 # The VM suite: LVM (thick, thin) and PMEM (direct, lvm) backends, csi-sanity on them, the
 # random SIGKILL crash test (tests/crash_vm.rs prints its seed), ReclaimSpace on lvm-thin,
 # and the VM harness's own smoke test.
@@ -99,7 +101,7 @@ background() {  # background NAME NICE COMMAND...: output prefixed with [NAME]
 }
 background cluster 0 cluster_suite
 background vm 10 tests/vm/suite.sh
-background fuzz 19 fuzz_suite
+background fuzz 10 fuzz_suite
 failed=()
 for name in cluster vm fuzz; do
   rc=0; wait "${pids[$name]}" || rc=$?
