@@ -289,13 +289,7 @@ impl LoopBackend {
         if let Some(existing) = self.get_snapshot(&spec.token).await? {
             return Ok(existing);
         }
-        let source = self
-            .read_record(&spec.source)
-            .await?
-            .ok_or_else(|| BackendError::NotFound {
-                class: self.class.clone(),
-                token: spec.source.clone(),
-            })?;
+        let source = self.require_record(&spec.source).await?;
         let _allocation = self.allocation.lock().await;
         let needed = self.allocated_bytes(&spec.source).await?;
         let available = self.capacity().await?.available;
@@ -354,13 +348,7 @@ impl LoopBackend {
                 )
             }
             CopySource::Volume { token, freeze } => {
-                let volume = self
-                    .read_record(token)
-                    .await?
-                    .ok_or_else(|| BackendError::NotFound {
-                        class: self.class.clone(),
-                        token: token.clone(),
-                    })?;
+                let volume = self.require_record(token).await?;
                 (
                     self.image_path(token),
                     volume.mode,

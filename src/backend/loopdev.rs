@@ -106,6 +106,16 @@ impl LoopBackend {
         }
     }
 
+    /// The record of `token`, which must exist ([`BackendError::NotFound`] otherwise).
+    async fn require_record(&self, token: &Token) -> Result<RecordFile, BackendError> {
+        self.read_record(token)
+            .await?
+            .ok_or_else(|| BackendError::NotFound {
+                class: self.class.clone(),
+                token: token.clone(),
+            })
+    }
+
     async fn read_record(&self, token: &Token) -> Result<Option<RecordFile>, BackendError> {
         files::read_json(self.record_path(token), token).await
     }
@@ -264,13 +274,7 @@ impl LoopBackend {
 
     pub async fn expand(&self, token: &Token, size_bytes: u64) -> Result<u64, BackendError> {
         let _allocation = self.allocation.lock().await;
-        let mut file = self
-            .read_record(token)
-            .await?
-            .ok_or_else(|| BackendError::NotFound {
-                class: self.class.clone(),
-                token: token.clone(),
-            })?;
+        let mut file = self.require_record(token).await?;
         if size_bytes <= file.size_bytes {
             return Ok(file.size_bytes);
         }
