@@ -32,7 +32,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use node_cases::Backend;
-use sandbox::{Sandbox, Storage};
+use sandbox::{PhysicalVolume, Sandbox, Storage};
 
 const VG: &str = "hostilevg";
 const POOL: &str = "hostilepool";
@@ -249,15 +249,66 @@ fn config_path(class: &str) -> PathBuf {
     Path::new(CONFIG_DIR).join(format!("{class}.yaml"))
 }
 
+/// The PVs of the suite's two VGs, whose metadata each case must leave unchanged.
+fn physical_volumes() -> Vec<PhysicalVolume> {
+    let select = format!("vg_name={VG}||vg_name={PMEM_VG}");
+    let args = [
+        "--noheadings",
+        "--units",
+        "b",
+        "--nosuffix",
+        "-o",
+        "pv_name,pe_start",
+        "-S",
+        &select,
+    ];
+    sh("pvs", &args)
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split_whitespace();
+            Some((fields.next()?, fields.next()?))
+        })
+        .map(|(path, pe_start)| PhysicalVolume {
+            path: PathBuf::from(path),
+            pe_start: pe_start
+                .parse()
+                .unwrap_or_else(|e| panic!("pe_start {pe_start}: {e}")),
+        })
+        .collect()
+}
+
 fn backend(class: &str) -> Backend {
+    let physical_volumes = physical_volumes();
+    assert_eq!(physical_volumes.len(), 2, "one PV for each of {VG} and {PMEM_VG}");
     Backend {
         name: class.to_string(),
         daemon_args: vec!["--config".into(), config_path(class).display().to_string()],
-        storage: Storage::Guest {
-            volume_groups: vec![VG.into(), PMEM_VG.into()],
-        },
+        storage: Storage::Guest { physical_volumes },
         discards: !class.starts_with("pmem"),
     }
+}
+
+/// The cases compare LVM metadata bytes instead of `lvs` listings: prove that a tag
+/// added to an LV, the smallest change a case could make, shows in that comparison.
+fn metadata_changes_are_seen() {
+    let storage = Storage::Guest {
+        physical_volumes: physical_volumes(),
+    };
+    let scratch = Path::new(CONFIG_DIR);
+    let before = sandbox::Snapshot::take(scratch, &[], &storage);
+    let pool = format!("{VG}/{POOL}");
+    sh("lvchange", &["-q", "--addtag", "hostile-probe", &pool]);
+    let tagged = sandbox::Snapshot::take(scratch, &[], &storage);
+    sh("lvchange", &["-q", "--deltag", "hostile-probe", &pool]);
+    assert_ne!(
+        tagged, before,
+        "adding a tag to {pool} shows in the storage snapshot"
+    );
+    assert!(
+        before.diff(&tagged).iter().any(|l| l.contains("lvm metadata on")),
+        "{:?}",
+        before.diff(&tagged)
+    );
 }
 
 #[test]
@@ -290,6 +341,7 @@ fn node_calls_act_only_on_what_belongs_to_the_volume_on_lvm_and_pmem() {
         "LOCALVOL_HOSTILE_CLASSES={only} names no class"
     );
     let storage = GuestStorage::set_up();
+    metadata_changes_are_seen();
     for class in &classes {
         let class_started = Instant::now();
         let before = GuestStorage::state();
@@ -314,5 +366,9 @@ fn node_calls_act_only_on_what_belongs_to_the_volume_on_lvm_and_pmem() {
         !namespaces().iter().any(|n| n.contains(PMEM_VG_NAMESPACE)),
         "the suite's namespace is gone"
     );
-    eprintln!("hostile_vm: 4 classes in {:.1}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "hostile_vm: {} classes in {:.1}s",
+        classes.len(),
+        started.elapsed().as_secs_f64()
+    );
 }

@@ -191,9 +191,17 @@ pub struct Snapshot {
 pub enum Storage {
     /// None: on a shared host, other tests' devices come and go.
     Loop,
-    /// Every block device, namespace and the LVs (with tags) of these volume groups:
-    /// in the tests/vm guest nothing else makes or removes them.
-    Guest { volume_groups: Vec<String> },
+    /// Every block device and namespace, and the LVM metadata of the volume groups on
+    /// `physical_volumes`: in the tests/vm guest nothing else makes or removes them.
+    Guest { physical_volumes: Vec<PhysicalVolume> },
+}
+
+/// A PV whose label and metadata area a snapshot reads.
+#[derive(Debug, Clone)]
+pub struct PhysicalVolume {
+    pub path: PathBuf,
+    /// Where its first extent starts (`pvs -o pe_start`): the bytes before it are LVM's.
+    pub pe_start: usize,
 }
 
 impl Snapshot {
@@ -208,7 +216,7 @@ impl Snapshot {
             files: files_below(trees),
             storage: match storage {
                 Storage::Loop => Vec::new(),
-                Storage::Guest { volume_groups } => guest_storage(volume_groups),
+                Storage::Guest { physical_volumes } => guest_storage(physical_volumes),
             },
         }
     }
@@ -299,8 +307,8 @@ fn attributes(dir: &Path, attrs: &[&str]) -> String {
 }
 
 /// Block devices (size; device-mapper name and table owner), NVDIMM namespaces (size,
-/// name, mode, holder) and the LVs of `volume_groups` (attributes, size, tags).
-fn guest_storage(volume_groups: &[String]) -> Vec<String> {
+/// name, mode, holder) and the LVM metadata on `physical_volumes`.
+fn guest_storage(physical_volumes: &[PhysicalVolume]) -> Vec<String> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/sys/block").unwrap().flatten() {
         let attrs = attributes(&entry.path(), &["size", "dm/name", "dm/uuid", "ro"]);
@@ -317,30 +325,44 @@ fn guest_storage(volume_groups: &[String]) -> Vec<String> {
             out.push(format!("namespace {name} {attrs}"));
         }
     }
-    if !volume_groups.is_empty() {
-        let listing = Command::new("lvs")
-            .args([
-                "--noheadings",
-                "-o",
-                "vg_name,lv_name,lv_attr,lv_size,lv_tags",
-                "--units",
-                "b",
-            ])
-            .args(volume_groups)
-            .env("LC_ALL", "C")
-            .output()
-            .expect("lvs runs");
-        assert!(
-            listing.status.success(),
-            "lvs {volume_groups:?}: {}",
-            String::from_utf8_lossy(&listing.stderr)
-        );
-        out.extend(
-            String::from_utf8_lossy(&listing.stdout)
-                .lines()
-                .map(|l| format!("lv {}", l.split_whitespace().collect::<Vec<_>>().join(" "))),
-        );
+    for pv in physical_volumes {
+        out.push(format!(
+            "lvm metadata on {} {:016x} (`lvs -o+lv_tags` shows what changed)",
+            pv.path.display(),
+            metadata_digest(pv)
+        ));
     }
     out.sort();
     out
+}
+
+/// The bytes before a PV's first extent hold its label and LVM's metadata area: any
+/// change to the volume group (an LV made, removed, resized, renamed, tagged) writes a
+/// new metadata copy there. They are read in the process, with O_DIRECT as LVM writes
+/// them: spawning `lvs` instead costs about a second per call in the TCG guest, and the
+/// suite compares storage twice for each of its hundreds of cases.
+fn metadata_digest(pv: &PhysicalVolume) -> u64 {
+    use std::hash::{Hash, Hasher};
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    const ALIGN: usize = 4096;
+    let path = pv.path.display();
+    assert!(
+        pv.pe_start > 0 && pv.pe_start.is_multiple_of(ALIGN),
+        "{path}: pe_start {}",
+        pv.pe_start
+    );
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&pv.path)
+        .unwrap_or_else(|e| panic!("open {path}: {e}"));
+    let mut raw = vec![0u8; pv.pe_start + ALIGN];
+    let skip = raw.as_ptr().align_offset(ALIGN);
+    let buf = &mut raw[skip..skip + pv.pe_start];
+    file.read_exact(buf)
+        .unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    buf.hash(&mut hasher);
+    hasher.finish()
 }
