@@ -2,7 +2,7 @@
 # tests/cluster/run.sh - localvol on a real single-node Kubernetes cluster (kubelet,
 # containerd, the real CSI sidecars), deployed from deploy/ through a test overlay.
 #
-#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..8 or their names; all by default)
+#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..9 or their names; all by default)
 #
 # Needs the kube-kit at ../shared/kube-kit next to the repository (or KUBE_KIT=DIR) and
 # the apt mirror for the image's root filesystem (cached in /var/cache/localvol-image).
@@ -30,7 +30,7 @@ esac
 source "$HERE/lib.sh"
 for f in "$HERE"/scenarios/*.sh; do source "$f"; done
 
-ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load)
+ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots)
 selected=()
 for arg in "$@"; do
   match=""
@@ -50,6 +50,7 @@ LOGS=$(mktemp -d /tmp/localvol-cluster.XXXXXX)
 T0=$SECONDS
 phase() { printf '==== cluster: %s (%ss)\n' "$1" "$((SECONDS - T0))"; }
 failed=0
+SNAPSHOT_CONTROLLER_PID=""   # scenario 9's, started below
 created_data_dir=0
 [ -e "$HOST_DATA_DIR" ] || created_data_dir=1
 
@@ -77,10 +78,15 @@ cleanup() {
       kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1
     done
     local end=$((SECONDS + 90))
-    while [ $SECONDS -lt $end ] && { kubectl get ns -o name | grep -q lvtest- || [ -n "$(kubectl get pv -o name)" ]; }; do sleep 1; done
+    # (No VolumeSnapshotContent either: deleting one needs the snapshot-controller.)
+    while [ $SECONDS -lt $end ] && { kubectl get ns -o name | grep -q lvtest- || [ -n "$(kubectl get pv -o name)" ] ||
+      [ -n "$(kubectl get volumesnapshotcontent -o name 2>/dev/null)" ]; }; do sleep 1; done
     kubectl get pv -o name | grep -q . && echo "cleanup: volumes left: $(kubectl get pv -o name)"
+    kubectl get volumesnapshotcontent -o name 2>/dev/null | grep -q . &&
+      echo "cleanup: snapshot contents left: $(kubectl get volumesnapshotcontent -o name)"
     kubectl delete -k "$OVERLAY" --wait=false >/dev/null 2>&1
   fi
+  [ -n "$SNAPSHOT_CONTROLLER_PID" ] && { kill "$SNAPSHOT_CONTROLLER_PID"; wait "$SNAPSHOT_CONTROLLER_PID"; }
   cp "$KUBE_KIT_STATE"/logs/*.log "$LOGS/" 2>/dev/null
   "$KIT/recipe/stop-node.sh" --purge >"$LOGS/stop-node.log" 2>&1 || { echo "cleanup: stop-node.sh --purge failed (see $LOGS/stop-node.log)"; rc=1; }
   local left; left=$(leftovers)
@@ -163,6 +169,7 @@ sidecar() { # NAME TAG
 sidecar csi-provisioner v5.3.0
 sidecar csi-node-driver-registrar v2.16.0
 sidecar csi-resizer v2.2.1
+sidecar csi-snapshotter v8.6.0
 for tar in "$WORK"/*.tar; do
   ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images import "$tar" >/dev/null
 done
@@ -170,7 +177,8 @@ rm -rf "$WORK"; WORK=""
 # The manifests must name exactly the images imported here.
 imported=$(ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images ls -q)
 for img in $(kubectl kustomize "$HERE/overlays/central-resizer" | sed -n 's/^ *image: //p') \
-           $(kubectl kustomize "$HERE/overlays/registrar" | sed -n 's/^ *image: //p'); do
+           $(kubectl kustomize "$HERE/overlays/registrar" | sed -n 's/^ *image: //p') \
+           $(kubectl kustomize "$HERE/overlays/snapshots" | sed -n 's/^ *image: //p'); do
   grep -qx "$img" <<<"$imported" ||
     { echo "image $img of the manifests was not imported" >&2; exit 1; }
 done
@@ -181,6 +189,19 @@ kubectl create namespace csi-addons-system >/dev/null
 kubectl -n csi-addons-system create configmap csi-addons-config --from-literal=cronjob-stagger-window=0 >/dev/null
 kubectl apply -k "$OVERLAY" >"$LOGS/apply.log"
 wait_until 120 "DaemonSet localvol-node Ready" daemon_ready
+
+# Scenario 9: the VolumeSnapshot CRDs and snapshot-controller, on the host like the rest
+# of the control plane, with the flag node-local drivers need (deploy/components/csi-snapshotter).
+if [[ " ${selected[*]} " == *" s9_snapshots "* ]]; then
+  phase "snapshot CRDs and snapshot-controller"
+  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
+    kubectl apply -f "$KIT/recipe/snapshot-crds/snapshot.storage.k8s.io_$crd.yaml" >>"$LOGS/apply.log"
+    kubectl wait --for=condition=established --timeout=30s "crd/$crd.snapshot.storage.k8s.io" >/dev/null
+  done
+  snapshot-controller --kubeconfig="$KUBECONFIG" --leader-election=false --enable-distributed-snapshotting \
+    >"$LOGS/snapshot-controller.log" 2>&1 &
+  SNAPSHOT_CONTROLLER_PID=$!
+fi
 
 phase "scenarios"
 results=()

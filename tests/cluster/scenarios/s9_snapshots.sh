@@ -1,0 +1,155 @@
+# Scenario 9: VolumeSnapshots and clones of a loop claim that a running pod writes to,
+# with csi-snapshotter as a node sidecar (deploy/components/csi-snapshotter) and the
+# snapshot-controller run.sh started with --enable-distributed-snapshotting: a restore
+# holds the data as at the snapshot and a clone as at the clone, not what came after;
+# deleting everything leaves no VolumeSnapshotContent and no file in the class's data
+# directory (volume images and records, snapshot images and records, freeze records).
+S9_SNAPSHOTS=$LOOP_DIR/snapshots
+
+s9_snapshots() {
+  local ns=lvtest-s9
+  k apply -k "$HERE/overlays/snapshots" >/dev/null
+  # Back to the run's overlay even when a step fails, so later scenarios see it.
+  trap s9_restore EXIT
+  wait_until 120 "DaemonSet with the csi-snapshotter sidecar rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
+  wait_until 30 "csi-snapshotter sidecar ready" s9_sidecar_ready
+  new_namespace $ns
+
+  # The source: a pod appends a numbered line every 50 ms for as long as it runs, so the
+  # snapshot and the clone are taken under writes.
+  apply_pvc $ns src 64Mi >/dev/null
+  s9_pod $ns writer src 'i=0; while true; do i=$((i+1)); echo "line $i" >> /data/log; sleep 0.05; done' >/dev/null
+  wait_until 90 "writer pod Running" pod_phase_is $ns writer Running
+  volume_facts $ns src
+  local src_pv=$PV src_backing=$BACKING
+  k -n $ns exec writer -- sh -c 'echo before-snapshot > /data/marker-1 && sync' || fail "writing into the source"
+  wait_until 10 "the writer is writing" s9_lines_at_least $ns writer 5
+  local lines_before_snapshot; lines_before_snapshot=$(s9_lines $ns writer)
+
+  k apply -f - >/dev/null <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap, namespace: $ns}
+spec:
+  volumeSnapshotClassName: localvol
+  source: {persistentVolumeClaimName: src}
+YAML
+  wait_until 60 "VolumeSnapshot ready to use" s9_snapshot_ready $ns snap
+  # Every line the snapshot can hold was written before it was ready.
+  local lines_at_ready; lines_at_ready=$(s9_lines $ns writer)
+  k -n $ns exec writer -- sh -c 'echo after-snapshot > /data/marker-2 && sync' || fail "writing after the snapshot"
+  local content handle token
+  content=$(k -n $ns get volumesnapshot snap -o jsonpath='{.status.boundVolumeSnapshotContentName}')
+  handle=$(k get volumesnapshotcontent "$content" -o jsonpath='{.status.snapshotHandle}')
+  token=${handle#snapshot.}; token=${token#*.}
+  note "snapshot content $content handle $handle"
+  [ "$(k get volumesnapshotcontent "$content" -o jsonpath='{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}')" = "$NODE" ] ||
+    fail "content $content not labelled for node $NODE (snapshot-controller without --enable-distributed-snapshotting?)"
+  [ -f "$S9_SNAPSHOTS/$token.img" ] && [ -f "$S9_SNAPSHOTS/$token.json" ] ||
+    { ls -la "$S9_SNAPSHOTS" >&2; fail "snapshot image or record of $handle missing on the host"; }
+  [ "$(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}')" = 64Mi ] ||
+    fail "restoreSize $(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}'), expected 64Mi"
+
+  # Restore: the data as at the snapshot.
+  s9_pvc_from $ns restored VolumeSnapshot snap snapshot.storage.k8s.io >/dev/null
+  s9_pod $ns restore-reader restored 'sleep 100000' >/dev/null
+  wait_until 90 "pod on the restored claim Running" pod_phase_is $ns restore-reader Running
+  volume_facts $ns restored
+  [ "$PV" != "$src_pv" ] && [ "$BACKING" != "$src_backing" ] || fail "the restore is the source volume"
+  [ "$(k -n $ns exec restore-reader -- cat /data/marker-1)" = before-snapshot ] || fail "the restore lacks what was written before the snapshot"
+  k -n $ns exec restore-reader -- test -e /data/marker-2 && fail "the restore holds what was written after the snapshot"
+  s9_log_intact $ns restore-reader "$lines_before_snapshot" "$lines_at_ready" restore
+
+  # Clone of the running source: the data as at the clone.
+  local lines_before_clone; lines_before_clone=$(s9_lines $ns writer)
+  s9_pvc_from $ns clone PersistentVolumeClaim src "" >/dev/null
+  s9_pod $ns clone-reader clone 'sleep 100000' >/dev/null
+  wait_until 90 "pod on the clone Running" pod_phase_is $ns clone-reader Running
+  local lines_at_clone; lines_at_clone=$(s9_lines $ns writer)
+  k -n $ns exec writer -- sh -c 'echo after-clone > /data/marker-3 && sync' || fail "writing after the clone"
+  volume_facts $ns clone
+  [ "$PV" != "$src_pv" ] && [ "$BACKING" != "$src_backing" ] || fail "the clone is the source volume"
+  [ "$(k -n $ns exec clone-reader -- cat /data/marker-2)" = after-snapshot ] || fail "the clone lacks what was written before it"
+  k -n $ns exec clone-reader -- test -e /data/marker-3 && fail "the clone holds what was written after it"
+  s9_log_intact $ns clone-reader "$lines_before_clone" "$lines_at_clone" clone
+  # The source kept running and writing through both copies.
+  local before; before=$(s9_lines $ns writer)
+  wait_until 10 "the writer still writes after the copies" s9_lines_at_least $ns writer $((before + 5))
+
+  # Delete everything: the snapshot first (its content and copy go with it), then the
+  # pods and claims.
+  k -n $ns delete volumesnapshot snap --wait=true >/dev/null
+  wait_until 60 "VolumeSnapshotContent $content deleted" gone volumesnapshotcontent "$content"
+  [ ! -e "$S9_SNAPSHOTS/$token.img" ] && [ ! -e "$S9_SNAPSHOTS/$token.json" ] || fail "snapshot $handle left on the host"
+  delete_namespace $ns
+  [ -z "$(k get volumesnapshotcontent -o name)" ] || fail "VolumeSnapshotContents left: $(k get volumesnapshotcontent -o name)"
+  local left; left=$(find "$LOOP_DIR" -mindepth 1 ! -type d)
+  [ -z "$left" ] || { ls -laR "$LOOP_DIR" >&2; fail "files left in $LOOP_DIR: $left"; }
+  note "NOTE s9: restore holds $(s9_restored_lines) of the $lines_at_ready lines written when the snapshot was ready; nothing left in $LOOP_DIR"
+}
+
+s9_restore() {
+  k apply -k "$OVERLAY" >/dev/null
+  k delete --ignore-not-found -f "$REPO/deploy/components/csi-snapshotter/rbac.yaml" >/dev/null
+  k delete --ignore-not-found volumesnapshotclass localvol >/dev/null
+  wait_until 120 "DaemonSet back to the $REGISTRATION overlay" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
+}
+
+s9_sidecar_ready() {
+  local pod; pod=$(daemon_pod)
+  [ "$(k -n "$SYSTEM_NS" get pod "$pod" -o jsonpath="{.status.containerStatuses[?(@.name=='csi-snapshotter')].ready}")" = true ]
+}
+
+s9_pod() { # NAMESPACE NAME CLAIM SCRIPT: busybox running SCRIPT with the claim at /data
+  k apply -f - <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $2, namespace: $1}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: localhost/busybox:1
+      imagePullPolicy: Never
+      command:
+        - sh
+        - -c
+        - |
+          trap 'exit 0' TERM; $4
+      volumeMounts: [{name: vol, mountPath: /data}]
+  volumes:
+    - name: vol
+      persistentVolumeClaim: {claimName: $3}
+YAML
+}
+
+s9_pvc_from() { # NAMESPACE NAME KIND SOURCE APIGROUP
+  local group=""
+  [ -z "$5" ] || group="apiGroup: $5, "
+  k apply -f - <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $2, namespace: $1}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: localvol-loop
+  dataSource: {${group}kind: $3, name: $4}
+  resources: {requests: {storage: 64Mi}}
+YAML
+}
+
+s9_snapshot_ready() { [ "$(k -n "$1" get volumesnapshot "$2" -o jsonpath='{.status.readyToUse}')" = true ]; }
+s9_lines() { k -n "$1" exec "$2" -- sh -c 'wc -l < /data/log'; }
+s9_lines_at_least() { [ "$(s9_lines "$1" "$2")" -ge "$3" ]; }
+
+# The copy's log is the source's as it was: lines 1..n in order, none torn, n no more
+# than the source had when the copy was done, and no fewer than before the copy began.
+s9_log_intact() { # NAMESPACE POD MIN MAX WHAT
+  local log; log=$(k -n "$1" exec "$2" -- cat /data/log)
+  local n; n=$(wc -l <<<"$log")
+  [ "$n" -ge "$3" ] && [ "$n" -le "$4" ] || fail "the $5's log has $n lines, expected $3..$4"
+  [ "$log" = "$(seq 1 "$n" | sed 's/^/line /')" ] || fail "the $5's log is not lines 1..$n in order: $(head -c 300 <<<"$log")"
+  [ "$5" != restore ] || S9_RESTORED_LINES=$n
+  note "$5: log lines 1..$n intact (source had $3 before the copy began, $4 when it was done)"
+}
+s9_restored_lines() { echo "${S9_RESTORED_LINES:-?}"; }
