@@ -361,3 +361,88 @@ async fn status_without_a_daemon_fails_and_says_where_it_looked() {
     );
     assert!(!Path::new(&socket).exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_snapshots_with_class_source_size_and_time() {
+    let daemon = Daemon::start(&[]).await;
+    let mut controller = ControllerClient::new(daemon.channel().await);
+    let volume = controller
+        .create_volume(create_request("pvc-snapshot-source", 64 << 20, ("apps", "db")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let before = std::time::SystemTime::now();
+    let snapshot = controller
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: volume.volume_id.clone(),
+            name: "snapshot-status-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+
+    let output = status(&daemon, &["-o", "json"]).await;
+    let report: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let listed = report["snapshots"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{report:#}");
+    let s = &listed[0];
+    assert_eq!(s["id"], snapshot.snapshot_id.as_str());
+    assert_eq!(s["device_class"], "default");
+    assert_eq!(s["source_volume_id"], volume.volume_id.as_str());
+    assert_eq!(s["size_bytes"], 64 * MIB);
+    assert_eq!(s["ready_to_use"], true);
+    // The record's creation time, not the listing's.
+    let created: k8s_openapi::jiff::Timestamp = s["created_at"].as_str().unwrap().parse().unwrap();
+    let before = k8s_openapi::jiff::Timestamp::try_from(before).unwrap();
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(created);
+    assert!(created >= before && age.as_secs() < 60, "{s:#}");
+
+    let table = stdout(&status(&daemon, &[]).await);
+    let lines: Vec<&str> = table.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("SNAPSHOT "))
+        .unwrap_or_else(|| panic!("no snapshot table in\n{table}"));
+    assert_eq!(lines[at - 1], "", "{table}");
+    let row: Vec<&str> = lines[at + 1].split_whitespace().collect();
+    assert_eq!(
+        row[..4],
+        [
+            snapshot.snapshot_id.as_str(),
+            "default",
+            volume.volume_id.as_str(),
+            "64Mi"
+        ],
+        "{table}"
+    );
+    assert!(lines[at + 1].ends_with(" ago)"), "{table}");
+
+    controller
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: snapshot.snapshot_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let after: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();
+    assert_eq!(after["snapshots"], json!([]), "{after:#}");
+    assert!(!stdout(&status(&daemon, &[]).await).contains("SNAPSHOT"));
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: volume.volume_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    daemon.stop().await;
+}

@@ -14,18 +14,21 @@
 //! The pods a volume is published for, its last reclaim and its last resize come from
 //! the daemon's memory (`localvol.v1.VolumeStates` on the same socket): what happened
 //! since the daemon started, `-` in the table and `null` or `[]` in JSON otherwise.
+//!
+//! The snapshots are the daemon's ListSnapshots: each with its class, source volume,
+//! size and creation time, ordered by class. The human output is in `status_table.rs`.
 
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
+use tonic::transport::Channel;
 
-use crate::backend::Backend;
 use crate::config::{ConfigError, OutputFormat, StatusArgs, load_classes};
 use crate::csi::socket::{self, SocketError};
 use crate::host::Host;
-use crate::model::{VolumeId, VolumeMode};
+use crate::model::SnapshotId;
 use crate::mount::{MountError, MountTable};
 use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::controller_client::ControllerClient;
@@ -33,6 +36,13 @@ use crate::proto::csi::v1::node_client::NodeClient;
 use crate::proto::localvol::v1 as pb;
 use crate::proto::localvol::v1::volume_states_client::VolumeStatesClient;
 use crate::request::{PARAM_DEVICE_CLASS, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
+
+#[path = "status_mounts.rs"]
+mod mounts;
+#[path = "status_table.rs"]
+mod table;
+use mounts::local_view;
+pub use table::{human_bytes, render_table, render_table_at};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
@@ -68,6 +78,21 @@ pub struct StatusReport {
     /// null when it does not report them.
     pub known_since: Option<String>,
     pub volumes: Vec<VolumeStatus>,
+    /// Ordered by class, then id.
+    pub snapshots: Vec<SnapshotStatus>,
+}
+
+/// A snapshot as the daemon lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SnapshotStatus {
+    pub id: String,
+    /// None for an id that is not localvol's (never from a localvol daemon).
+    pub device_class: Option<String>,
+    pub source_volume_id: String,
+    pub size_bytes: u64,
+    /// RFC 3339.
+    pub created_at: Option<String>,
+    pub ready_to_use: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -162,6 +187,15 @@ pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), S
         .node_id;
     let listed = list_all(ControllerClient::new(channel.clone())).await?;
     let mut warnings = Vec::new();
+    let snapshots = match list_all_snapshots(ControllerClient::new(channel.clone())).await {
+        Ok(all) => all,
+        // A daemon older than snapshots: everything else still works.
+        Err(StatusError::Rpc { source, .. }) if source.code() == tonic::Code::Unimplemented => {
+            warnings.push("the daemon does not list snapshots".to_string());
+            Vec::new()
+        }
+        Err(e) => return Err(e),
+    };
     let states = match VolumeStatesClient::new(channel)
         .list_volume_states(pb::ListVolumeStatesRequest {})
         .await
@@ -180,6 +214,7 @@ pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), S
         node,
         known_since: states.as_ref().map(|s| rfc3339(s.since_unix_seconds)),
         volumes: Vec::new(),
+        snapshots: sorted_snapshots(snapshots.iter().map(from_snapshot).collect()),
     };
     for volume in listed {
         let mut status = from_listing(&volume);
@@ -211,26 +246,90 @@ pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), S
     Ok((report, warnings))
 }
 
-async fn list_all(
-    mut client: ControllerClient<tonic::transport::Channel>,
-) -> Result<Vec<csi::Volume>, StatusError> {
+/// Every page of a paged listing: `call` gets a starting token and returns that page's
+/// entries and the next token.
+async fn all_pages<T, F, Fut>(mut call: F) -> Result<Vec<T>, StatusError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, String), StatusError>>,
+{
     let mut all = Vec::new();
     let mut starting_token = String::new();
     loop {
-        let page = client
-            .list_volumes(csi::ListVolumesRequest {
-                max_entries: 0,
-                starting_token: starting_token.clone(),
-            })
-            .await
-            .map_err(rpc("ListVolumes"))?
-            .into_inner();
-        all.extend(page.entries.into_iter().filter_map(|e| e.volume));
-        if page.next_token.is_empty() || page.next_token == starting_token {
+        let (entries, next_token) = call(starting_token.clone()).await?;
+        all.extend(entries);
+        if next_token.is_empty() || next_token == starting_token {
             return Ok(all);
         }
-        starting_token = page.next_token;
+        starting_token = next_token;
     }
+}
+
+async fn list_all(client: ControllerClient<Channel>) -> Result<Vec<csi::Volume>, StatusError> {
+    all_pages(|starting_token| {
+        let mut client = client.clone();
+        async move {
+            let request = csi::ListVolumesRequest {
+                max_entries: 0,
+                starting_token,
+            };
+            let page = client
+                .list_volumes(request)
+                .await
+                .map_err(rpc("ListVolumes"))?
+                .into_inner();
+            Ok((
+                page.entries.into_iter().filter_map(|e| e.volume).collect(),
+                page.next_token,
+            ))
+        }
+    })
+    .await
+}
+
+async fn list_all_snapshots(client: ControllerClient<Channel>) -> Result<Vec<csi::Snapshot>, StatusError> {
+    all_pages(|starting_token| {
+        let mut client = client.clone();
+        async move {
+            let request = csi::ListSnapshotsRequest {
+                starting_token,
+                ..Default::default()
+            };
+            let page = client
+                .list_snapshots(request)
+                .await
+                .map_err(rpc("ListSnapshots"))?
+                .into_inner();
+            Ok((
+                page.entries.into_iter().filter_map(|e| e.snapshot).collect(),
+                page.next_token,
+            ))
+        }
+    })
+    .await
+}
+
+fn from_snapshot(snapshot: &csi::Snapshot) -> SnapshotStatus {
+    SnapshotStatus {
+        id: snapshot.snapshot_id.clone(),
+        device_class: SnapshotId::parse(&snapshot.snapshot_id)
+            .ok()
+            .map(|id| id.class.to_string()),
+        source_volume_id: snapshot.source_volume_id.clone(),
+        size_bytes: u64::try_from(snapshot.size_bytes).unwrap_or(0),
+        created_at: snapshot.creation_time.as_ref().map(|t| {
+            Timestamp::new(t.seconds, t.nanos)
+                .unwrap_or(Timestamp::UNIX_EPOCH)
+                .to_string()
+        }),
+        ready_to_use: snapshot.ready_to_use,
+    }
+}
+
+/// Per class, then by id.
+fn sorted_snapshots(mut all: Vec<SnapshotStatus>) -> Vec<SnapshotStatus> {
+    all.sort_by(|a, b| (&a.device_class, &a.id).cmp(&(&b.device_class, &b.id)));
+    all
 }
 
 /// What the daemon's answer alone tells about a volume.
@@ -314,259 +413,6 @@ fn add_daemon_state(status: &mut VolumeStatus, state: &pb::VolumeState) {
             reason: (!r.reason.is_empty()).then(|| r.reason.clone()),
         }
     });
-}
-
-/// What this node shows about one volume.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct LocalView {
-    mode: Option<&'static str>,
-    device: Option<PathBuf>,
-    staged: Vec<PathBuf>,
-    published: Vec<PathBuf>,
-}
-
-async fn local_view(
-    volumes: &crate::volume::Volumes,
-    host: &Host,
-    table: &MountTable,
-    id: &str,
-) -> Result<LocalView, String> {
-    let id = VolumeId::parse(id).map_err(|e| e.to_string())?;
-    let backend: &Backend = volumes
-        .backends()
-        .find(|b| *b.class() == id.class)
-        .ok_or_else(|| {
-            format!(
-                "device class {} is not in this configuration (run status with the daemon's \
-                 --config); mounts unknown",
-                id.class
-            )
-        })?;
-    let record = backend
-        .get(&id.token)
-        .await
-        .map_err(|e| crate::error::full_message(&e))?
-        .ok_or_else(|| "no record on this node (deleted meanwhile?)".to_string())?;
-    let mode = match record.mode {
-        VolumeMode::Filesystem => "filesystem",
-        VolumeMode::Block => "block",
-    };
-    let Some(device) = backend
-        .device(&id.token)
-        .await
-        .map_err(|e| crate::error::full_message(&e))?
-    else {
-        // Not attached: neither staged nor published.
-        return Ok(LocalView {
-            mode: Some(mode),
-            ..LocalView::default()
-        });
-    };
-    let number = host
-        .syscalls
-        .device_number(&device)
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} is not a device node", device.display()))?;
-    let real = tokio::fs::canonicalize(&device)
-        .await
-        .unwrap_or_else(|_| device.clone());
-    let devtmpfs_root = Path::new("/").join(real.strip_prefix("/dev").unwrap_or(&real));
-    let (staged, published) = mounts_of(table, number, &devtmpfs_root);
-    Ok(LocalView {
-        mode: Some(mode),
-        device: Some(device),
-        staged,
-        published,
-    })
-}
-
-/// The mounts of a device: filesystems on it (and bind mounts of them), and bind mounts
-/// of its device node (`devtmpfs` with the node's name as root). Split into (staged,
-/// published) by kubelet's path layout.
-fn mounts_of(table: &MountTable, device_number: u64, devtmpfs_root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
-    let mut staged = Vec::new();
-    let mut published = Vec::new();
-    for entry in table.entries() {
-        let is_fs = entry.fs_type != "devtmpfs" && entry.device_number() == device_number;
-        let is_node = entry.fs_type == "devtmpfs" && entry.root == devtmpfs_root;
-        if !(is_fs || is_node) {
-            continue;
-        }
-        let list = if is_publish_path(&entry.mount_point) {
-            &mut published
-        } else {
-            &mut staged
-        };
-        if !list.contains(&entry.mount_point) {
-            list.push(entry.mount_point.clone());
-        }
-    }
-    (staged, published)
-}
-
-/// kubelet's publish targets: `.../pods/<uid>/volumes/...` (filesystem) and
-/// `.../pods/<uid>/volumeDevices/...` or `.../volumeDevices/publish/...` (block).
-fn is_publish_path(path: &Path) -> bool {
-    let parts: Vec<&str> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(s) => s.to_str(),
-            _ => None,
-        })
-        .collect();
-    parts.windows(3).any(|w| {
-        w[0] == "pods" && (w[2] == "volumes" || w[2] == "volumeDevices")
-            || w[0] == "volumeDevices" && w[1] == "publish"
-    })
-}
-
-/// Bytes in binary units: `1Gi`, `1.5Gi`, `512Mi`, `100`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["Ki", "Mi", "Gi", "Ti", "Pi"];
-    if bytes < 1024 {
-        return bytes.to_string();
-    }
-    let mut value = bytes as f64;
-    let mut unit = "";
-    for u in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = u;
-    }
-    let text = format!("{value:.1}");
-    format!("{}{unit}", text.strip_suffix(".0").unwrap_or(&text))
-}
-
-fn paths(list: &[PathBuf]) -> String {
-    if list.is_empty() {
-        "-".to_string()
-    } else {
-        list.iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-}
-
-/// How long before `now` an RFC 3339 time was: `40s`, `5m`, `3h`, `2d`.
-fn age(at: &str, now: Timestamp) -> String {
-    let Ok(at) = at.parse::<Timestamp>() else {
-        return at.to_string();
-    };
-    let secs = now.as_second().saturating_sub(at.as_second()).max(0);
-    match secs {
-        0..120 => format!("{secs}s"),
-        120..7200 => format!("{}m", secs / 60),
-        7200..172_800 => format!("{}h", secs / 3600),
-        _ => format!("{}d", secs / 86_400),
-    }
-}
-
-fn reclaim_cell(r: &ReclaimStatus, now: Timestamp) -> String {
-    let ago = age(&r.finished_at, now);
-    match r.result {
-        "trimmed" => format!("ok {} ({ago} ago)", human_bytes(r.reclaimed_bytes.unwrap_or(0))),
-        "not_discarded" => format!("skipped: raw block ({ago} ago)"),
-        _ => format!("failed ({ago} ago)"),
-    }
-}
-
-/// A tool's multi-line message as one table cell: its lines joined by `; `.
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-fn resize_cell(r: &ResizeStatus, now: Timestamp) -> String {
-    let ago = age(&r.updated_at, now);
-    let size = human_bytes(r.size_bytes);
-    match r.state {
-        "in_progress" => format!("expanding to {size} ({}, {ago} ago)", r.step),
-        "node_expansion_pending" => format!("{size}, node expansion pending ({ago} ago)"),
-        "done" => format!("done {size} ({ago} ago)"),
-        _ => format!(
-            "failed to {size} ({}, {ago} ago): {}",
-            r.step,
-            one_line(r.reason.as_deref().unwrap_or("no reason given"))
-        ),
-    }
-}
-
-/// The table `localvol status` prints by default.
-pub fn render_table(report: &StatusReport) -> String {
-    render_table_at(report, Timestamp::now())
-}
-
-/// The table, with ages counted back from `now`. The last two cells may hold spaces;
-/// every other cell is a single word.
-pub fn render_table_at(report: &StatusReport, now: Timestamp) -> String {
-    let dash = || "-".to_string();
-    let mut rows = vec![
-        [
-            "ID",
-            "CLASS",
-            "SIZE",
-            "USED",
-            "STAGED",
-            "PUBLISHED",
-            "PVC",
-            "POD",
-            "LAST-RECLAIM",
-            "RESIZE",
-        ]
-        .map(str::to_string),
-    ];
-    for v in &report.volumes {
-        let pods: Vec<String> = v
-            .pods
-            .iter()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .collect();
-        rows.push([
-            v.id.clone(),
-            v.device_class.clone().unwrap_or_else(dash),
-            human_bytes(v.size_bytes),
-            v.used_bytes.map(human_bytes).unwrap_or_else(dash),
-            paths(&v.staged_paths),
-            paths(&v.published_paths),
-            v.pvc
-                .as_ref()
-                .map(|c| format!("{}/{}", c.namespace, c.name))
-                .unwrap_or_else(dash),
-            if pods.is_empty() { dash() } else { pods.join(",") },
-            v.last_reclaim
-                .as_ref()
-                .map(|r| reclaim_cell(r, now))
-                .unwrap_or_else(dash),
-            v.resize_state
-                .as_ref()
-                .map(|r| resize_cell(r, now))
-                .unwrap_or_else(dash),
-        ]);
-    }
-    let mut widths = [0usize; 10];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = format!("NODE {}\n", report.node);
-    for row in &rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
 use std::collections::HashMap;
+use std::path::Path;
 
+use super::mounts::{is_publish_path, mounts_of};
+use super::table::{reclaim_cell, resize_cell};
 use super::*;
 
 const KUBELET: &str = "/var/lib/kubelet";
@@ -141,6 +144,7 @@ fn report() -> StatusReport {
                 resize_state: None,
             },
         ],
+        snapshots: Vec::new(),
     }
 }
 
@@ -373,4 +377,107 @@ fn reclaim_and_resize_cells_say_what_happened_and_when() {
         "1Gi, node expansion pending (10m ago)"
     );
     assert_eq!(resize_cell(&resize("done", 3 * 86_400), now), "done 1Gi (3d ago)");
+}
+
+fn listed_snapshot(id: &str, source: &str, seconds: i64) -> csi::Snapshot {
+    csi::Snapshot {
+        snapshot_id: id.into(),
+        source_volume_id: source.into(),
+        size_bytes: 64 << 20,
+        creation_time: Some(prost_types::Timestamp {
+            seconds,
+            nanos: 500_000_000,
+        }),
+        ready_to_use: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn snapshots_are_listed_per_class_with_source_size_and_creation_time() {
+    let at = 1_795_000_000; // 2026-11-18T11:06:40Z
+    let listed = [
+        listed_snapshot("snapshot.slow.snap-b", "slow.pvc-2", at),
+        listed_snapshot("snapshot.fast.snap-z", "fast.pvc-1", at + 60),
+        listed_snapshot("snapshot.fast.snap-a", "fast.pvc-1", at + 120),
+    ];
+    let snapshots = sorted_snapshots(listed.iter().map(from_snapshot).collect());
+    let ids: Vec<&str> = snapshots.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "snapshot.fast.snap-a",
+            "snapshot.fast.snap-z",
+            "snapshot.slow.snap-b"
+        ],
+        "ordered by class, then id"
+    );
+    assert_eq!(
+        snapshots[2],
+        SnapshotStatus {
+            id: "snapshot.slow.snap-b".into(),
+            device_class: Some("slow".into()),
+            source_volume_id: "slow.pvc-2".into(),
+            size_bytes: 64 << 20,
+            created_at: Some("2026-11-18T11:06:40.5Z".into()),
+            ready_to_use: true,
+        }
+    );
+    // Not an id localvol makes: no class rather than a guess.
+    let foreign = from_snapshot(&listed_snapshot("other-driver-id", "x", at));
+    assert_eq!(foreign.device_class, None);
+    let untimed = from_snapshot(&csi::Snapshot {
+        creation_time: None,
+        ..listed[0].clone()
+    });
+    assert_eq!(untimed.created_at, None);
+
+    let mut report = report();
+    report.snapshots = snapshots;
+    let value = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        value["snapshots"][0],
+        serde_json::json!({
+            "id": "snapshot.fast.snap-a",
+            "device_class": "fast",
+            "source_volume_id": "fast.pvc-1",
+            "size_bytes": 64 << 20,
+            "created_at": "2026-11-18T11:08:40.5Z",
+            "ready_to_use": true,
+        })
+    );
+
+    let now: Timestamp = "2026-11-18T11:11:40Z".parse().unwrap();
+    let text = render_table_at(&report, now);
+    let lines: Vec<&str> = text.lines().collect();
+    // The volume table as before, a blank line, then the snapshots.
+    assert_eq!(lines.len(), 4 + 1 + 1 + 3, "{text}");
+    assert_eq!(lines[4], "");
+    let header: Vec<&str> = lines[5].split_whitespace().collect();
+    assert_eq!(header, ["SNAPSHOT", "CLASS", "SOURCE", "SIZE", "CREATED"]);
+    let first: Vec<&str> = lines[6].split_whitespace().collect();
+    assert_eq!(
+        first,
+        [
+            "snapshot.fast.snap-a",
+            "fast",
+            "fast.pvc-1",
+            "64Mi",
+            "2026-11-18T11:08:40Z",
+            "(3m",
+            "ago)"
+        ]
+    );
+    assert!(lines[8].starts_with("snapshot.slow.snap-b  slow "), "{text}");
+    assert!(lines[8].ends_with("2026-11-18T11:06:40Z (5m ago)"), "{text}");
+}
+
+#[test]
+fn no_snapshot_table_without_snapshots() {
+    let text = render_table(&report());
+    assert!(!text.contains("SNAPSHOT"), "{text}");
+    assert_eq!(
+        serde_json::to_value(report()).unwrap()["snapshots"],
+        serde_json::json!([])
+    );
 }
