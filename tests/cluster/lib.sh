@@ -40,10 +40,10 @@ mounts_of() { # PV LOOPDEV
 }
 mounts_count() { mounts_of "$@" | wc -l; }
 
-# A busybox pod (the kit's image, no pulls) that writes nothing and sleeps.
-# pod_yaml NAME [extra YAML lines for the container] [extra YAML lines for the spec]
-apply_pod() { # NAMESPACE NAME VOLUME-YAML (volumes + volumeMounts/volumeDevices as "kind:claim[:path]")
-  local ns=$1 name=$2 kind=$3 claim=$4 path=${5:-/data}
+# A busybox pod (the kit's image, no pulls) that sleeps, or runs SCRIPT (sh) until
+# stopped.
+apply_pod() { # NAMESPACE NAME KIND(fs|block) CLAIM [PATH] [SCRIPT]
+  local ns=$1 name=$2 kind=$3 claim=$4 path=${5:-/data} script=${6:-"while true; do sleep 1; done"}
   local mount
   case $kind in
     fs) mount="volumeMounts: [{name: vol, mountPath: $path}]" ;;
@@ -60,7 +60,11 @@ spec:
     - name: app
       image: localhost/busybox:1
       imagePullPolicy: Never
-      command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+      command:
+        - sh
+        - -c
+        - |
+          trap 'exit 0' TERM; $script
       $mount
   volumes:
     - name: vol

@@ -18,10 +18,10 @@ s9_snapshots() {
   # The source: a pod appends a numbered line every 50 ms for as long as it runs, so the
   # snapshot and the clone are taken under writes.
   apply_pvc $ns src 64Mi >/dev/null
-  s9_pod $ns writer src 'i=0; while true; do i=$((i+1)); echo "line $i" >> /data/log; sleep 0.05; done' >/dev/null
+  apply_pod $ns writer fs src /data 'i=0; while true; do i=$((i+1)); echo "line $i" >> /data/log; sleep 0.05; done' >/dev/null
   wait_until 90 "writer pod Running" pod_phase_is $ns writer Running
   volume_facts $ns src
-  local src_pv=$PV src_backing=$BACKING
+  S9_SOURCE_BACKING=$BACKING
   k -n $ns exec writer -- sh -c 'echo before-snapshot > /data/marker-1 && sync' || fail "writing into the source"
   wait_until 10 "the writer is writing" s9_lines_at_least $ns writer 5
   local lines_before_snapshot; lines_before_snapshot=$(s9_lines $ns writer)
@@ -52,26 +52,18 @@ YAML
 
   # Restore: the data as at the snapshot.
   s9_pvc_from $ns restored VolumeSnapshot snap snapshot.storage.k8s.io >/dev/null
-  s9_pod $ns restore-reader restored 'sleep 100000' >/dev/null
+  apply_pod $ns restore-reader fs restored >/dev/null
   wait_until 90 "pod on the restored claim Running" pod_phase_is $ns restore-reader Running
-  volume_facts $ns restored
-  [ "$PV" != "$src_pv" ] && [ "$BACKING" != "$src_backing" ] || fail "the restore is the source volume"
-  [ "$(k -n $ns exec restore-reader -- cat /data/marker-1)" = before-snapshot ] || fail "the restore lacks what was written before the snapshot"
-  k -n $ns exec restore-reader -- test -e /data/marker-2 && fail "the restore holds what was written after the snapshot"
-  s9_log_intact $ns restore-reader "$lines_before_snapshot" "$lines_at_ready" restore
+  s9_copy_holds $ns restore-reader restored restore marker-1 before-snapshot marker-2 "$lines_before_snapshot" "$lines_at_ready"
 
   # Clone of the running source: the data as at the clone.
   local lines_before_clone; lines_before_clone=$(s9_lines $ns writer)
   s9_pvc_from $ns clone PersistentVolumeClaim src "" >/dev/null
-  s9_pod $ns clone-reader clone 'sleep 100000' >/dev/null
+  apply_pod $ns clone-reader fs clone >/dev/null
   wait_until 90 "pod on the clone Running" pod_phase_is $ns clone-reader Running
   local lines_at_clone; lines_at_clone=$(s9_lines $ns writer)
   k -n $ns exec writer -- sh -c 'echo after-clone > /data/marker-3 && sync' || fail "writing after the clone"
-  volume_facts $ns clone
-  [ "$PV" != "$src_pv" ] && [ "$BACKING" != "$src_backing" ] || fail "the clone is the source volume"
-  [ "$(k -n $ns exec clone-reader -- cat /data/marker-2)" = after-snapshot ] || fail "the clone lacks what was written before it"
-  k -n $ns exec clone-reader -- test -e /data/marker-3 && fail "the clone holds what was written after it"
-  s9_log_intact $ns clone-reader "$lines_before_clone" "$lines_at_clone" clone
+  s9_copy_holds $ns clone-reader clone clone marker-2 after-snapshot marker-3 "$lines_before_clone" "$lines_at_clone"
   # The source kept running and writing through both copies.
   local before; before=$(s9_lines $ns writer)
   wait_until 10 "the writer still writes after the copies" s9_lines_at_least $ns writer $((before + 5))
@@ -89,6 +81,11 @@ YAML
 }
 
 s9_restore() {
+  # The sidecar deletes the snapshots' copies: a step that failed left VolumeSnapshots
+  # behind, so they go before it does.
+  k delete volumesnapshot --all --all-namespaces --wait=false >/dev/null 2>&1 || true
+  local end=$((SECONDS + 60))
+  while [ $SECONDS -lt $end ] && [ -n "$(k get volumesnapshotcontent -o name 2>/dev/null)" ]; do sleep 0.5; done
   k apply -k "$OVERLAY" >/dev/null
   k delete --ignore-not-found -f "$REPO/deploy/components/csi-snapshotter/rbac.yaml" >/dev/null
   k delete --ignore-not-found volumesnapshotclass localvol >/dev/null
@@ -98,29 +95,6 @@ s9_restore() {
 s9_sidecar_ready() {
   local pod; pod=$(daemon_pod)
   [ "$(k -n "$SYSTEM_NS" get pod "$pod" -o jsonpath="{.status.containerStatuses[?(@.name=='csi-snapshotter')].ready}")" = true ]
-}
-
-s9_pod() { # NAMESPACE NAME CLAIM SCRIPT: busybox running SCRIPT with the claim at /data
-  k apply -f - <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $2, namespace: $1}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: localhost/busybox:1
-      imagePullPolicy: Never
-      command:
-        - sh
-        - -c
-        - |
-          trap 'exit 0' TERM; $4
-      volumeMounts: [{name: vol, mountPath: /data}]
-  volumes:
-    - name: vol
-      persistentVolumeClaim: {claimName: $3}
-YAML
 }
 
 s9_pvc_from() { # NAMESPACE NAME KIND SOURCE APIGROUP
@@ -136,6 +110,17 @@ spec:
   dataSource: {${group}kind: $3, name: $4}
   resources: {requests: {storage: 64Mi}}
 YAML
+}
+
+# A copy read by POD: another volume than the source, FILE holds CONTENT (written before
+# the copy), AFTER (written after it) is missing, and its log is intact.
+s9_copy_holds() { # NAMESPACE POD CLAIM WHAT FILE CONTENT AFTER MIN-LINES MAX-LINES
+  local ns=$1 pod=$2 what=$4
+  volume_facts "$ns" "$3"
+  [ "$BACKING" != "$S9_SOURCE_BACKING" ] || fail "the $what is the source volume"
+  [ "$(k -n "$ns" exec "$pod" -- cat "/data/$5")" = "$6" ] || fail "the $what lacks what was written before it"
+  k -n "$ns" exec "$pod" -- test -e "/data/$7" && fail "the $what holds what was written after it"
+  s9_log_intact "$ns" "$pod" "$8" "$9" "$what"
 }
 
 s9_snapshot_ready() { [ "$(k -n "$1" get volumesnapshot "$2" -o jsonpath='{.status.readyToUse}')" = true ]; }
