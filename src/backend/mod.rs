@@ -413,9 +413,7 @@ impl Backend {
     fn snapshots_unsupported(&self) -> BackendError {
         let reason = match self {
             Backend::Loop(_) => "",
-            Backend::Lvm(b) if b.kind() == "lvm-thin" => {
-                "thin snapshots are not implemented yet; use a loop class for snapshots"
-            }
+            Backend::Lvm(b) if b.snapshots() => "",
             Backend::Lvm(_) => "a thick LV can only be copied in full; use an lvm-thin class",
             Backend::Pmem(_) => "a namespace can only be copied in full; no snapshot shares its blocks",
         };
@@ -428,13 +426,18 @@ impl Backend {
 
     /// Whether the class makes snapshots and clones.
     pub fn snapshots(&self) -> bool {
-        matches!(self, Backend::Loop(_))
+        match self {
+            Backend::Loop(_) => true,
+            Backend::Lvm(b) => b.snapshots(),
+            Backend::Pmem(_) => false,
+        }
     }
 
     /// Takes a snapshot of a volume; an existing snapshot of that token is returned as is.
     pub async fn create_snapshot(&self, spec: &SnapshotSpec) -> Result<SnapshotRecord, BackendError> {
         match self {
             Backend::Loop(b) => b.create_snapshot(spec).await,
+            Backend::Lvm(b) if b.snapshots() => b.create_snapshot(spec).await,
             Backend::Lvm(_) | Backend::Pmem(_) => Err(self.snapshots_unsupported()),
         }
     }
@@ -442,6 +445,7 @@ impl Backend {
     pub async fn get_snapshot(&self, token: &Token) -> Result<Option<SnapshotRecord>, BackendError> {
         match self {
             Backend::Loop(b) => b.get_snapshot(token).await,
+            Backend::Lvm(b) if b.snapshots() => b.get_snapshot(token).await,
             Backend::Lvm(_) | Backend::Pmem(_) => Ok(None),
         }
     }
@@ -449,6 +453,7 @@ impl Backend {
     pub async fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>, BackendError> {
         match self {
             Backend::Loop(b) => b.list_snapshots().await,
+            Backend::Lvm(b) if b.snapshots() => b.list_snapshots().await,
             Backend::Lvm(_) | Backend::Pmem(_) => Ok(Vec::new()),
         }
     }
@@ -457,6 +462,7 @@ impl Backend {
     pub async fn delete_snapshot(&self, token: &Token) -> Result<(), BackendError> {
         match self {
             Backend::Loop(b) => b.delete_snapshot(token).await,
+            Backend::Lvm(b) if b.snapshots() => b.delete_snapshot(token).await,
             Backend::Lvm(_) | Backend::Pmem(_) => Ok(()),
         }
     }
@@ -469,6 +475,7 @@ impl Backend {
     ) -> Result<VolumeRecord, BackendError> {
         match self {
             Backend::Loop(b) => b.create_from(spec, source).await,
+            Backend::Lvm(b) if b.snapshots() => b.create_from(spec, source).await,
             Backend::Lvm(_) | Backend::Pmem(_) => Err(self.snapshots_unsupported()),
         }
     }

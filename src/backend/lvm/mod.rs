@@ -23,6 +23,7 @@
 
 mod provision;
 pub mod report;
+mod snapshots;
 pub mod tags;
 #[cfg(test)]
 mod tests;

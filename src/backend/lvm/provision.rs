@@ -73,7 +73,7 @@ impl LvmBackend {
     }
 
     /// Removes an LV of `token`'s volume (its own, or its temporary zeroing LV).
-    async fn remove_lv(&self, lv: &str, token: &Token) -> Result<(), BackendError> {
+    pub(super) async fn remove_lv(&self, lv: &str, token: &Token) -> Result<(), BackendError> {
         let cmd = lvm_command("lvremove").arg("-y").arg(self.target(lv));
         match self.vg.change_known(cmd, |state| state.removed(lv)).await {
             Ok(()) => Ok(()),

@@ -16,9 +16,9 @@ use crate::request::ClaimRef;
 
 pub const PREFIX: &str = "localvol.csi.dev/";
 const CLASS: &str = "class";
-const NAME: &str = "name";
-const MODE: &str = "mode";
-const FS: &str = "fs";
+pub(super) const NAME: &str = "name";
+pub(super) const MODE: &str = "mode";
+pub(super) const FS: &str = "fs";
 const PVC: &str = "pvc";
 const NAMESPACE: &str = "namespace";
 const PV: &str = "pv";
@@ -75,11 +75,11 @@ pub fn decode(value: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-fn tag(key: &str, value: &str) -> String {
+pub(super) fn tag(key: &str, value: &str) -> String {
     format!("{PREFIX}{key}={}", encode(value))
 }
 
-fn mode_str(mode: VolumeMode) -> &'static str {
+pub(super) fn mode_str(mode: VolumeMode) -> &'static str {
     match mode {
         VolumeMode::Filesystem => "filesystem",
         VolumeMode::Block => "block",
@@ -129,12 +129,26 @@ pub enum Ownership {
     Corrupt(String),
 }
 
-fn value<'a>(lv: &'a Lv, key: &str) -> Option<&'a str> {
+pub(super) fn value<'a>(lv: &'a Lv, key: &str) -> Option<&'a str> {
     lv.tags.iter().find_map(|t| {
         t.strip_prefix(PREFIX)
             .and_then(|rest| rest.strip_prefix(key))
             .and_then(|rest| rest.strip_prefix('='))
     })
+}
+
+pub(super) fn parse_mode(value: Option<&str>) -> Result<VolumeMode, String> {
+    match value {
+        Some("filesystem") => Ok(VolumeMode::Filesystem),
+        Some("block") => Ok(VolumeMode::Block),
+        other => Err(format!("mode tag {other:?} is neither filesystem nor block")),
+    }
+}
+
+pub(super) fn parse_fs(value: Option<String>) -> Result<Option<FsType>, String> {
+    value
+        .map(|fs| FsType::parse(&fs).ok_or(format!("unknown filesystem tag {fs:?}")))
+        .transpose()
 }
 
 /// Reads an LV's tags as a volume of `class`.
@@ -156,15 +170,8 @@ pub fn ownership(class: &ClassName, vg: &str, lv: &Lv) -> Ownership {
         if lv_name(&token, vg) != lv.name {
             return Err(format!("its name tag {name:?} belongs to another LV name"));
         }
-        let mode = match decoded(MODE)?.as_deref() {
-            Some("filesystem") => VolumeMode::Filesystem,
-            Some("block") => VolumeMode::Block,
-            other => return Err(format!("mode tag {other:?} is neither filesystem nor block")),
-        };
-        let fs_type = match decoded(FS)? {
-            None => None,
-            Some(fs) => Some(FsType::parse(&fs).ok_or(format!("unknown filesystem tag {fs:?}"))?),
-        };
+        let mode = parse_mode(decoded(MODE)?.as_deref())?;
+        let fs_type = parse_fs(decoded(FS)?)?;
         Ok(VolumeRecord {
             id: VolumeId::new(class.clone(), token),
             name,

@@ -22,6 +22,8 @@ mod grow_delete;
 /// Reading lvm: one shared report per VG, patched by our own changes, tags, error
 /// text, a hung lvs.
 mod reports;
+/// Thin snapshots, restores and clones.
+mod snapshots;
 
 const EXTENT: u64 = 4 << 20;
 const MIB: u64 = 1 << 20;
@@ -227,7 +229,21 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
                 .filter(|(_, x)| *x == "--addtag")
                 .map(|(i, _)| a[i + 1].clone())
                 .collect();
-            let pool = flag(&a, "--thinpool");
+            // A thin snapshot (`-s vg/origin`): the origin's size, in its pool.
+            let origin = a
+                .contains(&"-s".to_string())
+                .then(|| v.lv(&split_target(a.last().unwrap()).1).cloned());
+            let pool = match &origin {
+                Some(Some(o)) => o.pool.clone(),
+                Some(None) => {
+                    return failed(
+                        cmd,
+                        5,
+                        format!("  Failed to find logical volume \"{}\"\n", a.last().unwrap()),
+                    );
+                }
+                None => flag(&a, "--thinpool"),
+            };
             if let Some(pool) = &pool
                 && v.lv(pool).is_none()
             {
@@ -237,7 +253,10 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
                     format!("  Pool {pool} not found in Volume group {}.\n", v.name),
                 );
             }
-            let size = bytes(&flag(&a, "-L").or_else(|| flag(&a, "-V")).unwrap());
+            let size = match origin {
+                Some(Some(o)) => o.size,
+                _ => bytes(&flag(&a, "-L").or_else(|| flag(&a, "-V")).unwrap()),
+            };
             if pool.is_none() && size > v.free() {
                 return failed(
                     cmd,
