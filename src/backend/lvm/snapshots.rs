@@ -20,8 +20,9 @@
 //! **Consistency.** No FIFREEZE here: to take a thin snapshot, lvcreate suspends the
 //! origin's device-mapper device with its filesystem locked (`lockfs`), which makes the
 //! kernel freeze the mounted filesystem (flushing what was written) and thaw it on
-//! resume, inside the one lvcreate. A daemon killed meanwhile does not kill lvcreate,
-//! which resumes the device itself, so no freeze outlives the call.
+//! resume, inside the one lvcreate (milliseconds). Known gap: lvcreate killed inside
+//! that window (a container kill takes the whole process group) leaves the origin
+//! suspended until `dmsetup resume`; start-up does not look for that yet.
 //!
 //! **Independence.** Thin snapshots share blocks but not existence: a volume with
 //! snapshots can be deleted (its snapshots stay restorable), a snapshot a volume was
