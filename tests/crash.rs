@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Cleanup, kubelet_paths, loops_under, mounts_under, privileged};
-use kit::{Endpoints, Rng, Step, Timings, Volume, env_or, files_below};
+use kit::{Endpoints, Rng, SOURCE, Step, Timings, Volume, env_or, files_below, on};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -38,6 +38,8 @@ const SIZE: i64 = 320 * MIB;
 const GROWN: i64 = 384 * MIB;
 const DEFAULT_SEED: u64 = 0x10ca_1b01;
 const DEFAULT_ROUNDS: usize = 48;
+/// Every this many lifecycles also snapshot, restore and clone the volume.
+const COPY_EVERY: usize = 4;
 /// How long one step may keep failing with a retryable code before the test gives up.
 const STEP_DEADLINE: Duration = Duration::from_secs(90);
 
@@ -187,7 +189,9 @@ struct Counts {
 /// Until a step has been timed: a guess at how long it takes.
 fn first_guess(step: Step) -> Duration {
     match step {
-        Step::Stage | Step::NodeExpand => Duration::from_millis(300),
+        Step::Stage | Step::NodeExpand | Step::Snapshot | Step::Restore | Step::Clone => {
+            Duration::from_millis(300)
+        }
         _ => Duration::from_millis(10),
     }
 }
@@ -247,11 +251,11 @@ impl Run {
                         self.timings.record(step, started.elapsed());
                     }
                     match step {
-                        Step::Create => {
+                        Step::Create | Step::Snapshot | Step::Restore | Step::Clone => {
                             let id = answer.volume_id.unwrap();
-                            assert!(v.id.is_empty() || v.id == id, "create returned another id");
+                            assert!(v.id.is_empty() || v.id == id, "{step:?} returned another id");
                             v.id = id;
-                            assert_eq!(answer.capacity_bytes, Some(SIZE));
+                            assert_eq!(answer.capacity_bytes, Some(v.required_bytes), "{step:?}");
                         }
                         Step::ControllerExpand | Step::NodeExpand => {
                             assert_eq!(answer.capacity_bytes, Some(GROWN), "{step:?}");
@@ -342,7 +346,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         let fs = if run.rng.below(2) == 0 { "ext4" } else { "xfs" };
         let (staging, target) = kubelet_paths(&kubelet, &format!("pv-{round}"), &format!("pod-{round}"));
         cleanup.mounts.extend([staging.clone(), target.clone()]);
-        let mut v = Volume {
+        let source = Volume {
             name: format!("pvc-crash-{round}"),
             id: String::new(),
             cap: kit::mount_cap(fs),
@@ -350,23 +354,39 @@ async fn sigkill_at_random_points_loses_nothing() {
             target,
             required_bytes: SIZE,
             grown_bytes: GROWN,
+            source: None,
         };
-        let mut plan = vec![
-            Step::Create,
-            Step::Stage,
-            Step::Publish,
-            Step::ControllerExpand,
-            Step::NodeExpand,
-            Step::Unpublish,
-            Step::Unstage,
-            Step::Stage,
-            Step::Publish,
-            Step::Unpublish,
-            Step::Unstage,
-            Step::Delete,
-        ];
+        let mut vols = kit::with_copies(source, GROWN, |copy| {
+            let paths = kubelet_paths(&kubelet, copy, &format!("pod-{copy}"));
+            cleanup.mounts.extend([paths.0.clone(), paths.1.clone()]);
+            paths
+        });
+        // Snapshots, restores and clones in every COPY_EVERY-th lifecycle: the run
+        // stays about as long as before they existed.
+        let copies = round % COPY_EVERY == 0;
+        let mut plan = on(SOURCE, &[Step::Create, Step::Stage, Step::Publish]);
+        if copies {
+            plan.extend(kit::copies_while_staged());
+        }
+        plan.extend(on(
+            SOURCE,
+            &[
+                Step::ControllerExpand,
+                Step::NodeExpand,
+                Step::Unpublish,
+                Step::Unstage,
+                Step::Stage,
+                Step::Publish,
+                Step::Unpublish,
+                Step::Unstage,
+                Step::Delete,
+            ],
+        ));
+        if copies {
+            plan.extend(kit::copies_after_source());
+        }
         if fs == "ext4" && !ext4_grows {
-            plan.retain(|s| *s != Step::NodeExpand);
+            plan.retain(|(s, _)| *s != Step::NodeExpand);
         }
         // One or two kills per lifecycle, at random steps.
         let kills: Vec<usize> = (0..1 + run.rng.below(2))
@@ -377,10 +397,13 @@ async fn sigkill_at_random_points_loses_nothing() {
             .collect();
         let mut uuid: Option<String> = None;
         let mut publishes = 0;
-        for (i, step) in plan.iter().copied().enumerate() {
-            run.step(step, &mut v, kills.contains(&i)).await;
+        for (i, (step, which)) in plan.iter().copied().enumerate() {
+            kit::name_source(&mut vols, step, which);
+            run.step(step, &mut vols[which], kills.contains(&i)).await;
+            let v = &vols[which];
             match step {
                 Step::Stage => {
+                    // A copy holds its source's filesystem: the same UUID.
                     let now = filesystem_uuid(&data);
                     match &uuid {
                         None => uuid = Some(now),
@@ -398,6 +421,7 @@ async fn sigkill_at_random_points_loses_nothing() {
                         std::fs::write(&file, &content).unwrap();
                         std::fs::File::open(&file).unwrap().sync_all().unwrap();
                         std::fs::File::open(&v.target).unwrap().sync_all().unwrap();
+                        std::fs::write(v.target.join(kit::UNSYNCED), &content[..4096]).unwrap();
                     } else {
                         let back = std::fs::read(&file).unwrap_or_else(|e| {
                             panic!("seed {seed:#x}: {} lost its data (round {round}): {e}", v.name)
@@ -407,6 +431,16 @@ async fn sigkill_at_random_points_loses_nothing() {
                             "seed {seed:#x}: {} data differs (round {round})",
                             v.name
                         );
+                    }
+                    if which != SOURCE
+                        && let Err(e) = kit::check_copy(&v.target, &content[..4096])
+                    {
+                        panic!("seed {seed:#x}: {} (round {round}): {e}", v.name);
+                    }
+                }
+                Step::Snapshot | Step::Clone => {
+                    if let Err(e) = kit::after_copy(step, &vols[SOURCE].target) {
+                        panic!("seed {seed:#x} (round {round}): {e}");
                     }
                 }
                 Step::Unpublish => assert!(!v.target.exists(), "unpublish removes the target"),

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use common::{Cleanup, kubelet_paths, mounts_under};
 use guest::{format_unfinished, is_lvm, leftovers, mounted_device, setup, signature, uuid, volume_device};
-use kit::{Endpoints, Rng, Step, Timings, Volume};
+use kit::{Endpoints, Rng, SOURCE, Step, Timings, Volume, on};
 use tonic::Code;
 
 const MIB: i64 = 1 << 20;
@@ -63,6 +63,11 @@ const DEFAULT_ROUNDS: usize = 2;
 const SOAK_ROUNDS: usize = 40;
 /// How long one step may keep failing with a retryable code before the test gives up.
 const STEP_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Whether the class makes snapshots and clones (lvm and pmem refuse them by design).
+fn snapshots(class: &str) -> bool {
+    class == "thin"
+}
 
 /// True in the guest. On the host: fails if the suite is required, else says so.
 fn in_guest(test: &str) -> bool {
@@ -190,7 +195,9 @@ impl Drop for Daemon {
 
 fn first_guess(step: Step) -> Duration {
     match step {
-        Step::Create | Step::Stage | Step::Delete => Duration::from_millis(1500),
+        Step::Create | Step::Stage | Step::Delete | Step::Snapshot | Step::Restore | Step::Clone => {
+            Duration::from_millis(1500)
+        }
         Step::NodeExpand | Step::ControllerExpand => Duration::from_millis(800),
         _ => Duration::from_millis(100),
     }
@@ -330,9 +337,9 @@ impl Run {
             guest::fsdax_volume_size(v.required_bytes)
         };
         match step {
-            Step::Create => {
+            Step::Create | Step::Restore | Step::Clone | Step::Snapshot => {
                 let id = answer.volume_id.unwrap();
-                assert!(v.id.is_empty() || v.id == id, "create returned another id");
+                assert!(v.id.is_empty() || v.id == id, "{step:?} returned another id");
                 v.id = id;
                 assert_eq!(answer.capacity_bytes, Some(want_size), "{}", self.class);
             }
@@ -413,7 +420,7 @@ async fn crash_class(class: &'static str) {
         let name = format!("pvc-crash-{class}-{round}");
         let (staging, target) = kubelet_paths(&kubelet, &name, &format!("pod-{round}"));
         cleanup.mounts.extend([staging.clone(), target.clone()]);
-        let mut v = Volume {
+        let source = Volume {
             name: name.clone(),
             id: String::new(),
             cap: kit::mount_cap(fs),
@@ -421,21 +428,40 @@ async fn crash_class(class: &'static str) {
             target,
             required_bytes: sizes(fs).0,
             grown_bytes: sizes(fs).1,
+            source: None,
         };
-        let mut plan = vec![Step::Create, Step::Stage, Step::Publish];
+        let mut vols = kit::with_copies(source, sizes(fs).1, |copy| {
+            let paths = kubelet_paths(&kubelet, copy, &format!("pod-{copy}"));
+            cleanup.mounts.extend([paths.0.clone(), paths.1.clone()]);
+            paths
+        });
+        let copies = snapshots(class);
+        let mut plan = on(SOURCE, &[Step::Create, Step::Stage, Step::Publish]);
+        if copies {
+            plan.extend(kit::copies_while_staged());
+        }
         if is_lvm(class) {
             // FITRIM and growth; pmem has no discard and a namespace cannot grow.
-            plan.extend([Step::Reclaim, Step::ControllerExpand, Step::NodeExpand]);
+            plan.extend(on(
+                SOURCE,
+                &[Step::Reclaim, Step::ControllerExpand, Step::NodeExpand],
+            ));
         }
-        plan.extend([
-            Step::Unpublish,
-            Step::Unstage,
-            Step::Stage,
-            Step::Publish,
-            Step::Unpublish,
-            Step::Unstage,
-            Step::Delete,
-        ]);
+        plan.extend(on(
+            SOURCE,
+            &[
+                Step::Unpublish,
+                Step::Unstage,
+                Step::Stage,
+                Step::Publish,
+                Step::Unpublish,
+                Step::Unstage,
+                Step::Delete,
+            ],
+        ));
+        if copies {
+            plan.extend(kit::copies_after_source());
+        }
         // One or two kills at random steps; a kill of the first stage waits for mkfs
         // in half the cases, and always in the first round, so every run has one.
         let mut kills: Vec<(usize, KillAt)> = (0..1 + run.rng.below(2))
@@ -450,10 +476,19 @@ async fn crash_class(class: &'static str) {
             .collect();
         let mut first_uuid: Option<String> = None;
         let mut publishes = 0;
-        for (i, step) in plan.iter().copied().enumerate() {
+        for (i, (step, which)) in plan.iter().copied().enumerate() {
             let kill = kills.iter().find(|(k, _)| *k == i).map(|(_, at)| *at);
-            run.step(step, &mut v, kill).await;
+            kit::name_source(&mut vols, step, which);
+            let v = &mut vols[which];
+            run.step(step, v, kill).await;
+            let v = &vols[which];
             match step {
+                Step::Stage if which != SOURCE => assert_eq!(
+                    first_uuid.as_deref(),
+                    Some(uuid(&mounted_device(&v.staging)).as_str()),
+                    "seed {seed:#x}: {class} {} holds another filesystem than its source's",
+                    v.name
+                ),
                 Step::Stage => {
                     let now = uuid(&mounted_device(&v.staging));
                     match &first_uuid {
@@ -478,14 +513,31 @@ async fn crash_class(class: &'static str) {
                         std::fs::write(&file, &content).unwrap();
                         std::fs::File::open(&file).unwrap().sync_all().unwrap();
                         std::fs::File::open(&v.target).unwrap().sync_all().unwrap();
+                        // Not synced: in a snapshot only if the snapshot froze (flushed)
+                        // the filesystem.
+                        std::fs::write(v.target.join(kit::UNSYNCED), &content[..4096]).unwrap();
                     } else {
                         let back = std::fs::read(&file).unwrap_or_else(|e| {
-                            panic!("seed {seed:#x}: {class} {name} lost its data (round {round}): {e}")
+                            panic!(
+                                "seed {seed:#x}: {class} {} lost its data (round {round}): {e}",
+                                v.name
+                            )
                         });
                         assert!(
                             back == content,
-                            "seed {seed:#x}: {class} {name} data differs (round {round})"
+                            "seed {seed:#x}: {class} {} data differs (round {round})",
+                            v.name
                         );
+                    }
+                    if which != SOURCE
+                        && let Err(e) = kit::check_copy(&v.target, &content[..4096])
+                    {
+                        panic!("seed {seed:#x}: {class} {}: {e}", v.name);
+                    }
+                }
+                Step::Snapshot | Step::Clone => {
+                    if let Err(e) = kit::after_copy(step, &vols[SOURCE].target) {
+                        panic!("seed {seed:#x}: {class}: {e}");
                     }
                 }
                 Step::Unpublish => assert!(!v.target.exists(), "unpublish removes the target"),

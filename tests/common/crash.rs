@@ -65,6 +65,13 @@ pub enum Step {
     Unpublish,
     Unstage,
     Delete,
+    /// CreateSnapshot of the volume `source` names, called `name`.
+    Snapshot,
+    /// CreateVolume from the snapshot `source` names.
+    Restore,
+    /// CreateVolume from the volume `source` names.
+    Clone,
+    DeleteSnapshot,
 }
 
 impl Step {
@@ -79,6 +86,10 @@ impl Step {
             Step::Unpublish => "unpublish",
             Step::Unstage => "unstage",
             Step::Delete => "delete",
+            Step::Snapshot => "snapshot",
+            Step::Restore => "restore",
+            Step::Clone => "clone",
+            Step::DeleteSnapshot => "delete-snapshot",
         }
     }
 }
@@ -94,6 +105,9 @@ pub struct Volume {
     pub target: PathBuf,
     pub required_bytes: i64,
     pub grown_bytes: i64,
+    /// For a snapshot, or a clone: the source volume's id; for a restore: the
+    /// snapshot's id. `None` for a new empty volume.
+    pub source: Option<String>,
 }
 
 /// The daemon's sockets.
@@ -121,6 +135,7 @@ pub fn mount_cap(fs: &str) -> csi::VolumeCapability {
 /// size an expansion reports.
 #[derive(Debug, Default)]
 pub struct Answer {
+    /// The new volume's id (create, restore, clone) or the snapshot's (snapshot).
     pub volume_id: Option<String>,
     pub capacity_bytes: Option<i64>,
 }
@@ -139,12 +154,25 @@ pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answe
     };
     let mut answer = Answer::default();
     match step {
-        Step::Create => {
+        Step::Create | Step::Restore | Step::Clone => {
+            use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+            let source = |kind: fn(String) -> Type| {
+                let id = v.source.clone().expect("a restore or a clone names its source");
+                Some(csi::VolumeContentSource {
+                    r#type: Some(kind(id)),
+                })
+            };
+            let volume_content_source = match step {
+                Step::Restore => source(|snapshot_id| Type::Snapshot(SnapshotSource { snapshot_id })),
+                Step::Clone => source(|volume_id| Type::Volume(VolumeSource { volume_id })),
+                _ => None,
+            };
             let volume = controller
                 .create_volume(csi::CreateVolumeRequest {
                     name: v.name.clone(),
                     capacity_range: capacity(v.required_bytes),
                     volume_capabilities: vec![v.cap.clone()],
+                    volume_content_source,
                     ..Default::default()
                 })
                 .await?
@@ -229,6 +257,28 @@ pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answe
             controller
                 .delete_volume(csi::DeleteVolumeRequest {
                     volume_id: v.id.clone(),
+                    ..Default::default()
+                })
+                .await?;
+        }
+        Step::Snapshot => {
+            let snapshot = controller
+                .create_snapshot(csi::CreateSnapshotRequest {
+                    name: v.name.clone(),
+                    source_volume_id: v.source.clone().expect("a snapshot names its source"),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner()
+                .snapshot
+                .expect("CreateSnapshot answers a snapshot");
+            answer.volume_id = Some(snapshot.snapshot_id);
+            answer.capacity_bytes = Some(snapshot.size_bytes);
+        }
+        Step::DeleteSnapshot => {
+            controller
+                .delete_snapshot(csi::DeleteSnapshotRequest {
+                    snapshot_id: v.id.clone(),
                     ..Default::default()
                 })
                 .await?;
@@ -360,4 +410,124 @@ pub fn group_members(pgid: i32) -> Vec<String> {
         }
     }
     names
+}
+
+/// A file written to the mounted filesystem `dir` within `limit`: false when the write
+/// blocks, as on a filesystem left frozen (FIFREEZE) by an interrupted snapshot.
+pub fn writable_within(dir: &Path, limit: Duration) -> bool {
+    let probe = dir.join(".frozen-probe");
+    let (done, wait) = std::sync::mpsc::channel();
+    // A write to a frozen filesystem blocks until the thaw: left running on its thread.
+    std::thread::spawn(move || {
+        let ok = std::fs::write(&probe, b"probe").is_ok()
+            && std::fs::File::open(&probe).and_then(|f| f.sync_all()).is_ok()
+            && std::fs::remove_file(&probe).is_ok();
+        let _ = done.send(ok);
+    });
+    wait.recv_timeout(limit).unwrap_or(false)
+}
+
+/// The volumes of a lifecycle with copies, by index: the source, its snapshot, the
+/// restore of the snapshot and the clone of the source.
+pub const SOURCE: usize = 0;
+pub const SNAP: usize = 1;
+pub const RESTORE: usize = 2;
+pub const CLONE: usize = 3;
+
+/// `source` and its snapshot, restore and clone (`<name>-snap`, ...), each with the
+/// kubelet paths `paths` gives its name. The restore asks for `restore_bytes` (more
+/// than the snapshot holds: it is grown); the others for the source's size.
+pub fn with_copies(
+    source: Volume,
+    restore_bytes: i64,
+    mut paths: impl FnMut(&str) -> (PathBuf, PathBuf),
+) -> Vec<Volume> {
+    let mut copy = |suffix: &str, required_bytes: i64| {
+        let name = format!("{}-{suffix}", source.name);
+        let (staging, target) = paths(&name);
+        Volume {
+            name,
+            staging,
+            target,
+            required_bytes,
+            ..source.clone()
+        }
+    };
+    let copies = [
+        copy("snap", source.required_bytes),
+        copy("restore", restore_bytes),
+        copy("clone", source.required_bytes),
+    ];
+    let mut all = vec![source];
+    all.extend(copies);
+    all
+}
+
+/// Steps on the volume `which`.
+pub fn on(which: usize, steps: &[Step]) -> Vec<(Step, usize)> {
+    steps.iter().map(|s| (*s, which)).collect()
+}
+
+/// The copy steps taken while the source is staged and published (the freeze path).
+pub fn copies_while_staged() -> Vec<(Step, usize)> {
+    vec![(Step::Snapshot, SNAP), (Step::Clone, CLONE)]
+}
+
+/// The copy steps after the source was deleted: the restore and the clone stand on
+/// their own; each is staged, published (its data checked), and deleted, and the
+/// snapshot is deleted between them.
+pub fn copies_after_source() -> Vec<(Step, usize)> {
+    let life = [
+        Step::Stage,
+        Step::Publish,
+        Step::Unpublish,
+        Step::Unstage,
+        Step::Delete,
+    ];
+    let mut plan = vec![(Step::Restore, RESTORE)];
+    plan.extend(on(RESTORE, &life));
+    plan.push((Step::DeleteSnapshot, SNAP));
+    plan.extend(on(CLONE, &life));
+    plan
+}
+
+/// Names the source of the step's call from what the earlier steps answered.
+pub fn name_source(vols: &mut [Volume], step: Step, which: usize) {
+    vols[which].source = match step {
+        Step::Snapshot | Step::Clone => Some(vols[SOURCE].id.clone()),
+        Step::Restore => Some(vols[SNAP].id.clone()),
+        _ => vols[which].source.take(),
+    };
+}
+
+/// Written to the source at its first publish and not synced: a copy holds it only if
+/// the copy froze (flushed) the filesystem first.
+pub const UNSYNCED: &str = "unsynced";
+/// Written to the source after the snapshot and the clone: no copy may hold it.
+pub const AFTER: &str = "after";
+
+/// After a snapshot or a clone of the published source at `target`: the filesystem
+/// takes writes (it was thawed), and after the clone, [`AFTER`] is written.
+pub fn after_copy(step: Step, target: &Path) -> Result<(), String> {
+    if !writable_within(target, Duration::from_secs(20)) {
+        return Err(format!("the source's filesystem stays frozen after {step:?}"));
+    }
+    if step == Step::Clone {
+        std::fs::write(target.join(AFTER), b"after").map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// What a published copy must hold: the source's [`UNSYNCED`] bytes, and no [`AFTER`].
+pub fn check_copy(target: &Path, unsynced: &[u8]) -> Result<(), String> {
+    if std::fs::read(target.join(UNSYNCED)).unwrap_or_default() != unsynced {
+        return Err(
+            "what was written but not synced before the copy is missing: the filesystem was not frozen"
+                .into(),
+        );
+    }
+    if target.join(AFTER).exists() {
+        return Err("it holds a file written after the copy".into());
+    }
+    Ok(())
 }

@@ -233,7 +233,7 @@ impl LvmBackend {
                     let promised: u64 = state
                         .lvs
                         .iter()
-                        .filter(|l| l.pool.as_deref() == Some(pool.as_str()))
+                        .filter(|l| l.pool.as_deref() == Some(pool.as_str()) && !snapshots::is_snapshot(l))
                         .map(|l| l.size)
                         .sum();
                     let limit = (pool_lv.size as f64 * overprovision_ratio) as u64;

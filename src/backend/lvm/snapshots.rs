@@ -28,9 +28,10 @@
 //! snapshots can be deleted (its snapshots stay restorable), a snapshot a volume was
 //! restored from can be deleted (the volume keeps its data).
 //!
-//! **Capacity.** A snapshot is a thin LV of the pool with its source's virtual size, so
-//! the overprovision limit counts it like a volume; the pool's data usage (store usage,
-//! metrics) counts each shared block once, as the pool holds it.
+//! **Capacity.** A snapshot promises no writes: it is left out of the virtual sizes the
+//! overprovision limit counts. What it holds is blocks of its source's, shared until
+//! the source overwrites them; the pool's data usage (store usage, metrics) counts
+//! each block once, as the pool holds it, the kept old ones included.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -46,6 +47,11 @@ const SNAPSHOT_CLASS: &str = "snapshot-class";
 const SOURCE: &str = "source";
 const CREATED: &str = "created";
 const SOURCE_SIZE: &str = "source-size";
+
+/// A snapshot LV of any class (one that promises no writes).
+pub fn is_snapshot(lv: &Lv) -> bool {
+    tags::value(lv, SNAPSHOT_CLASS).is_some()
+}
 
 /// The LV name of a snapshot.
 pub fn snapshot_lv_name(token: &Token, vg: &str) -> String {
@@ -198,7 +204,6 @@ impl LvmBackend {
                 token: spec.source.clone(),
             });
         };
-        self.check_room(&state, source.size)?;
         let created = SystemTime::now();
         let tags = snapshot_tags(&self.class, spec, source, &record, created);
         let mut cmd = lvm_command("lvcreate").args(["-y", "-s", "-ky", "-pr", "-n", &lv]);

@@ -86,15 +86,25 @@ async fn a_snapshot_is_one_tagged_read_only_skipped_thin_snapshot_found_after_a_
 }
 
 #[tokio::test]
-async fn a_snapshot_of_a_missing_volume_or_beyond_the_limit_is_refused() {
+async fn a_snapshot_of_a_missing_volume_is_refused_and_snapshots_promise_no_room() {
     let f = Fixture::new(Some(true));
     let b = thin_with_volume(&f).await;
     let missing = b.create_snapshot(&snap("s", "nope")).await.unwrap_err();
     assert!(matches!(missing, BackendError::NotFound { .. }), "{missing}");
-    // Pool 256 MiB × 0.5: 128 MiB promised at most; pvc-1 holds 64, its snapshot 64.
+    // Pool 256 MiB × 0.5: 128 MiB promised at most; pvc-1 holds 64. Its snapshots
+    // promise nothing: the room left stays 64 MiB, and a 64 MiB clone still fits.
     let small = f.thin(0.5).await;
-    small.create_snapshot(&snap("s1", "pvc-1")).await.unwrap();
-    let full = small.create_snapshot(&snap("s2", "pvc-1")).await.unwrap_err();
+    for name in ["s1", "s2", "s3"] {
+        small.create_snapshot(&snap(name, "pvc-1")).await.unwrap();
+    }
+    assert_eq!(small.capacity().await.unwrap().available, 64 * MIB);
+    let clone = spec("pvc-2", 64 * MIB, VolumeMode::Filesystem);
+    let source = CopySource::Snapshot(Token::for_name("s1"));
+    small.create_from(&clone, &source).await.unwrap();
+    let full = small
+        .create_from(&spec("pvc-3", 64 * MIB, VolumeMode::Filesystem), &source)
+        .await
+        .unwrap_err();
     assert!(matches!(full, BackendError::NoSpace { .. }), "{full}");
 }
 
