@@ -368,20 +368,8 @@ async fn sigkill_at_random_points_loses_nothing() {
         if copies {
             plan.extend(kit::copies_while_staged());
         }
-        plan.extend(on(
-            SOURCE,
-            &[
-                Step::ControllerExpand,
-                Step::NodeExpand,
-                Step::Unpublish,
-                Step::Unstage,
-                Step::Stage,
-                Step::Publish,
-                Step::Unpublish,
-                Step::Unstage,
-                Step::Delete,
-            ],
-        ));
+        plan.extend(on(SOURCE, &[Step::ControllerExpand, Step::NodeExpand]));
+        plan.extend(on(SOURCE, &kit::RESTAGE_AND_DELETE));
         if copies {
             plan.extend(kit::copies_after_source());
         }

@@ -447,18 +447,7 @@ async fn crash_class(class: &'static str) {
                 &[Step::Reclaim, Step::ControllerExpand, Step::NodeExpand],
             ));
         }
-        plan.extend(on(
-            SOURCE,
-            &[
-                Step::Unpublish,
-                Step::Unstage,
-                Step::Stage,
-                Step::Publish,
-                Step::Unpublish,
-                Step::Unstage,
-                Step::Delete,
-            ],
-        ));
+        plan.extend(on(SOURCE, &kit::RESTAGE_AND_DELETE));
         if copies {
             plan.extend(kit::copies_after_source());
         }

@@ -463,6 +463,18 @@ pub fn with_copies(
     all
 }
 
+/// The end of a volume's lifecycle: unpublished, unstaged, staged and published again
+/// (its data checked), then gone.
+pub const RESTAGE_AND_DELETE: [Step; 7] = [
+    Step::Unpublish,
+    Step::Unstage,
+    Step::Stage,
+    Step::Publish,
+    Step::Unpublish,
+    Step::Unstage,
+    Step::Delete,
+];
+
 /// Steps on the volume `which`.
 pub fn on(which: usize, steps: &[Step]) -> Vec<(Step, usize)> {
     steps.iter().map(|s| (*s, which)).collect()

@@ -86,6 +86,22 @@ impl LvmBackend {
         }
     }
 
+    /// A thin block volume needs a pool that zeroes new blocks, or it could show a
+    /// deleted volume's bytes.
+    pub(super) fn check_block_zeroing(&self, state: &VgState, mode: VolumeMode) -> Result<(), BackendError> {
+        if let Layout::Thin { pool, .. } = &self.settings.layout
+            && mode == VolumeMode::Block
+            && !state.lv(pool).is_some_and(|p| p.zeroes_new_blocks())
+        {
+            return Err(LvmError::PoolNotZeroing {
+                vg: self.vg.name.clone(),
+                pool: pool.clone(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     async fn zero_device(&self, device: &Path, bytes: u64) -> Result<(), BackendError> {
         let cmd = CommandSpec::new("blkdiscard")
             .args(["-f", "-z"])
@@ -140,16 +156,7 @@ impl LvmBackend {
         if spec.size_bytes > available {
             return Err(self.no_space(spec.size_bytes, available));
         }
-        if let Layout::Thin { pool, .. } = &self.settings.layout
-            && spec.mode == VolumeMode::Block
-            && !state.lv(pool).is_some_and(|p| p.zeroes_new_blocks())
-        {
-            return Err(LvmError::PoolNotZeroing {
-                vg: self.vg.name.clone(),
-                pool: pool.clone(),
-            }
-            .into());
-        }
+        self.check_block_zeroing(state, spec.mode)?;
         let lvcreate = self.lvcreate_command(lv, spec);
         let lvcreate = if self.settings.lvcreate_options.is_empty() {
             let created = self.created_lv(lv, spec);

@@ -291,16 +291,7 @@ impl LvmBackend {
             },
         };
         self.check_room(&state, spec.size_bytes)?;
-        if let Layout::Thin { pool, .. } = &self.settings.layout
-            && spec.mode == VolumeMode::Block
-            && !state.lv(pool).is_some_and(|p| p.zeroes_new_blocks())
-        {
-            return Err(LvmError::PoolNotZeroing {
-                vg: self.vg.name.clone(),
-                pool: pool.clone(),
-            }
-            .into());
-        }
+        self.check_block_zeroing(&state, spec.mode)?;
         let mut cmd = lvm_command("lvcreate").args(["-y", "-s", "-kn", "-prw", "-n", &lv]);
         for tag in copy_tags(&self.class, spec, &origin, source_mode) {
             cmd = cmd.arg("--addtag").arg(tag);
