@@ -54,7 +54,7 @@ pub async fn open_volumes(
             Err(e) if e.is_storage_missing() => {
                 warn!(
                     device_class = %class.name,
-                    reason = %crate::error::full_message(&e),
+                    reason = %crate::model::full_message(&e),
                     "device class not served on this node: its storage is missing (looked for again on every stats refresh)"
                 );
                 missing.push((class.clone(), e));

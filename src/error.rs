@@ -2,8 +2,6 @@
 //! matched here, so each code is chosen on purpose and a new variant does not compile
 //! until someone decides its code.
 
-use std::error::Error as StdError;
-
 use tonic::{Code, Status};
 
 use crate::backend::{BackendError, LvmError, PmemError};
@@ -11,10 +9,9 @@ use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
 use crate::k8s::OwnerError;
 use crate::locks::LockError;
-use crate::model::IdError;
+use crate::model::{IdError, ValidationError, full_message};
 use crate::mount::MountError;
 use crate::reclaim::ReclaimError;
-use crate::request::ValidationError;
 use crate::volume::VolumeError;
 
 #[derive(Debug, thiserror::Error)]
@@ -221,21 +218,6 @@ fn fs_code(e: &FsError) -> Code {
             command_code(source)
         }
     }
-}
-
-/// The error and every cause below it, `: `-joined.
-pub fn full_message(e: &dyn StdError) -> String {
-    let mut message = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
 }
 
 impl From<Error> for Status {

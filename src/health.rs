@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::full_message;
+use crate::model::full_message;
 use crate::volume::Volumes;
 
 #[derive(Debug)]

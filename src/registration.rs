@@ -17,9 +17,9 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::{error, info};
 
-use crate::csi::DRIVER_NAME;
 use crate::csi::socket::{self, SocketError};
 use crate::health::Health;
+use crate::model::DRIVER_NAME;
 use crate::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use crate::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,

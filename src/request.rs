@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::fs::FsType;
-use crate::model::{AccessMode, AccessType, Capability, ClassName, IdError, SnapshotId, Token, VolumeId};
+use crate::model::{
+    AccessMode, AccessType, Capability, CapacityRange, ClaimRef, ClassName, IdError, MAX_VOLUME_BYTES,
+    SnapshotId, Token, ValidationError, VolumeId,
+};
 use crate::proto::csi::v1 as csi;
 
 mod confine;
@@ -19,31 +22,7 @@ pub use snapshot::{ListSnapshotsRequest, SnapshotFilter, SnapshotRequest};
 
 /// StorageClass parameter that selects a device class.
 pub const PARAM_DEVICE_CLASS: &str = "localvol.csi.dev/device-class";
-/// Parameters external-provisioner adds with `--extra-create-metadata`.
-pub const PARAM_PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
-pub const PARAM_PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
-pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
-
-/// Largest volume localvol accepts a request for (1 PiB): anything bigger is a typo.
-pub const MAX_VOLUME_BYTES: u64 = 1 << 50;
-/// Size of a volume created without a capacity range.
-pub const DEFAULT_VOLUME_BYTES: u64 = 1 << 30;
 const MAX_PATH_LEN: usize = 4096;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ValidationError {
-    #[error("{field} is required")]
-    Missing { field: &'static str },
-    #[error("{field}: {reason}")]
-    Invalid { field: &'static str, reason: String },
-    #[error("capacity range cannot be met: {0}")]
-    OutOfRange(String),
-    #[error(transparent)]
-    Id(#[from] IdError),
-    /// CSI asks for ABORTED when a listing cannot resume from the token given.
-    #[error("starting_token {0:?} does not name a volume to resume after")]
-    StaleToken(String),
-}
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ValidationError {
     ValidationError::Invalid {
@@ -123,95 +102,34 @@ fn volume_id(raw: &str) -> Result<VolumeId, ValidationError> {
     })
 }
 
-/// A capacity range as bytes: at least `required`, at most `limit` (if any).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CapacityRange {
-    pub required: u64,
-    pub limit: Option<u64>,
-}
-
-impl CapacityRange {
-    pub fn parse(range: Option<&csi::CapacityRange>) -> Result<Self, ValidationError> {
-        let Some(range) = range else {
-            return Ok(Self {
-                required: 0,
-                limit: None,
-            });
-        };
-        let field = "capacity_range";
-        if range.required_bytes < 0 || range.limit_bytes < 0 {
-            return Err(invalid(field, "bytes cannot be negative"));
-        }
-        let required = range.required_bytes as u64;
-        let limit = (range.limit_bytes > 0).then_some(range.limit_bytes as u64);
-        if let Some(limit) = limit
-            && limit < required
-        {
-            return Err(invalid(
-                field,
-                format!("limit {limit} is below required {required}"),
-            ));
-        }
-        if required > MAX_VOLUME_BYTES {
-            return Err(ValidationError::OutOfRange(format!(
-                "{required} bytes is more than localvol's maximum of {MAX_VOLUME_BYTES}"
-            )));
-        }
-        Ok(Self { required, limit })
+/// Converts a CSI capacity range into bytes, refusing negative, inverted and absurd ones.
+pub fn capacity_range(range: Option<&csi::CapacityRange>) -> Result<CapacityRange, ValidationError> {
+    let Some(range) = range else {
+        return Ok(CapacityRange {
+            required: 0,
+            limit: None,
+        });
+    };
+    let field = "capacity_range";
+    if range.required_bytes < 0 || range.limit_bytes < 0 {
+        return Err(invalid(field, "bytes cannot be negative"));
     }
-
-    /// The size to allocate: `required` (or the default) rounded up to `alignment`,
-    /// refused when rounding overshoots the limit.
-    pub fn size_for(&self, alignment: u64) -> Result<u64, ValidationError> {
-        let wanted = if self.required == 0 {
-            self.limit
-                .map_or(DEFAULT_VOLUME_BYTES, |l| l.min(DEFAULT_VOLUME_BYTES))
-        } else {
-            self.required
-        };
-        let size = wanted.div_ceil(alignment).max(1) * alignment;
-        match self.limit {
-            Some(limit) if size > limit => Err(ValidationError::OutOfRange(format!(
-                "the smallest size this device class can allocate for {wanted} bytes is {size}, above the limit of {limit}"
-            ))),
-            _ => Ok(size),
-        }
+    let required = range.required_bytes as u64;
+    let limit = (range.limit_bytes > 0).then_some(range.limit_bytes as u64);
+    if let Some(limit) = limit
+        && limit < required
+    {
+        return Err(invalid(
+            field,
+            format!("limit {limit} is below required {required}"),
+        ));
     }
-
-    pub fn contains(&self, size: u64) -> bool {
-        size >= self.required && self.limit.is_none_or(|l| size <= l)
+    if required > MAX_VOLUME_BYTES {
+        return Err(ValidationError::OutOfRange(format!(
+            "{required} bytes is more than localvol's maximum of {MAX_VOLUME_BYTES}"
+        )));
     }
-}
-
-/// Who the volume is for, from external-provisioner's `--extra-create-metadata`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClaimRef {
-    pub pvc_name: Option<String>,
-    pub pvc_namespace: Option<String>,
-    pub pv_name: Option<String>,
-}
-
-impl ClaimRef {
-    /// The same keys go back into the volume context so node calls know the claim.
-    pub fn to_context(&self) -> HashMap<String, String> {
-        [
-            (PARAM_PVC_NAME, &self.pvc_name),
-            (PARAM_PVC_NAMESPACE, &self.pvc_namespace),
-            (PARAM_PV_NAME, &self.pv_name),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
-        .collect()
-    }
-
-    fn from_map(map: &HashMap<String, String>) -> Self {
-        let get = |k: &str| map.get(k).filter(|v| !v.is_empty()).cloned();
-        Self {
-            pvc_name: get(PARAM_PVC_NAME),
-            pvc_namespace: get(PARAM_PVC_NAMESPACE),
-            pv_name: get(PARAM_PV_NAME),
-        }
-    }
+    Ok(CapacityRange { required, limit })
 }
 
 /// Topology segments as the CO sends them.
@@ -295,10 +213,10 @@ impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
         Ok(Self {
             name: req.name.clone(),
             token: Token::for_name(&req.name),
-            capacity: CapacityRange::parse(req.capacity_range.as_ref())?,
+            capacity: capacity_range(req.capacity_range.as_ref())?,
             capabilities,
             class,
-            claim: ClaimRef::from_map(&req.parameters),
+            claim: ClaimRef::from_context(&req.parameters),
             topologies,
             source,
         })
@@ -317,7 +235,7 @@ impl TryFrom<&csi::ControllerExpandVolumeRequest> for ControllerExpandRequest {
 
     fn try_from(req: &csi::ControllerExpandVolumeRequest) -> Result<Self, Self::Error> {
         let id = volume_id(&req.volume_id)?;
-        let capacity = CapacityRange::parse(req.capacity_range.as_ref())?;
+        let capacity = capacity_range(req.capacity_range.as_ref())?;
         if req.capacity_range.is_none() {
             return Err(ValidationError::Missing {
                 field: "capacity_range",
@@ -367,7 +285,7 @@ impl VolumeContext {
             _ => None,
         };
         Ok(Self {
-            claim: ClaimRef::from_map(map),
+            claim: ClaimRef::from_context(map),
             pod,
         })
     }
@@ -514,7 +432,7 @@ impl NodeExpandRequest {
                 raw => Some(HostPath::confined("staging_target_path", raw, roots)?),
             },
 
-            capacity: CapacityRange::parse(req.capacity_range.as_ref())?,
+            capacity: capacity_range(req.capacity_range.as_ref())?,
             capability: req.volume_capability.as_ref().map(capability).transpose()?,
         })
     }

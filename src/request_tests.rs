@@ -7,6 +7,7 @@ use tonic::Code;
 
 use super::*;
 use crate::error::Error;
+use crate::model::DEFAULT_VOLUME_BYTES;
 
 fn kubelet() -> KubeletRoots {
     KubeletRoots::new(vec!["/var/lib/kubelet".into()])
@@ -301,7 +302,7 @@ fn publish_carries_pod_info_and_read_only() {
 #[test]
 fn capacity_ranges_round_up_within_limits() {
     let range = |r, l| {
-        CapacityRange::parse(Some(&csi::CapacityRange {
+        capacity_range(Some(&csi::CapacityRange {
             required_bytes: r,
             limit_bytes: l,
         }))

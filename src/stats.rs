@@ -14,8 +14,8 @@ use tokio::time::MissedTickBehavior;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::backend::{Backend, BackendError};
-use crate::error::full_message;
 use crate::metrics::{ClassStats, Metrics};
+use crate::model::full_message;
 use crate::volume::Volumes;
 
 async fn class_stats(backend: &Backend) -> Result<ClassStats, BackendError> {

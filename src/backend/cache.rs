@@ -139,7 +139,7 @@ impl<T> ReportCache<T> {
             Err(e) => {
                 slot.value = None;
                 slot.failure = Some(Failure {
-                    message: crate::error::full_message(&e),
+                    message: crate::model::full_message(&e),
                     generation,
                     at: Instant::now(),
                 });

@@ -8,8 +8,8 @@ use super::*;
 use crate::backend::LoopBackend;
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CopyMethod, FsUsage, Syscalls, SystemSyscalls};
+use crate::model::ClaimRef;
 use crate::model::ClassName;
-use crate::request::ClaimRef;
 
 fn backend(dir: &Path, limit: u64) -> (LoopBackend, Arc<FakeSyscalls>) {
     let syscalls = Arc::new(FakeSyscalls::default());

@@ -16,8 +16,8 @@ use super::files::{self, sync_dir};
 use super::{BackendError, ClassCapacity, CreateSpec, StoreUsage, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::{CommandSpec, Host};
+use crate::model::ClaimRef;
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
-use crate::request::ClaimRef;
 
 /// Loop volumes are sized in whole MiB.
 pub const ALIGNMENT: u64 = 1 << 20;

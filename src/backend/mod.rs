@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use crate::fs::{FormatOptions, FsType};
 use crate::host::{CommandError, SyscallError};
+use crate::model::{CapacityRange, ClaimRef, ValidationError};
 use crate::model::{ClassName, SnapshotId, Token, VolumeId, VolumeMode};
-use crate::request::{CapacityRange, ClaimRef, ValidationError};
 
 pub use loopdev::LoopBackend;
 pub use lvm::{LvmBackend, LvmError};

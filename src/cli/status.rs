@@ -35,7 +35,8 @@ use crate::proto::csi::v1::controller_client::ControllerClient;
 use crate::proto::csi::v1::node_client::NodeClient;
 use crate::proto::localvol::v1 as pb;
 use crate::proto::localvol::v1::volume_states_client::VolumeStatesClient;
-use crate::request::{PARAM_DEVICE_CLASS, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
+use crate::model::{PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
+use crate::request::PARAM_DEVICE_CLASS;
 
 #[path = "status_mounts.rs"]
 mod mounts;

@@ -37,7 +37,7 @@ pub(super) async fn local_view(
     let record = backend
         .get(&id.token)
         .await
-        .map_err(|e| crate::error::full_message(&e))?
+        .map_err(|e| crate::model::full_message(&e))?
         .ok_or_else(|| "no record on this node (deleted meanwhile?)".to_string())?;
     let mode = match record.mode {
         VolumeMode::Filesystem => "filesystem",
@@ -46,7 +46,7 @@ pub(super) async fn local_view(
     let Some(device) = backend
         .device(&id.token)
         .await
-        .map_err(|e| crate::error::full_message(&e))?
+        .map_err(|e| crate::model::full_message(&e))?
     else {
         // Not attached: neither staged nor published.
         return Ok(LocalView {

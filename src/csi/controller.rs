@@ -8,11 +8,12 @@ use tonic::{Request, Response, Status};
 use super::{Driver, not_supported};
 use crate::backend::{SnapshotRecord, VolumeRecord};
 use crate::error::Error;
+use crate::model::ValidationError;
 use crate::model::{ClassName, SnapshotId, VolumeId};
 use crate::proto::csi::v1::{self as csi, controller_server::Controller, controller_service_capability};
 use crate::request::{
     self, ContentSource, ControllerExpandRequest, CreateRequest, ListSnapshotsRequest, PARAM_DEVICE_CLASS,
-    SnapshotRequest, ValidationError,
+    SnapshotRequest,
 };
 use crate::status_registry::{ResizeState, ResizeStep};
 
@@ -414,7 +415,7 @@ impl Controller for ControllerService {
                 let expanded = match self.0.volumes.expand(&guard, &req).await {
                     Ok(expanded) => expanded,
                     Err(e) => {
-                        let reason = crate::error::full_message(&e);
+                        let reason = crate::model::full_message(&e);
                         states.resized(&req.id, step, ResizeState::Failed { target_bytes, reason });
                         return Err(e.into());
                     }

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{DRIVER_NAME, Driver};
+use super::Driver;
+use crate::model::DRIVER_NAME;
 use crate::proto::csi::v1::{self as csi, identity_server::Identity, plugin_capability};
 
 #[derive(Debug)]

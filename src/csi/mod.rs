@@ -30,8 +30,6 @@ use crate::request::KubeletRoots;
 use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 
-pub const DRIVER_NAME: &str = "localvol.csi.dev";
-
 /// Shared state of the CSI services.
 #[derive(Debug)]
 pub struct Driver {

@@ -6,7 +6,7 @@ use tonic::{Request, Response, Status};
 
 use super::Driver;
 use crate::error::Error;
-use crate::error::full_message;
+use crate::model::full_message;
 use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capability};
 use crate::request::{
     NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,

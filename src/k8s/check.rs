@@ -17,8 +17,9 @@ use super::events::Events;
 use super::lookup::{Lookup, Read, Source};
 use super::owner::{self, ClaimView, Decision, ObjectId, PodView};
 use super::{API_TIMEOUT, OBJECT_TTL, OwnerError, Synced};
-use crate::csi::DRIVER_NAME;
-use crate::request::{ClaimRef, PodInfo, VolumeContext};
+use crate::model::ClaimRef;
+use crate::model::DRIVER_NAME;
+use crate::request::{PodInfo, VolumeContext};
 
 #[derive(Debug)]
 pub struct Checker {

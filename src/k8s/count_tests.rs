@@ -12,7 +12,7 @@ use super::fake_api::FakeApi;
 use super::fixtures::{self, NODE, Uses, pod_owner, pv, pvc};
 use super::node_fixture::{Node, PodRef};
 use super::{OwnerCheck, Retry, Timings, start_checker};
-use crate::csi::DRIVER_NAME;
+use crate::model::DRIVER_NAME;
 
 const A: &str = "uid-a";
 

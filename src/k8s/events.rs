@@ -10,7 +10,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::warn;
 
 use super::owner::{ObjectId, Refusal};
-use crate::csi::DRIVER_NAME;
+use crate::model::DRIVER_NAME;
 
 /// The `reason` of a refusal event.
 pub const REASON_OWNER_MISMATCH: &str = "ClaimOwnerMismatch";

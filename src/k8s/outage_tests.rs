@@ -15,7 +15,7 @@ use super::count_tests::{
 use super::fake_api::{FakeApi, Mode};
 use super::fixtures::{self, NODE, NS, Uses, pod_owner, pv, pvc};
 use super::node_fixture::{Node, PodRef};
-use crate::csi::DRIVER_NAME;
+use crate::model::DRIVER_NAME;
 use crate::proto::csi::v1::Volume;
 
 const A: &str = "uid-a";

@@ -10,7 +10,8 @@ use tonic::Code;
 
 use super::fixtures::{self, *};
 use super::*;
-use crate::request::{ClaimRef, PodInfo, VolumeContext};
+use crate::model::ClaimRef;
+use crate::request::{PodInfo, VolumeContext};
 
 const VOLUME: &str = "default.0123456789abcdef";
 const A: &str = "uid-a";

@@ -181,7 +181,7 @@ impl Runner {
             Ok(ReclaimOutcome::NotDiscarded) => Some(ReclaimResult::NotDiscarded),
             Err(Error::Busy(_)) => None,
             Err(e) => Some(ReclaimResult::Failed {
-                error: crate::error::full_message(e),
+                error: crate::model::full_message(e),
             }),
         };
         if let Some(last) = last {

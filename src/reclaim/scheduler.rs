@@ -283,11 +283,11 @@ impl Scheduler {
                 summary: outcome.summary(),
             }),
             Err(e) => {
-                warn!(volume.id = %id, error = %crate::error::full_message(e), "reclaim failed");
+                warn!(volume.id = %id, error = %crate::model::full_message(e), "reclaim failed");
                 Some(RunReport {
                     finished: now,
                     succeeded: false,
-                    summary: format!("failed: {}", crate::error::full_message(e)),
+                    summary: format!("failed: {}", crate::model::full_message(e)),
                 })
             }
         };
@@ -362,7 +362,7 @@ impl Scheduler {
 
     async fn refresh_logged(&mut self) {
         if let Err(e) = self.refresh(Timestamp::now()).await {
-            warn!(error = %crate::error::full_message(&e), "cannot list volumes for reclaim");
+            warn!(error = %crate::model::full_message(&e), "cannot list volumes for reclaim");
         }
     }
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
+use crate::model::ClaimRef;
 use crate::model::VolumeMode;
 use crate::reclaim::SCHEDULE_ANNOTATION;
 use crate::reclaim::schedule::stagger_offset;
 use crate::reclaim::testing::Fixture;
-use crate::request::ClaimRef;
 
 /// A cluster whose PVC annotations the test sets, recording what is written back.
 #[derive(Default)]

@@ -14,14 +14,15 @@ use tonic::{Request, Response, Status};
 use tracing::{Instrument, info_span, warn};
 
 use super::run::{ReclaimOutcome, Runner};
-use crate::csi::DRIVER_NAME;
 use crate::error::Error;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::model::DRIVER_NAME;
+use crate::model::ValidationError;
 use crate::model::VolumeId;
 use crate::proto::identity::{self as id, capability, identity_server};
 use crate::proto::reclaimspace::{self as rs, reclaim_space_node_server};
-use crate::request::{HostPath, KubeletRoots, ValidationError};
+use crate::request::{HostPath, KubeletRoots};
 
 /// Response header carrying the run's outcome in words.
 pub const OUTCOME_HEADER: &str = "localvol-reclaim";

@@ -14,8 +14,8 @@ use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{FsUsage, Host, MountCall, Syscalls};
 use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
+use crate::model::ClaimRef;
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
-use crate::request::ClaimRef;
 use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 

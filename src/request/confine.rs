@@ -6,7 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{MAX_PATH_LEN, ValidationError, invalid};
+use super::{MAX_PATH_LEN, invalid};
+use crate::model::ValidationError;
 
 /// The directories node calls may stage and publish below (`--kubelet-root-dir`).
 /// A root itself is never a staging or target path: mounting over it would hide

@@ -6,9 +6,8 @@
 
 use std::collections::HashMap;
 
-use super::{
-    PARAM_DEVICE_CLASS, PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE, ValidationError, invalid,
-};
+use super::{PARAM_DEVICE_CLASS, invalid};
+use crate::model::{PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE, ValidationError};
 
 /// Longest name or id the CSI spec lets a CO send.
 pub const MAX_STRING_BYTES: usize = 128;

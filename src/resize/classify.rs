@@ -249,8 +249,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::model::ValidationError;
     use crate::model::{ClassName, Token, VolumeId};
-    use crate::request::ValidationError;
 
     fn class() -> ClassName {
         ClassName::parse("default").unwrap()

@@ -7,7 +7,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::warn;
 
 use super::status::{API_TIMEOUT, truncate};
-use crate::csi::DRIVER_NAME;
+use crate::model::DRIVER_NAME;
 
 /// Node side: NodeExpandVolume.
 pub const NODE_EXPANSION_STARTED: &str = "NodeExpansionStarted";

@@ -46,12 +46,14 @@ use super::quantity;
 use super::status::{
     self, ATTEMPTS, ClaimStatus, FIELD_MANAGER, FailureNames, StatusError, Transition, call,
 };
-use crate::csi::DRIVER_NAME;
-use crate::error::{Error, full_message};
+use crate::error::Error;
 use crate::k8s::claim_label::{self, ClaimLabels};
 use crate::locks::VolumeLocks;
+use crate::model::CapacityRange;
+use crate::model::DRIVER_NAME;
 use crate::model::VolumeId;
-use crate::request::{CapacityRange, ControllerExpandRequest};
+use crate::model::full_message;
+use crate::request::ControllerExpandRequest;
 use crate::volume::Volumes;
 
 /// How often every claim of this node is looked at even without an event.

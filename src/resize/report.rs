@@ -18,9 +18,10 @@ use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
 use super::status::{self, ClaimStatus, StatusError, Transition};
 use super::{FailureValue, quantity};
-use crate::error::{Error, full_message};
+use crate::error::Error;
+use crate::model::ClaimRef;
 use crate::model::VolumeId;
-use crate::request::ClaimRef;
+use crate::model::full_message;
 use crate::volume::Volumes;
 
 /// Reporting as configured: off (kubelet reports, or no API), or against one server.

@@ -20,7 +20,8 @@ use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandError, FsUsage, Host};
 use crate::locks::{LockError, VolumeLocks};
 use crate::model::{AccessMode, AccessType, Capability, ClassName, Token, VolumeId};
-use crate::request::{CapacityRange, ClaimRef, CreateRequest};
+use crate::model::{CapacityRange, ClaimRef};
+use crate::request::CreateRequest;
 use crate::volume::{VolumeError, Volumes};
 
 mod node_resizer;

@@ -15,8 +15,8 @@ use tracing::{info, warn};
 use super::{VolumeError, Volumes};
 use crate::backend::{Backend, BackendError, Opener};
 use crate::config::DeviceClass;
-use crate::error::full_message;
 use crate::model::ClassName;
+use crate::model::full_message;
 
 /// One configured class: its backend once its storage has been found.
 #[derive(Debug)]

@@ -11,7 +11,8 @@ use crate::host::{CommandError, CommandOutput, FsUsage, Host};
 use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
 use crate::model::{AccessMode, AccessType, Capability, Token};
-use crate::request::{CapacityRange, ClaimRef, CreateRequest};
+use crate::model::{CapacityRange, ClaimRef};
+use crate::request::CreateRequest;
 
 const EXTENT: u64 = 4 << 20;
 

@@ -5,8 +5,9 @@ use super::{VolumeError, Volumes, guard_matches};
 use crate::backend::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::locks::VolumeGuard;
+use crate::model::ValidationError;
 use crate::model::{AccessType, Capability, ClassName, VolumeId, VolumeMode};
-use crate::request::{ControllerExpandRequest, CreateRequest, Segments, ValidationError};
+use crate::request::{ControllerExpandRequest, CreateRequest, Segments};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreatedVolume {

@@ -22,9 +22,9 @@ use crate::backend::{Backend, BackendError, Opener, VolumeRecord};
 use crate::fs::{FsError, FsType};
 use crate::host::{Host, SyscallError};
 use crate::locks::VolumeGuard;
+use crate::model::ValidationError;
 use crate::model::{ClassName, SnapshotId, Token, VolumeId};
 use crate::mount::MountError;
-use crate::request::ValidationError;
 
 /// Topology key localvol reports: volumes are reachable from one node only.
 pub const TOPOLOGY_KEY: &str = "topology.localvol.csi.dev/node";

@@ -9,11 +9,11 @@ use super::{VolumeError, Volumes, check_no_symlinks, guard_matches, io_error};
 use crate::backend::{Backend, VolumeRecord};
 use crate::fs::{self, Signature};
 use crate::locks::VolumeGuard;
+use crate::model::ValidationError;
 use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
 use crate::mount::{self, MountEntry, MountOptions, MountTable};
 use crate::request::{
-    HostPath, NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest,
-    UnstageRequest, ValidationError,
+    HostPath, NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
 };
 
 /// Whether a volume is healthy, for NodeGetVolumeStats.

@@ -14,9 +14,10 @@ use crate::backend::{
     Backend, BackendError, CopySource, CreateSpec, SnapshotRecord, SnapshotSpec, VolumeRecord,
 };
 use crate::locks::VolumeGuard;
+use crate::model::ValidationError;
 use crate::model::{SnapshotId, Token, VolumeId, VolumeMode};
 use crate::mount::MountTable;
-use crate::request::{ContentSource, CreateRequest, SnapshotFilter, SnapshotRequest, ValidationError};
+use crate::request::{ContentSource, CreateRequest, SnapshotFilter, SnapshotRequest};
 
 impl Volumes {
     /// Where the volume's filesystem is mounted on this node (staged), if it is: the

@@ -10,9 +10,10 @@ use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandOutput, FsUsage, Syscalls};
 use crate::locks::VolumeLocks;
 use crate::model::{AccessMode, AccessType, Capability};
+use crate::model::{CapacityRange, ClaimRef};
 use crate::request::{
-    CapacityRange, ClaimRef, ControllerExpandRequest, CreateRequest, HostPath, PublishRequest, StageRequest,
-    UnpublishRequest, UnstageRequest, VolumeContext,
+    ControllerExpandRequest, CreateRequest, HostPath, PublishRequest, StageRequest, UnpublishRequest,
+    UnstageRequest, VolumeContext,
 };
 
 const LOOP_DEV: &str = "/dev/loop-fake7";

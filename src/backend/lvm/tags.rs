@@ -11,8 +11,8 @@ use sha2::{Digest, Sha256};
 use super::report::Lv;
 use crate::backend::{CreateSpec, VolumeRecord};
 use crate::fs::FsType;
+use crate::model::ClaimRef;
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
-use crate::request::ClaimRef;
 
 pub const PREFIX: &str = "localvol.csi.dev/";
 const CLASS: &str = "class";

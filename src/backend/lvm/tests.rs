@@ -10,8 +10,8 @@ use crate::backend::CreateSpec;
 use crate::fs::FsType;
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandError, CommandOutput};
+use crate::model::ClaimRef;
 use crate::model::VolumeMode;
-use crate::request::ClaimRef;
 
 /// Capacity per layout, and what open and create refuse.
 mod capacity;

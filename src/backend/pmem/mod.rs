@@ -46,8 +46,8 @@ use super::files;
 use super::{BackendError, ClassCapacity, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::{CommandError, CommandSpec, Host};
+use crate::model::{CapacityRange, ClaimRef, DEFAULT_VOLUME_BYTES, ValidationError};
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
-use crate::request::{CapacityRange, ClaimRef, DEFAULT_VOLUME_BYTES, ValidationError};
 
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);

@@ -1,12 +1,23 @@
 //! The typed vocabulary below the gRPC edge: volume ids, device class names, access
 //! types. Values of these types are valid by construction; nothing below `request`
-//! handles raw strings from a request.
+//! handles raw strings from a request. Also here: the driver's name and the helper that
+//! renders an error with its causes, which every layer logs with.
 
+mod capacity;
+mod claim;
+
+use std::error::Error as StdError;
 use std::fmt;
 
 use sha2::{Digest, Sha256};
 
 use crate::fs::FsType;
+
+pub use capacity::{CapacityRange, DEFAULT_VOLUME_BYTES, MAX_VOLUME_BYTES, ValidationError};
+pub use claim::{ClaimRef, PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
+
+/// The CSI driver name: in GetPluginInfo, kubelet registration, event sources and labels.
+pub const DRIVER_NAME: &str = "localvol.csi.dev";
 
 /// The name of a device class: a DNS label of at most 32 bytes, so it fits in volume
 /// ids, LV tags and metric labels unchanged.
@@ -245,6 +256,21 @@ pub struct Capability {
 pub enum VolumeMode {
     Filesystem,
     Block,
+}
+
+/// The error and every cause below it, `: `-joined.
+pub fn full_message(e: &dyn StdError) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
 }
 
 #[cfg(test)]
