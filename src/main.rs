@@ -1,12 +1,12 @@
 use clap::Parser;
-use localvol::config::{Cli, Command, Config};
+use localvol::cli::{Cli, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            let config = Config::from_args(&args)?;
+            let config = args.config()?;
             localvol::telemetry::init(config.log_format);
             let shutdown = localvol::app::shutdown_signal();
             localvol::app::serve(config, shutdown).await

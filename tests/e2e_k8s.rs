@@ -25,7 +25,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
-use localvol::config::{Cli, Command, Config};
+use localvol::cli::{Cli, Command};
+use localvol::config::Config;
 use localvol::proto::csi::v1 as csi;
 use localvol::proto::csi::v1::controller_client::ControllerClient;
 use localvol::proto::csi::v1::identity_client::IdentityClient;
@@ -113,7 +114,7 @@ fn daemon_config(dir: &Path, node: &str) -> Config {
     let Command::Serve(args) = cli.command else {
         unreachable!("parsed as serve")
     };
-    Config::from_args(&args).expect("config")
+    args.config().expect("config")
 }
 
 struct Cluster {

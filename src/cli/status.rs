@@ -25,7 +25,8 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use tonic::transport::Channel;
 
-use crate::config::{ConfigError, OutputFormat, StatusArgs, load_classes};
+use crate::cli::{OutputFormat, StatusArgs};
+use crate::config::{ConfigError, load_classes};
 use crate::csi::socket::{self, SocketError};
 use crate::host::Host;
 use crate::model::SnapshotId;

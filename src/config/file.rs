@@ -185,7 +185,7 @@ pub fn load_classes(
 }
 
 /// The configuration file, or without one a single loop class `default`.
-pub(super) fn load_file_config(config: Option<&Path>) -> Result<FileConfig, ConfigError> {
+pub(crate) fn load_file_config(config: Option<&Path>) -> Result<FileConfig, ConfigError> {
     Ok(match config {
         Some(path) => load_file(path)?,
         None => FileConfig {

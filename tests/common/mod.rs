@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use localvol::config::{Cli, Command, Config};
+use localvol::cli::{Cli, Command};
 use localvol::proto::csi::v1 as csi;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -112,7 +112,7 @@ impl Daemon {
         let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
             unreachable!("parsed as serve")
         };
-        let config = Config::from_args(&args).unwrap();
+        let config = args.config().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(localvol::app::serve(config, async {
             let _ = stopped.await;
