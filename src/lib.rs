@@ -1,8 +1,26 @@
 //! localvol: a CSI driver that turns a node's local storage into Kubernetes volumes.
 //!
-//! The modules form a one-way flow: `csi` (gRPC edge) → `request` (typed requests) →
-//! `locks` → `volume` (operations) → `backend` → `fs`/`mount` → `host` (the only code
-//! that touches the machine). Lower modules never see gRPC types.
+//! The modules stand in layers. A module imports only from its own layer and the layers
+//! below it, and no two modules import each other; `tests/layers.rs` reads this list and
+//! checks both (test code may reach up to drive its module from above). Top first:
+//!
+//! 1. `cli`: the command line (parser, subcommands, flags into a `Config`)
+//! 2. `app`, `telemetry`: wiring the daemon together
+//! 3. `csi`, `registration`: the gRPC edges (CSI, csi-addons, kubelet registration)
+//! 4. `error`: module errors into gRPC statuses, in one exhaustive match
+//! 5. `resize`, `reclaim`, `k8s`: beside the request chain (claims, schedules, owners)
+//! 6. `stats`: periodic refresh of the volume and capacity gauges
+//! 7. `metrics`: the registry and its HTTP endpoint
+//! 8. `health`: readiness of the device classes
+//! 9. `volume`: one function per operation, with idempotency
+//! 10. `request`, `proto`, `locks`, `status_registry`: typed requests, per-volume locks
+//! 11. `backend`: LVM, PMEM and loop-file volumes
+//! 12. `config`, `reclaim_policy`: validated configuration
+//! 13. `model`: the shared vocabulary (ids, claims, capacity ranges, driver name)
+//! 14. `fs`, `mount`: filesystems and mounts
+//! 15. `host`: the only code that touches the machine (commands, syscalls)
+//!
+//! Lower modules never see gRPC types.
 
 // Errors carry their context (paths, stderr) unboxed: they are built on cold paths, and
 // flat enums keep the one exhaustive Status mapping readable.
@@ -24,6 +42,7 @@ pub mod model;
 pub mod mount;
 pub mod proto;
 pub mod reclaim;
+pub mod reclaim_policy;
 pub mod registration;
 pub mod request;
 pub mod resize;

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use super::ConfigError;
 use crate::fs::FsType;
 use crate::model::ClassName;
-use crate::reclaim::policy::NodePolicy;
-use crate::reclaim::schedule::Schedule;
+use crate::reclaim_policy::NodePolicy;
+use crate::reclaim_policy::schedule::Schedule;
 
 /// The configuration file. Keys follow TopoLVM's lvmd where they overlap.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -41,10 +41,10 @@ use tokio::task::AbortHandle;
 use tokio_stream::StreamExt;
 use tracing::warn;
 
-use super::policy::{CONFIG_MAP_NAME, ClusterSettings, storage_class_name};
 use super::scheduler::{ClaimKey, Cluster, ClusterObjects, RunReport};
 use super::{LAST_RESULT_ANNOTATION, LAST_RUN_ANNOTATION};
 use crate::k8s::claim_label::{self, ClaimLabels};
+use crate::reclaim_policy::{CONFIG_MAP_NAME, ClusterSettings, storage_class_name};
 
 /// Events name this controller.
 pub const REPORTER: &str = "localvol";

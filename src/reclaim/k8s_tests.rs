@@ -16,11 +16,11 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::model::ClaimRef;
 use crate::model::VolumeMode;
-use crate::reclaim::policy::NodePolicy;
-use crate::reclaim::schedule::Schedule;
 use crate::reclaim::scheduler::{Scheduler, SchedulerConfig};
 use crate::reclaim::testing::Fixture;
-use crate::reclaim::{ENABLE_ANNOTATION, SCHEDULE_ANNOTATION};
+use crate::reclaim_policy::NodePolicy;
+use crate::reclaim_policy::schedule::Schedule;
+use crate::reclaim_policy::{ENABLE_ANNOTATION, SCHEDULE_ANNOTATION};
 
 const UID: &str = "6f1c2a8e-0d4b-4c3e-9a51-2b7d9e0c4f10";
 const PVC_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims";

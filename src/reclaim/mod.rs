@@ -11,9 +11,7 @@
 //!   `last-run`/`last-result` annotations and failure events written back.
 
 pub mod k8s;
-pub mod policy;
 pub mod run;
-pub mod schedule;
 pub mod scheduler;
 pub mod service;
 #[cfg(test)]
@@ -30,10 +28,6 @@ use crate::volume::VolumeError;
 
 pub use run::{Measure, ReclaimOutcome, Runner, Trim};
 
-/// The schedule annotation csi-addons reads on PVCs, Namespaces and StorageClasses.
-pub const SCHEDULE_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/schedule";
-/// `"false"` turns reclaim off for the object's volumes (csi-addons semantics).
-pub const ENABLE_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/enable";
 /// When the last scheduled run on this volume finished (RFC 3339), written by localvol.
 pub const LAST_RUN_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/last-run";
 /// What the last scheduled run did, written by localvol.

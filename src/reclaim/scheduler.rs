@@ -24,11 +24,11 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use super::ReclaimError;
-use super::policy::{ClaimObjects, ClusterSettings, NodePolicy, Resolution, resolve};
 use super::run::{ReclaimOutcome, Runner};
-use super::schedule::Schedule;
 use crate::error::Error;
 use crate::model::VolumeId;
+use crate::reclaim_policy::schedule::Schedule;
+use crate::reclaim_policy::{ClaimObjects, ClusterSettings, NodePolicy, Resolution, resolve};
 use crate::volume::VolumeError;
 
 /// A PVC by namespace and name.

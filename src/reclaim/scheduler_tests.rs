@@ -9,9 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::*;
 use crate::model::ClaimRef;
 use crate::model::VolumeMode;
-use crate::reclaim::SCHEDULE_ANNOTATION;
-use crate::reclaim::schedule::stagger_offset;
 use crate::reclaim::testing::Fixture;
+use crate::reclaim_policy::SCHEDULE_ANNOTATION;
+use crate::reclaim_policy::schedule::stagger_offset;
 
 /// A cluster whose PVC annotations the test sets, recording what is written back.
 #[derive(Default)]

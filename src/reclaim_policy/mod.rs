@@ -16,14 +16,20 @@
 //! map, then its default schedule. Annotations are the cluster's explicit intent, so they
 //! win; the node's file only fills in where the cluster says nothing.
 
+pub mod schedule;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use super::schedule::{FALLBACK, Schedule};
-use super::{ENABLE_ANNOTATION, SCHEDULE_ANNOTATION};
+use schedule::{FALLBACK, Schedule};
+
+/// The schedule annotation csi-addons reads on PVCs, Namespaces and StorageClasses.
+pub const SCHEDULE_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/schedule";
+/// `"false"` turns reclaim off for the object's volumes (csi-addons semantics).
+pub const ENABLE_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/enable";
 
 /// Name of csi-addons' ConfigMap (in the csi-addons operator's namespace).
 pub const CONFIG_MAP_NAME: &str = "csi-addons-config";
