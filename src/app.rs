@@ -10,13 +10,13 @@ use tracing::{info, warn};
 
 use crate::backend::Opener;
 use crate::config::{Config, DeviceClass, RegistrationConfig};
+use crate::csi::addons::Addons;
 use crate::csi::{self, Driver};
 use crate::health::Health;
 use crate::host::Host;
 use crate::locks::VolumeLocks;
 use crate::metrics::{self, Metrics};
 use crate::reclaim::scheduler::{NoCluster, Scheduler, SchedulerConfig};
-use crate::reclaim::service::Addons;
 use crate::reclaim::{self, Runner};
 use crate::registration::{self, RegistrationService};
 use crate::request::KubeletRoots;
@@ -164,7 +164,7 @@ pub async fn serve(
     let addons = match &config.reclaim.csi_addons_socket {
         Some(path) => {
             let listener = csi::socket::bind_private(path)?;
-            let (identity, node) = reclaim::service::services(Arc::new(Addons {
+            let (identity, node) = crate::csi::addons::services(Arc::new(Addons {
                 runner: runner.clone(),
                 health: Arc::clone(&health),
                 metrics: metrics.clone(),

@@ -136,6 +136,7 @@ fn owner_code(e: &OwnerError) -> Code {
 fn reclaim_code(e: &ReclaimError) -> Code {
     match e {
         ReclaimError::NotStaged { .. } => Code::FailedPrecondition,
+        ReclaimError::Busy(LockError::Busy { .. }) => Code::Aborted,
         ReclaimError::TimedOut { .. } => Code::DeadlineExceeded,
         ReclaimError::Volume(v) => volume_code(v),
         ReclaimError::Backend(b) => backend_code(b),

@@ -13,10 +13,10 @@ use clap::Args;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::csi::addons::OUTCOME_HEADER;
 use crate::csi::socket::endpoint_path;
 use crate::proto::csi::v1 as csi;
 use crate::proto::reclaimspace::{self as rs, reclaim_space_node_client::ReclaimSpaceNodeClient};
-use crate::reclaim::service::OUTCOME_HEADER;
 
 #[derive(Debug, Clone, Args)]
 pub struct ReclaimCommand {

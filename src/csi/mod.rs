@@ -2,6 +2,7 @@
 //! conversion, the volume lock, one volume operation, the response. Errors are logged
 //! once, here, and counted by method and code.
 
+pub mod addons;
 pub mod authority;
 mod controller;
 mod identity;

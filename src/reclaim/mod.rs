@@ -13,7 +13,6 @@
 pub mod k8s;
 pub mod run;
 pub mod scheduler;
-pub mod service;
 #[cfg(test)]
 mod testing;
 
@@ -22,6 +21,7 @@ use std::time::Duration;
 
 use crate::backend::BackendError;
 use crate::host::SyscallError;
+use crate::locks::LockError;
 use crate::model::VolumeId;
 use crate::mount::MountError;
 use crate::volume::VolumeError;
@@ -43,6 +43,9 @@ pub enum ReclaimError {
         path: PathBuf,
         timeout: Duration,
     },
+    /// Another operation holds the volume's lock; the run did not start.
+    #[error(transparent)]
+    Busy(#[from] LockError),
     #[error(transparent)]
     Volume(#[from] VolumeError),
     #[error(transparent)]
@@ -58,6 +61,7 @@ impl ReclaimError {
     pub fn label(&self) -> &'static str {
         match self {
             ReclaimError::NotStaged { .. } => "not_staged",
+            ReclaimError::Busy(_) => "busy",
             ReclaimError::TimedOut { .. } => "timeout",
             ReclaimError::Volume(VolumeError::NotFound(_)) => "not_found",
             ReclaimError::Volume(_) => "volume",

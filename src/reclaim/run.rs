@@ -18,7 +18,6 @@ use tracing::{info, instrument, warn};
 
 use super::ReclaimError;
 use crate::backend::Backend;
-use crate::error::Error;
 use crate::host::SyscallError;
 use crate::locks::{VolumeGuard, VolumeLocks};
 use crate::metrics::Metrics;
@@ -147,23 +146,23 @@ impl Runner {
     /// (kubelet's target or staging path); each must hold the volume's filesystem
     /// (NOT_FOUND otherwise, as for NodeGetVolumeStats) and the first is trimmed.
     /// Without paths, a mount of the filesystem below a kubelet root is. A busy volume
-    /// is [`Error::Busy`].
+    /// is [`ReclaimError::Busy`].
     #[instrument(skip_all, fields(volume.id = %id))]
-    pub async fn reclaim(&self, id: &VolumeId, paths: &[HostPath]) -> Result<ReclaimOutcome, Error> {
+    pub async fn reclaim(&self, id: &VolumeId, paths: &[HostPath]) -> Result<ReclaimOutcome, ReclaimError> {
         let permit = Arc::clone(&self.limit)
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
         let started = Instant::now();
         let result = match self.locks.try_lock(&id.token, "ReclaimSpace") {
-            Err(busy) => Err(Error::Busy(busy)),
-            Ok(guard) => self.locked(guard, permit, id, paths).await.map_err(Error::from),
+            Err(busy) => Err(ReclaimError::Busy(busy)),
+            Ok(guard) => self.locked(guard, permit, id, paths).await,
         };
         self.record(id, &result, started);
         result
     }
 
-    fn record(&self, id: &VolumeId, result: &Result<ReclaimOutcome, Error>, started: Instant) {
+    fn record(&self, id: &VolumeId, result: &Result<ReclaimOutcome, ReclaimError>, started: Instant) {
         let m = &self.metrics.reclaim;
         let class = id.class.as_str();
         let label = match result {
@@ -179,7 +178,7 @@ impl Runner {
                 trimmed_bytes: t.trimmed_bytes,
             }),
             Ok(ReclaimOutcome::NotDiscarded) => Some(ReclaimResult::NotDiscarded),
-            Err(Error::Busy(_)) => None,
+            Err(ReclaimError::Busy(_)) => None,
             Err(e) => Some(ReclaimResult::Failed {
                 error: crate::model::full_message(e),
             }),

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::error::Error;
 use crate::reclaim::testing::{DEV, Fixture, MIB};
 
 #[tokio::test]
@@ -63,7 +64,10 @@ async fn a_named_path_must_hold_the_volume_and_is_the_one_trimmed() {
     // trimmed, also when another named path does hold it.
     for paths in [vec![path("elsewhere")], vec![path("target"), path("elsewhere")]] {
         let err = f.runner.reclaim(&id, &paths).await.unwrap_err();
-        assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
+        assert_eq!(
+            tonic::Status::from(Error::from(err)).code(),
+            tonic::Code::NotFound
+        );
     }
     assert!(f.fitrims().is_empty());
     f.runner
@@ -87,10 +91,7 @@ async fn without_paths_only_a_mount_below_a_kubelet_root_is_trimmed() {
         .unwrap();
     f.host().syscalls.umount(&f.path("stage")).await.unwrap();
     let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
-    assert!(
-        matches!(err, Error::Reclaim(ReclaimError::NotStaged { .. })),
-        "{err}"
-    );
+    assert!(matches!(err, ReclaimError::NotStaged { .. }), "{err}");
     assert!(f.fitrims().is_empty());
 }
 
@@ -101,8 +102,8 @@ async fn a_busy_volume_is_not_waited_for() {
     f.stage("pvc-1").await;
     let held = f.locks.try_lock(&id.token, "NodeUnstageVolume").unwrap();
     let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
-    assert!(matches!(err, Error::Busy(_)), "{err}");
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Aborted);
+    assert!(matches!(err, ReclaimError::Busy(_)), "{err}");
+    assert_eq!(tonic::Status::from(Error::from(err)).code(), tonic::Code::Aborted);
     assert!(f.fitrims().is_empty());
     assert_eq!(f.runs("busy"), 1);
     assert_eq!(f.states.get(&id), None, "a skipped run is no last reclaim");
@@ -120,11 +121,11 @@ async fn a_timed_out_trim_keeps_the_volume_until_the_kernel_returns() {
     f.fitrim_punches("pvc-1", Duration::from_secs(3600));
 
     let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
-    assert!(
-        matches!(err, Error::Reclaim(ReclaimError::TimedOut { .. })),
-        "{err}"
+    assert!(matches!(err, ReclaimError::TimedOut { .. }), "{err}");
+    assert_eq!(
+        tonic::Status::from(Error::from(err)).code(),
+        tonic::Code::DeadlineExceeded
     );
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::DeadlineExceeded);
     assert_eq!(f.runs("timeout"), 1);
     // The ioctl is still running: the volume stays locked.
     assert!(f.locks.try_lock(&id.token, "NodeUnstageVolume").is_err());
@@ -157,18 +158,21 @@ async fn unstaged_and_unknown_volumes_are_errors() {
     let f = Fixture::new(Duration::from_secs(60)).await;
     let id = f.create("pvc-1", VolumeMode::Filesystem).await;
     let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        tonic::Status::from(Error::from(err)).code(),
+        tonic::Code::FailedPrecondition
+    );
     // Attached but not mounted: still nothing to trim.
     f.syscalls.add_device(DEV, 7, 7, 64 * MIB);
     f.syscalls.attach_loop(DEV, f.image("pvc-1"));
     let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
-    assert!(
-        matches!(err, Error::Reclaim(ReclaimError::NotStaged { .. })),
-        "{err}"
-    );
+    assert!(matches!(err, ReclaimError::NotStaged { .. }), "{err}");
     let unknown = VolumeId::parse("default.pvc-nope").unwrap();
     let err = f.runner.reclaim(&unknown, &[]).await.unwrap_err();
-    assert_eq!(tonic::Status::from(err).code(), tonic::Code::NotFound);
+    assert_eq!(
+        tonic::Status::from(Error::from(err)).code(),
+        tonic::Code::NotFound
+    );
     assert!(f.fitrims().is_empty());
     assert_eq!(f.locks.held_count(), 0);
 }
@@ -187,7 +191,7 @@ async fn a_failing_fitrim_is_reported() {
         }
         other => panic!("the failure is kept as the last reclaim: {other:?}"),
     }
-    let status = tonic::Status::from(err);
+    let status = tonic::Status::from(Error::from(err));
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(status.message().contains("FITRIM"), "{}", status.message());
 }

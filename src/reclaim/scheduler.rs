@@ -25,7 +25,6 @@ use tracing::{debug, info, warn};
 
 use super::ReclaimError;
 use super::run::{ReclaimOutcome, Runner};
-use crate::error::Error;
 use crate::model::VolumeId;
 use crate::reclaim_policy::schedule::Schedule;
 use crate::reclaim_policy::{ClaimObjects, ClusterSettings, NodePolicy, Resolution, resolve};
@@ -250,7 +249,7 @@ impl Scheduler {
             .collect()
     }
 
-    fn start(&mut self, id: &VolumeId, runs: &mut JoinSet<(VolumeId, Result<ReclaimOutcome, Error>)>) {
+    fn start(&mut self, id: &VolumeId, runs: &mut JoinSet<(VolumeId, Result<ReclaimOutcome, ReclaimError>)>) {
         if let Some(entry) = self.entries.get_mut(id) {
             entry.running = true;
         }
@@ -262,18 +261,18 @@ impl Scheduler {
         });
     }
 
-    async fn finish(&mut self, id: VolumeId, result: Result<ReclaimOutcome, Error>, now: Timestamp) {
+    async fn finish(&mut self, id: VolumeId, result: Result<ReclaimOutcome, ReclaimError>, now: Timestamp) {
         let Some(entry) = self.entries.get_mut(&id) else {
             return;
         };
         entry.running = false;
         let report = match &result {
-            Err(Error::Busy(_)) => {
+            Err(ReclaimError::Busy(_)) => {
                 debug!(volume.id = %id, "busy; trying again later");
                 entry.next = Some(after(now, self.config.busy_retry));
                 return;
             }
-            Err(Error::Reclaim(ReclaimError::NotStaged { .. })) => {
+            Err(ReclaimError::NotStaged { .. }) => {
                 debug!(volume.id = %id, "not staged on this node; nothing to trim");
                 None
             }

@@ -65,6 +65,7 @@ pub fn classify(cause: Cause<'_>) -> Failure {
             // codes are.
             Error::Reclaim(r) => match r {
                 ReclaimError::NotStaged { .. } | ReclaimError::TimedOut { .. } => Transient,
+                ReclaimError::Busy(LockError::Busy { .. }) => Transient,
                 ReclaimError::Volume(v) => volume(v),
                 ReclaimError::Backend(b) => backend(b),
                 ReclaimError::Mount(m) => mount(m),

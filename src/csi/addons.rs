@@ -13,7 +13,6 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, info_span, warn};
 
-use super::run::{ReclaimOutcome, Runner};
 use crate::error::Error;
 use crate::health::Health;
 use crate::metrics::Metrics;
@@ -22,6 +21,7 @@ use crate::model::ValidationError;
 use crate::model::VolumeId;
 use crate::proto::identity::{self as id, capability, identity_server};
 use crate::proto::reclaimspace::{self as rs, reclaim_space_node_server};
+use crate::reclaim::{ReclaimOutcome, Runner};
 use crate::request::{HostPath, KubeletRoots};
 
 /// Response header carrying the run's outcome in words.
@@ -144,7 +144,7 @@ impl reclaim_space_node_server::ReclaimSpaceNode for ReclaimSpaceService {
         let span = info_span!("rpc", rpc.method = METHOD, volume.id = %raw.volume_id);
         let result: Result<ReclaimOutcome, Error> = async {
             let req = ReclaimRequest::parse(&raw, self.0.runner.roots())?;
-            self.0.runner.reclaim(&req.id, &req.paths).await
+            Ok(self.0.runner.reclaim(&req.id, &req.paths).await?)
         }
         .instrument(span.clone())
         .await;
