@@ -7,18 +7,19 @@
 //! 1. `cli`: the command line (parser, subcommands, flags into a `Config`)
 //! 2. `app`, `telemetry`: wiring the daemon together
 //! 3. `csi`, `registration`: the gRPC edges (CSI, csi-addons, kubelet registration)
-//! 4. `error`: module errors into gRPC statuses, in one exhaustive match
-//! 5. `resize`, `reclaim`, `k8s`: beside the request chain (claims, schedules, owners)
-//! 6. `stats`: periodic refresh of the volume and capacity gauges
-//! 7. `metrics`: the registry and its HTTP endpoint
-//! 8. `health`: readiness of the device classes
-//! 9. `volume`: one function per operation, with idempotency
-//! 10. `request`, `proto`, `locks`, `status_registry`: typed requests, per-volume locks
-//! 11. `backend`: LVM, PMEM and loop-file volumes
-//! 12. `config`, `reclaim_policy`: validated configuration
-//! 13. `model`: the shared vocabulary (ids, claims, capacity ranges, driver name)
-//! 14. `fs`, `mount`: filesystems and mounts
-//! 15. `host`: the only code that touches the machine (commands, syscalls)
+//! 4. `resize`: node expansion and its reports (still classifies through `error`)
+//! 5. `error`: module errors into gRPC statuses, in one exhaustive match
+//! 6. `reclaim`, `k8s`: beside the request chain (schedules, owners)
+//! 7. `stats`: periodic refresh of the volume and capacity gauges
+//! 8. `metrics`: the registry and its HTTP endpoint
+//! 9. `health`: readiness of the device classes
+//! 10. `volume`: one function per operation, with idempotency
+//! 11. `request`, `proto`, `locks`, `status_registry`: typed requests, per-volume locks
+//! 12. `backend`: LVM, PMEM and loop-file volumes
+//! 13. `config`, `reclaim_policy`: validated configuration
+//! 14. `model`: the shared vocabulary (ids, claims, capacity ranges, driver name)
+//! 15. `fs`, `mount`: filesystems and mounts
+//! 16. `host`: the only code that touches the machine (commands, syscalls)
 //!
 //! Lower modules never see gRPC types.
 

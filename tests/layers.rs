@@ -1,0 +1,420 @@
+//! The crate's modules stand in layers, stated once in the crate doc of `src/lib.rs`: a
+//! module imports only from its own layer or the layers below, and no two top-level
+//! modules reach each other. This test reads the layer list from that doc, follows the
+//! `mod` declarations from `src/lib.rs` (leaving out `#[cfg(test)]` modules and items:
+//! a test may drive its module through the layers above), and fails on any
+//! `crate::` path that points up and on any import cycle between top-level modules.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The numbered list in lib.rs's crate doc, top layer first: `//! 3. `a`, `b`: why`.
+/// Returns module -> rank (0 is the top).
+fn stated_layers(lib: &str) -> BTreeMap<String, usize> {
+    let mut layers = BTreeMap::new();
+    for line in lib.lines().filter_map(|l| l.strip_prefix("//!")) {
+        let line = line.trim_start();
+        let Some((number, rest)) = line.split_once(". ") else {
+            continue;
+        };
+        let Ok(rank) = number.parse::<usize>() else {
+            continue;
+        };
+        let names = rest.split(':').next().unwrap_or("");
+        for name in names.split(',') {
+            let name = name.trim().trim_matches('`');
+            assert!(
+                !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "lib.rs layer {rank}: {name:?} is not a module name"
+            );
+            let before = layers.insert(name.to_string(), rank);
+            assert!(before.is_none(), "lib.rs names {name} in two layers");
+        }
+    }
+    layers
+}
+
+/// Source with comments and string/char literals blanked out, so that only code remains.
+fn code_only(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            out.push(' ');
+        } else if c == 'r' && (next == Some('"') || next == Some('#')) && !ident_char_before(&chars, i) {
+            // A raw string: r"..." or r#"..."#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            loop {
+                if j >= chars.len() {
+                    break;
+                }
+                if chars[j] == '"' && (0..hashes).all(|k| chars.get(j + 1 + k) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                j += 1;
+            }
+            out.push_str("\"\"");
+            i = j;
+        } else if c == '"' && out.ends_with("#[path = ") {
+            // A module's file name: kept, the reader needs it.
+            let end = text_index_after_string(&chars, i);
+            out.extend(&chars[i..end]);
+            i = end;
+        } else if c == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if c == '\'' {
+            // A char literal ('x', '\n', '{') or a lifetime ('a).
+            if next == Some('\\') {
+                i += 2;
+                while i < chars.len() && chars[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+                out.push_str("' '");
+            } else if chars.get(i + 2) == Some(&'\'') {
+                i += 3;
+                out.push_str("' '");
+            } else {
+                out.push(c);
+                i += 1;
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn text_index_after_string(chars: &[char], open: usize) -> usize {
+    let mut i = open + 1;
+    while i < chars.len() && chars[i] != '"' {
+        i += if chars[i] == '\\' { 2 } else { 1 };
+    }
+    i + 1
+}
+
+fn ident_char_before(chars: &[char], i: usize) -> bool {
+    i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_')
+}
+
+/// The code with every `#[cfg(test)]` item (a module, a `use`, a function) removed.
+fn without_test_items(code: &str) -> String {
+    let mut out = String::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at..];
+        let (semi, brace) = (item.find(';'), item.find('{'));
+        let end = match (semi, brace) {
+            (Some(s), Some(b)) if s < b => s + 1,
+            (Some(s), None) => s + 1,
+            (_, Some(b)) => {
+                let mut depth = 0;
+                let mut end = item.len();
+                for (k, ch) in item[b..].char_indices() {
+                    match ch {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = b + k + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                end
+            }
+            (None, None) => item.len(),
+        };
+        rest = &item[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `mod name;` declarations (with their `#[path]`, if any) left in non-test code.
+fn child_modules(code: &str) -> Vec<(String, Option<String>)> {
+    let mut children = Vec::new();
+    let mut path_attr = None;
+    for line in code.lines().map(str::trim) {
+        if let Some(p) = line.strip_prefix("#[path = ") {
+            path_attr = Some(p.trim_end_matches(']').trim().trim_matches('"').to_string());
+            continue;
+        }
+        let decl = line
+            .strip_prefix("pub mod ")
+            .or_else(|| line.strip_prefix("pub(crate) mod "))
+            .or_else(|| line.strip_prefix("mod "));
+        if let Some(name) = decl.and_then(|d| d.strip_suffix(';')) {
+            children.push((name.trim().to_string(), path_attr.take()));
+        } else if !line.starts_with("#[") {
+            path_attr = None;
+        }
+    }
+    children
+}
+
+/// Non-test source files, each with its top-level module, following `mod` from lib.rs.
+fn crate_files() -> Vec<(String, PathBuf, String)> {
+    let root = src();
+    let mut files = Vec::new();
+    // (file, top-level module, directory its children live in)
+    let lib = root.join("lib.rs");
+    let mut queue: Vec<(PathBuf, Option<String>, PathBuf)> = vec![(lib, None, root.clone())];
+    while let Some((file, top, child_dir)) = queue.pop() {
+        let text = fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let code = without_test_items(&code_only(&text));
+        for (name, path_attr) in child_modules(&code) {
+            let child = match path_attr {
+                Some(p) => file.parent().unwrap().join(p),
+                None if child_dir.join(format!("{name}.rs")).exists() => child_dir.join(format!("{name}.rs")),
+                None => child_dir.join(&name).join("mod.rs"),
+            };
+            assert!(
+                child.exists(),
+                "{}: mod {name}: no file {}",
+                file.display(),
+                child.display()
+            );
+            let grandchildren = if child.file_name().unwrap() == "mod.rs" {
+                child.parent().unwrap().to_path_buf()
+            } else {
+                child.with_extension("")
+            };
+            queue.push((
+                child,
+                Some(top.clone().unwrap_or_else(|| name.clone())),
+                grandchildren,
+            ));
+        }
+        if let Some(top) = top {
+            files.push((top, file, code));
+        }
+    }
+    files
+}
+
+/// Top-level modules a piece of code names through `crate::`.
+fn crate_paths(code: &str) -> BTreeSet<String> {
+    let mut named = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        if at > 0 {
+            let before = code[..at].chars().next_back().unwrap();
+            if before.is_alphanumeric() || before == '_' {
+                continue; // `localvol_crate::` and the like
+            }
+        }
+        let rest = &code[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // `crate::{a::b, c}`: the first segment of each top-level entry.
+            let mut depth = 0;
+            let mut entry_start = true;
+            for (k, ch) in group.char_indices() {
+                match ch {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => entry_start = true,
+                    c if entry_start && (c.is_alphanumeric() || c == '_') => {
+                        let ident: String = group[k..]
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        named.insert(ident);
+                        entry_start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            let ident: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            named.insert(ident);
+        }
+    }
+    named
+}
+
+/// Every import edge between top-level modules: (from, to) -> files that make it.
+fn edges() -> BTreeMap<(String, String), BTreeSet<PathBuf>> {
+    let mut edges: BTreeMap<(String, String), BTreeSet<PathBuf>> = BTreeMap::new();
+    for (top, file, code) in crate_files() {
+        for to in crate_paths(&code) {
+            if to != top && to != "self" {
+                edges.entry((top.clone(), to)).or_default().insert(file.clone());
+            }
+        }
+    }
+    edges
+}
+
+fn upward(
+    edges: &BTreeMap<(String, String), BTreeSet<PathBuf>>,
+    layers: &BTreeMap<String, usize>,
+) -> Vec<String> {
+    let rank = |m: &str| {
+        *layers
+            .get(m)
+            .unwrap_or_else(|| panic!("module {m} is in no layer of lib.rs"))
+    };
+    edges
+        .iter()
+        .filter(|((from, to), _)| rank(to) < rank(from))
+        .map(|((from, to), files)| {
+            let files: Vec<_> = files
+                .iter()
+                .map(|f| f.strip_prefix(src()).unwrap().display().to_string())
+                .collect();
+            format!(
+                "{from} (layer {}) imports {to} (layer {}) in {}",
+                rank(from),
+                rank(to),
+                files.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// Modules on some cycle of the import graph (strongly connected, more than one).
+fn cycles(edges: &BTreeMap<(String, String), BTreeSet<PathBuf>>) -> Vec<BTreeSet<String>> {
+    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        graph.entry(from).or_default().insert(to);
+        graph.entry(to).or_default();
+    }
+    let reaches = |start: &str| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![start];
+        while let Some(m) = stack.pop() {
+            for &next in &graph[m] {
+                if seen.insert(next) {
+                    stack.push(next);
+                }
+            }
+        }
+        seen
+    };
+    let reach: BTreeMap<&str, BTreeSet<&str>> = graph.keys().map(|&m| (m, reaches(m))).collect();
+    let mut found: Vec<BTreeSet<String>> = Vec::new();
+    for (&m, reached) in &reach {
+        if !reached.contains(m) {
+            continue;
+        }
+        let component: BTreeSet<String> = reached
+            .iter()
+            .filter(|&&o| reach[o].contains(m))
+            .map(|o| o.to_string())
+            .collect();
+        if !found.contains(&component) {
+            found.push(component);
+        }
+    }
+    found
+}
+
+#[test]
+fn every_import_points_down_and_no_modules_import_each_other() {
+    let lib = fs::read_to_string(src().join("lib.rs")).unwrap();
+    let layers = stated_layers(&lib);
+    assert!(layers.len() > 5, "lib.rs states no layer list: {layers:?}");
+    let declared: BTreeSet<String> = child_modules(&code_only(&lib))
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let stated: BTreeSet<String> = layers.keys().cloned().collect();
+    assert_eq!(
+        declared, stated,
+        "the modules of lib.rs and its layer list differ"
+    );
+
+    let edges = edges();
+    assert!(
+        edges.len() > 20,
+        "too few imports found; is the reader broken? {edges:?}"
+    );
+    let up = upward(&edges, &layers);
+    assert!(up.is_empty(), "imports that point up:\n{}", up.join("\n"));
+    let cycles = cycles(&edges);
+    assert!(cycles.is_empty(), "import cycles between modules: {cycles:?}");
+}
+
+#[test]
+fn the_reader_sees_what_it_must() {
+    let code = code_only(
+        "use crate::{a::B, c}; // crate::commented\nlet s = \"crate::quoted\"; let c = '{';\n\
+         #[cfg(test)]\nmod tests { use crate::tested; }\nfn f() { crate::d::e(); }",
+    );
+    let code = without_test_items(&code);
+    let named: Vec<String> = crate_paths(&code).into_iter().collect();
+    assert_eq!(named, ["a", "c", "d"]);
+
+    let layers = stated_layers("//! 1. `top`: edge\n//! 2. `low`, `other`: below\n");
+    let mut edges = BTreeMap::new();
+    edges.insert(
+        ("low".to_string(), "top".to_string()),
+        BTreeSet::from([src().join("low.rs")]),
+    );
+    assert_eq!(
+        upward(&edges, &layers).len(),
+        1,
+        "an import from layer 2 to layer 1 points up"
+    );
+    edges.insert(("other".to_string(), "low".to_string()), BTreeSet::new());
+    edges.insert(("low".to_string(), "other".to_string()), BTreeSet::new());
+    assert_eq!(
+        cycles(&edges),
+        [BTreeSet::from(["low".to_string(), "other".to_string()])]
+    );
+}
