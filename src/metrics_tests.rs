@@ -1,0 +1,141 @@
+use super::*;
+
+fn class(name: &str) -> ClassName {
+    ClassName::parse(name).unwrap()
+}
+
+fn has_line(text: &str, line: &str) -> bool {
+    text.lines().any(|l| l == line)
+}
+
+#[test]
+fn class_stats_are_set_and_dropped_on_failure() {
+    let m = Metrics::new();
+    let stats = ClassStats {
+        volumes: 3,
+        snapshots: 2,
+        provisioned_bytes: 3 << 30,
+        capacity: ClassCapacity {
+            available: 7 << 30,
+            total: 10 << 30,
+            max_volume: 7 << 30,
+        },
+        storage: Some(StoreUsage {
+            size_bytes: 8 << 30,
+            used_bytes: 2 << 30,
+            free_bytes: 6 << 30,
+            thin_pool: Some(crate::backend::ThinPoolFill {
+                data_percent: 25.0,
+                metadata_percent: 5.0,
+            }),
+        }),
+    };
+    m.set_class_stats(&class("fast"), stats);
+    let text = m.render();
+    for line in [
+        r#"localvol_storage_bytes{device_class="fast",kind="size"} 8589934592"#,
+        r#"localvol_storage_bytes{device_class="fast",kind="used"} 2147483648"#,
+        r#"localvol_storage_bytes{device_class="fast",kind="free"} 6442450944"#,
+        r#"localvol_thin_pool_data_ratio{device_class="fast"} 0.25"#,
+        r#"localvol_thin_pool_metadata_ratio{device_class="fast"} 0.05"#,
+        r#"localvol_volumes{device_class="fast"} 3"#,
+        r#"localvol_snapshots{device_class="fast"} 2"#,
+        r#"localvol_provisioned_bytes{device_class="fast"} 3221225472"#,
+        r#"localvol_capacity_bytes{device_class="fast",kind="available"} 7516192768"#,
+        r#"localvol_capacity_bytes{device_class="fast",kind="total"} 10737418240"#,
+    ] {
+        assert!(has_line(&text, line), "{line} missing from\n{text}");
+    }
+    assert!(!text.contains("stats_refresh_errors_total{"));
+    m.class_stats_failed(&class("fast"));
+    let text = m.render();
+    assert!(!text.contains(r#"device_class="fast",kind"#), "{text}");
+    assert!(!text.contains(r#"localvol_volumes{"#), "{text}");
+    assert!(!text.contains(r#"thin_pool_data_ratio{"#), "{text}");
+    assert!(has_line(
+        &text,
+        r#"localvol_stats_refresh_errors_total{device_class="fast"} 1"#
+    ));
+}
+
+#[test]
+fn hooks_register_their_metrics_only_when_first_used() {
+    let m = Metrics::new();
+    let before = m.render();
+    for name in ["thin_pool", "resize_operations"] {
+        assert!(!before.contains(name), "{name} exported before use");
+    }
+    assert!(has_line(
+        &before,
+        &format!(
+            r#"localvol_build_info{{version="{}"}} 1"#,
+            env!("CARGO_PKG_VERSION")
+        )
+    ));
+    assert!(before.contains("process_resident_memory_bytes "), "{before}");
+
+    let thin = class("thin");
+    m.set_thin_pool_usage(&thin, 42.5, 7.0);
+    m.set_thin_pool_usage(&thin, 50.0, 8.0);
+    m.observe_resize(&thin, "ok");
+    m.observe_resize(&thin, "ok");
+    let text = m.render();
+    for line in [
+        r#"localvol_thin_pool_data_ratio{device_class="thin"} 0.5"#,
+        r#"localvol_thin_pool_metadata_ratio{device_class="thin"} 0.08"#,
+        r#"localvol_resize_operations_total{device_class="thin",result="ok"} 2"#,
+    ] {
+        assert!(has_line(&text, line), "{line} missing from\n{text}");
+    }
+    // Clones share the registry and the lazily registered metrics.
+    m.clone().observe_resize(&thin, "ok");
+    assert!(has_line(
+        &m.render(),
+        r#"localvol_resize_operations_total{device_class="thin",result="ok"} 3"#
+    ));
+}
+
+/// deploy/grafana/localvol.json may only query metrics this module exports.
+#[test]
+fn the_dashboard_uses_only_exported_metrics() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/localvol.json");
+    let dashboard = std::fs::read_to_string(path).unwrap();
+    let m = Metrics::new();
+    let class = class("fast");
+    m.set_class_stats(&class, ClassStats::default());
+    m.class_stats_failed(&class);
+    m.set_class_stats(
+        &class,
+        ClassStats {
+            storage: Some(crate::backend::StoreUsage {
+                thin_pool: Some(crate::backend::ThinPoolFill {
+                    data_percent: 50.0,
+                    metadata_percent: 10.0,
+                }),
+                ..Default::default()
+            }),
+            ..ClassStats::default()
+        },
+    );
+    m.observe_rpc("CreateVolume", tonic::Code::Ok, Instant::now());
+    let exported = m.render();
+    let mut checked = 0;
+    for prefix in ["localvol_", "process_"] {
+        for (start, _) in dashboard.match_indices(prefix) {
+            let name: String = dashboard[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            let family = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(&name);
+            assert!(
+                exported.contains(&format!("# TYPE {family} ")),
+                "the dashboard queries {name}, which localvol does not export"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "only {checked} metric references found in {path}");
+}
