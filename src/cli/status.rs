@@ -30,13 +30,13 @@ use crate::config::{ConfigError, load_classes};
 use crate::csi::socket::{self, SocketError};
 use crate::host::Host;
 use crate::model::SnapshotId;
+use crate::model::{PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
 use crate::mount::{MountError, MountTable};
 use crate::proto::csi::v1 as csi;
 use crate::proto::csi::v1::controller_client::ControllerClient;
 use crate::proto::csi::v1::node_client::NodeClient;
 use crate::proto::localvol::v1 as pb;
 use crate::proto::localvol::v1::volume_states_client::VolumeStatesClient;
-use crate::model::{PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
 use crate::request::PARAM_DEVICE_CLASS;
 
 #[path = "status_mounts.rs"]
