@@ -11,6 +11,8 @@
 #   --disks N         number of scratch disks /dev/vda, /dev/vdb, ... (default 1)
 #   --mem SIZE        guest RAM (default 1G)
 #   --timeout SECS    stop the guest after SECS and exit 124 (default 3600)
+#   A boot that has not started COMMAND after LOCALVOL_VM_BOOT_TIMEOUT seconds (300)
+#   is killed and booted again, LOCALVOL_VM_BOOT_TRIES times in all (3).
 #   --share DIR       share DIR read-write at the same path (repeatable)
 #   -v                progress and the live guest console on stderr
 #
@@ -268,6 +270,7 @@ export PATH="$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 [ -d "${TMPDIR:-/}" ] || unset TMPDIR
 cd "$VM_CWD" || { echo "localvol-vm: FATAL: cannot cd to $VM_CWD"; /bin/busybox poweroff -f; }
 read -r up _ </proc/uptime; echo "localvol-vm: command starts at ${up}s"
+: >/run/vm/started   # the host's boot watchdog stops here
 cmd=$VM_CMD; unset VM_CMD VM_CWD
 eval "$cmd" </dev/null >/dev/virtio-ports/stdout 2>/dev/virtio-ports/stderr
 rc=$?
@@ -277,10 +280,7 @@ sync
 /bin/busybox poweroff -f
 EOF
 
-# The guest's stdout/stderr ports write into fifos that we copy to ours.
 mkfifo "$RUN/out" "$RUN/err"
-cat "$RUN/out" & PIDS+=($!)
-cat "$RUN/err" >&2 & PIDS+=($!)
 : >"$RUN/console.log"
 if [ "$VERBOSE" = 1 ]; then
   tail --pid=$$ -n +1 -f "$RUN/console.log" | while IFS= read -r l; do log "console: $l"; done &
@@ -310,20 +310,45 @@ QEMU=(qemu-system-x86_64 -nodefaults -no-user-config -display none -no-reboot
   -chardev "file,id=out,path=$RUN/out" -device virtserialport,chardev=out,name=stdout
   -chardev "file,id=err,path=$RUN/err" -device virtserialport,chardev=err,name=stderr
   -device virtio-rng-pci "${FS_ARGS[@]}" "${DEV_ARGS[@]}")
-log "booting $KVER ($ACCEL), shares: ${shares[*]}"
-# pdeathsig: QEMU dies with us, even if we are SIGKILLed.
-setpriv --pdeathsig TERM timeout -k 5 "$TIMEOUT" setpriv --pdeathsig KILL "${QEMU[@]}" \
-  </dev/null >"$RUN/qemu.log" 2>&1 &
-QPID=$!
-qrc=0; wait "$QPID" || qrc=$?
-QPID=''
-# If QEMU never opened the fifos, their readers still wait: open and close
-# them once, then let the readers drain.
-exec 7<>"$RUN/out" 8<>"$RUN/err"; exec 7>&- 8>&-
-wait "${PIDS[0]}" "${PIDS[1]}" 2>/dev/null || true
+# A boot that has not reached COMMAND after BOOT_TIMEOUT seconds is stuck: under TCG
+# with two vCPUs a guest was once seen to hang in early boot, printing nothing, until
+# --timeout (an hour). COMMAND has not started then, so booting again is safe.
+BOOT_TIMEOUT=${LOCALVOL_VM_BOOT_TIMEOUT:-300}
+BOOT_TRIES=${LOCALVOL_VM_BOOT_TRIES:-3}
+boot() {  # one boot; sets qrc (124: --timeout; 200: stuck before COMMAND)
+  # The guest's stdout/stderr ports write into fifos that we copy to ours.
+  cat "$RUN/out" & local out=$!
+  cat "$RUN/err" >&2 & local err=$!
+  PIDS+=("$out" "$err")
+  log "booting $KVER ($ACCEL), shares: ${shares[*]}"
+  # pdeathsig: QEMU dies with us, even if we are SIGKILLed.
+  setpriv --pdeathsig TERM timeout -k 5 "$TIMEOUT" setpriv --pdeathsig KILL "${QEMU[@]}" \
+    </dev/null >>"$RUN/qemu.log" 2>&1 &
+  QPID=$!
+  local waited=0 stuck=0
+  while kill -0 "$QPID" 2>/dev/null && [ ! -e "$RUN/vm/started" ]; do
+    if [ "$waited" -ge "$BOOT_TIMEOUT" ]; then stuck=1; kill "$QPID"; break; fi
+    sleep 1; waited=$((waited + 1))
+  done
+  qrc=0; wait "$QPID" || qrc=$?
+  QPID=''
+  [ "$stuck" = 1 ] && qrc=200
+  # If QEMU never opened the fifos, their readers still wait: open and close
+  # them once, then let the readers drain.
+  exec 7<>"$RUN/out" 8<>"$RUN/err"; exec 7>&- 8>&-
+  wait "$out" "$err" 2>/dev/null || true
+}
+for try in $(seq "$BOOT_TRIES"); do
+  boot
+  [ "$qrc" = 200 ] || break
+  echo "tests/vm/run.sh: the guest did not reach COMMAND within ${BOOT_TIMEOUT}s (boot $try of $BOOT_TRIES); console:" >&2
+  tail -n 5 "$RUN/console.log" >&2
+  : >"$RUN/console.log"
+done
 log "qemu exited with $qrc"
 [ -f "$RUN/vm/rc" ] && exit "$(cat "$RUN/vm/rc")"
 [ "$qrc" = 124 ] && { echo "tests/vm/run.sh: ERROR: timed out after ${TIMEOUT}s" >&2; exit 124; }
+[ "$qrc" = 200 ] && echo "tests/vm/run.sh: ERROR: no boot of $BOOT_TRIES reached COMMAND within ${BOOT_TIMEOUT}s" >&2
 {
   echo "tests/vm/run.sh: ERROR: the guest did not run the command to completion (qemu exit $qrc)."
   grep -h -e 'localvol-vm: FATAL' -e 'Kernel panic' "$RUN/console.log" || true
