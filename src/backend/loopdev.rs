@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use super::files::{self, sync_dir};
 use super::{BackendError, ClassCapacity, CreateSpec, StoreUsage, VolumeRecord};
 use crate::fs::FsType;
-use crate::host::{CommandSpec, Host};
+use crate::host::Host;
 use crate::model::ClaimRef;
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
 
@@ -301,138 +301,6 @@ impl LoopBackend {
         Ok(size_bytes)
     }
 
-    /// Loop devices whose backing file is this volume's image: by path, or by inode
-    /// where the kernel no longer prints our path (a device attached by a daemon whose
-    /// container, and so the mount the image was opened through, is gone).
-    async fn devices_of(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
-        let image = self.image_path(token);
-        let inode = image_inode(&image).await;
-        let devices = self.host.syscalls.loop_devices().await?;
-        Ok(devices
-            .into_iter()
-            .filter(|d| d.backing_file == image || (inode.is_some() && d.backing_inode == inode))
-            .map(|d| d.device)
-            .collect())
-    }
-
-    pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
-        Ok(self.devices_of(token).await?.into_iter().next())
-    }
-
-    /// The device holding the volume's data, even one whose image was deleted under it.
-    pub async fn holding_device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
-        Ok(self.devices_holding(token).await?.into_iter().next())
-    }
-
-    pub async fn attach(&self, token: &Token) -> Result<PathBuf, BackendError> {
-        if let Some(device) = self.device(token).await? {
-            return Ok(device);
-        }
-        if self.read_record(token).await?.is_none() {
-            return Err(BackendError::NotFound {
-                class: self.class.clone(),
-                token: token.clone(),
-            });
-        }
-        let out = self
-            .host
-            .commands
-            .run(
-                CommandSpec::new("losetup")
-                    .args(["--find", "--show"])
-                    .arg(self.image_path(token))
-                    .timeout(LOSETUP_TIMEOUT),
-            )
-            .await?;
-        Ok(PathBuf::from(out.stdout_str().trim()))
-    }
-
-    /// The devices on the volume's image, and those still holding an image that was
-    /// deleted under them (the kernel reports `<path> (deleted)`): nothing else would
-    /// ever detach the latter.
-    async fn devices_holding(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
-        let image = self.image_path(token);
-        let inode = image_inode(&image).await;
-        let mut deleted = image.clone().into_os_string();
-        deleted.push(" (deleted)");
-        let devices = self.host.syscalls.loop_devices().await?;
-        Ok(devices
-            .into_iter()
-            .filter(|d| {
-                d.backing_file == image
-                    || d.backing_file.as_os_str() == deleted
-                    || (inode.is_some() && d.backing_inode == inode)
-            })
-            .map(|d| d.device)
-            .collect())
-    }
-
-    pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {
-        for device in self.devices_holding(token).await? {
-            let result = self
-                .host
-                .commands
-                .run(
-                    CommandSpec::new("losetup")
-                        .arg("--detach")
-                        .arg(&device)
-                        .timeout(LOSETUP_TIMEOUT),
-                )
-                .await;
-            match result {
-                Ok(_) => {}
-                // Detached meanwhile (autoclear, or another node agent): the goal is met.
-                Err(e) if e.stderr().contains("No such device") => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        self.wait_detached(token).await
-    }
-
-    /// The kernel only marks a loop device for autoclear, and reports success, when
-    /// something else still has it open at LOOP_CLR_FD (a probe, a concurrent tool); the
-    /// detach happens when that opener closes. Unstage is done only when the device has
-    /// really let go of the file, so a DeleteVolume right after it never sees it in use.
-    async fn wait_detached(&self, token: &Token) -> Result<(), BackendError> {
-        // Short, slowly growing pauses: the opener holding the device is usually a
-        // tool probing loop devices (another volume's `losetup --find`) that lets go
-        // within milliseconds, and a doubling pause would oversleep that by as much.
-        let mut pause = Duration::from_millis(1);
-        let deadline = tokio::time::Instant::now() + DETACH_WAIT;
-        loop {
-            let remaining = self.devices_holding(token).await?;
-            let Some(device) = remaining.first() else {
-                return Ok(());
-            };
-            if tokio::time::Instant::now() >= deadline {
-                return Err(BackendError::InUse {
-                    token: token.clone(),
-                    by: format!(
-                        "{} is still attached {DETACH_WAIT:?} after detaching: another process holds it open",
-                        device.display()
-                    ),
-                });
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 5 / 4).min(Duration::from_millis(20));
-        }
-    }
-
-    pub async fn refresh_device(&self, token: &Token) -> Result<(), BackendError> {
-        for device in self.devices_of(token).await? {
-            self.host
-                .commands
-                .run(
-                    CommandSpec::new("losetup")
-                        .arg("--set-capacity")
-                        .arg(&device)
-                        .timeout(LOSETUP_TIMEOUT),
-                )
-                .await?;
-        }
-        Ok(())
-    }
-
     /// Disk space the image takes now (st_blocks × 512): what FITRIM gives back shows here.
     pub async fn allocated_bytes(&self, token: &Token) -> Result<u64, BackendError> {
         use std::os::unix::fs::MetadataExt;
@@ -494,6 +362,8 @@ impl LoopBackend {
     }
 }
 
+#[path = "loop_devices.rs"]
+mod devices;
 #[path = "loop_snapshots.rs"]
 mod snapshots;
 
