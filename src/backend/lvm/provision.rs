@@ -193,23 +193,33 @@ impl LvmBackend {
             });
         }
         drop(allocation);
-        if self.is_thick()
-            && spec.mode == VolumeMode::Block
-            && let Err(e) = self.finish_thick(spec, lv).await
-        {
-            // Leave nothing behind; if even that fails, the LV stays pending: not a
-            // volume, and removed by the next create or delete of this name.
-            if let Err(cleanup) = self.remove_lv(lv, &spec.token).await {
-                warn!(lv = %lv, error = %cleanup, "cannot remove a half-created LV");
+        let finished = if self.is_thick() && spec.mode == VolumeMode::Block {
+            self.finish_thick(spec, lv).await
+        } else {
+            Ok(())
+        };
+        self.settle_new_lv(&spec.token, lv, finished).await
+    }
+
+    /// The end of every create: when `finished` failed, the new LV is removed (if even
+    /// that fails, it stays pending: not a volume, and removed by the next create or
+    /// delete of this name) and the error returned; otherwise the new volume's record.
+    pub(super) async fn settle_new_lv(
+        &self,
+        token: &Token,
+        lv: &str,
+        finished: Result<(), BackendError>,
+    ) -> Result<VolumeRecord, BackendError> {
+        if let Err(e) = finished {
+            if let Err(cleanup) = self.remove_lv(lv, token).await {
+                warn!(lv = %lv, error = %cleanup, "cannot remove a half-made LV");
             }
             return Err(e);
         }
-        self.get(&spec.token)
-            .await?
-            .ok_or_else(|| BackendError::NotFound {
-                class: self.class.clone(),
-                token: spec.token.clone(),
-            })
+        self.get(token).await?.ok_or_else(|| BackendError::NotFound {
+            class: self.class.clone(),
+            token: token.clone(),
+        })
     }
 
     /// Zeroes a new thick block volume, then marks the LV as a finished volume.

@@ -302,18 +302,8 @@ impl LvmBackend {
             .await
             .map_err(|e| self.create_failed(&lv, spec.size_bytes, e))?;
         drop(allocation);
-        if let Err(e) = self.finish_copy(spec, &lv, origin.size).await {
-            if let Err(cleanup) = self.remove_lv(&lv, &spec.token).await {
-                warn!(lv = %lv, error = %cleanup, "cannot remove a half-made copy");
-            }
-            return Err(e);
-        }
-        self.get(&spec.token)
-            .await?
-            .ok_or_else(|| BackendError::NotFound {
-                class: self.class.clone(),
-                token: spec.token.clone(),
-            })
+        let finished = self.finish_copy(spec, &lv, origin.size).await;
+        self.settle_new_lv(&spec.token, &lv, finished).await
     }
 
     /// Grows a new copy to the spec's size and drops its pending tag.
