@@ -19,26 +19,80 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-step "format and lints"
+step "format"
 cargo fmt --all -- --check
-cargo clippy --locked --all-targets -- -D warnings
 
 # Soak mode, on demand: LOCALVOL_SOAK=1 bash tests/all.sh runs 500 crash lifecycles,
-# 40 per class in the VM crash test, and fuzzes each target for 10 minutes (each can
-# also be set on its own: LOCALVOL_CRASH_ROUNDS, LOCALVOL_CRASH_VM_ROUNDS).
+# 40 per class in the VM crash test, and fuzzes each target for 10 minutes with an
+# optimised build (each can also be set on its own: LOCALVOL_CRASH_ROUNDS,
+# LOCALVOL_CRASH_VM_ROUNDS, LOCALVOL_FUZZ_SECONDS, LOCALVOL_FUZZ_RELEASE).
 if [ "${LOCALVOL_SOAK:-0}" = 1 ]; then
   export LOCALVOL_CRASH_ROUNDS=${LOCALVOL_CRASH_ROUNDS:-500}
   LOCALVOL_FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-600}
+  export LOCALVOL_FUZZ_RELEASE=${LOCALVOL_FUZZ_RELEASE:-1}
 fi
 
-# The image's root filesystem (apt in a bookworm chroot: network and disk, little CPU)
-# is made beside the host's test build; tests/cluster finds it in the cache.
-step "image: the Dockerfile's runtime stage in a bookworm chroot, in the background"
+# What runs beside the host steps. The machine has two cores, and the longest part of
+# the run is CPU-bound emulation (the VM guests); so everything that does not need the
+# host steps' results starts as soon as its inputs exist, at a lower priority than the
+# host steps, and takes the CPU they leave idle (their tests mostly wait on sleeps,
+# mounts and sockets). Output is prefixed with [NAME].
+declare -A pids started
+background() {  # background NAME NICE COMMAND...
+  local name=$1 level=$2; shift 2
+  started[$name]=$SECONDS
+  ( renice -n "$level" -p "$BASHPID" >/dev/null; "$@" ) > >(sed -u "s/^/[$name] /") 2>&1 &
+  pids[$name]=$!
+}
+finish() {  # finish NAME...: wait for each; the names that failed go to $failed
+  local name rc
+  for name in "$@"; do
+    rc=0; wait "${pids[$name]}" || rc=$?
+    echo "==== $name: exit $rc, finished $((SECONDS - started[$name]))s after its start ($(date +%T))"
+    [ "$rc" = 0 ] || failed+=("$name")
+  done
+}
+failed=()
+# A failing host step ends the run: nothing started here may outlive it (a guest would
+# run on for an hour). Every process below a job that is still running gets SIGTERM.
+kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
+stop_jobs() { local pid; for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && kill_tree "$pid"; done; true; }
+trap stop_jobs EXIT
+
+# The image's root filesystem (apt in a bookworm chroot: network and disk, little CPU).
+# tests/cluster finds it in the cache.
+step "background: the image's runtime stage in a bookworm chroot (nice 10)"
 echo "image build with docker/BuildKit: NOT RUN (no container engine or image registry)"
-image_log=$(mktemp)
-LOCALVOL_IMAGE_EXPORT=$(tests/image/runtime-stage.sh --export-path) \
-  nice -n 10 tests/image/runtime-stage.sh >"$image_log" 2>&1 &
-image_pid=$!
+image_stage() {  # quiet unless it fails: apt's output is long
+  local log rc=0
+  log=$(mktemp)
+  LOCALVOL_IMAGE_EXPORT=$(tests/image/runtime-stage.sh --export-path) \
+    tests/image/runtime-stage.sh >"$log" 2>&1 || rc=$?
+  if [ "$rc" = 0 ]; then tail -n 3 "$log"; else cat "$log"; fi
+  rm -f "$log"
+  return "$rc"
+}
+background image 10 image_stage
+
+# The fuzzer's instrumented build is its own target directory and needs nothing else.
+fuzz_build() {
+  command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+  fuzz/run.sh --build-only
+}
+step "background: the fuzz targets' instrumented build (nice 10)"
+background fuzz-build 10 fuzz_build
+
+step "lints"
+cargo clippy --locked --all-targets -- -D warnings
+
+step "build the tests"
+cargo test --locked --no-run
+
+# The VM suite: LVM (thick, thin) and PMEM (direct, lvm) backends, csi-sanity on them, the
+# random SIGKILL crash test (tests/crash_vm.rs prints its seed), ReclaimSpace on lvm-thin,
+# and the VM harness's own smoke test. Its test binaries were just built.
+step "background: the VM suite (tests/vm/suite.sh, two guests, nice 10)"
+background vm 10 tests/vm/suite.sh
 
 step "unit, privileged, crash, load, fault and hostile-input tests (host)"
 # tests/crash.rs prints its seed first: LOCALVOL_CRASH_SEED=<hex> reproduces a failure.
@@ -64,15 +118,12 @@ else
   echo "deploy server-side dry run: NOT RUN (no KUBECONFIG)"
 fi
 
-step "image: waiting for the runtime stage"
-if ! wait "$image_pid"; then cat "$image_log"; echo "tests/all.sh: the image's runtime stage failed" >&2; exit 1; fi
-tail -n 3 "$image_log"
+step "waiting for the image's runtime stage"
+finish image
+[ ${#failed[@]} = 0 ] || { echo "tests/all.sh: the image's runtime stage failed" >&2; exit 1; }
 
-# The cluster suite mostly waits (kubelet, the API server); the VM guests and the fuzzer
-# are CPU-bound. Run side by side, the guests and the fuzzer take the cores the cluster
-# leaves idle, at a lower priority so that the cluster's timing-bound steps come first.
-# The fuzzer shares the guests' priority: its instrumented build has a long serial tail
-# (one rustc for the crate), which at nice 19 ran only after the guests, cores idle.
+# The cluster suite mostly waits (kubelet, the API server) but has timing-bound steps:
+# it runs at the normal priority, the guests and the fuzzer below it.
 cluster_suite() {
   if [ ! -x ../shared/kube-kit/install.sh ]; then
     echo "cluster suite: NOT RUN: provide the kube-kit (kubelet, control plane, sidecars) at $(cd .. && pwd)/shared/kube-kit"
@@ -84,30 +135,14 @@ cluster_suite() {
   echo "cluster suite: $((SECONDS - start))s (budget 720s)"
   [ $((SECONDS - start)) -le 720 ] || { echo "tests/all.sh: the cluster suite took over 12 minutes" >&2; return 1; }
 }
-fuzz_suite() {
-  command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
-  fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
-}
-step "in parallel: cluster (tests/cluster/run.sh), VM (tests/vm/suite.sh, nice 10), fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target)"
-# The VM suite: LVM (thick, thin) and PMEM (direct, lvm) backends, csi-sanity on them, the
-# random SIGKILL crash test (tests/crash_vm.rs prints its seed), ReclaimSpace on lvm-thin,
-# and the VM harness's own smoke test.
-declare -A pids started
-background() {  # background NAME NICE COMMAND...: output prefixed with [NAME]
-  local name=$1 level=$2; shift 2
-  started[$name]=$SECONDS
-  ( renice -n "$level" -p "$BASHPID" >/dev/null; "$@" ) > >(sed -u "s/^/[$name] /") 2>&1 &
-  pids[$name]=$!
-}
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
 background cluster 0 cluster_suite
-background vm 10 tests/vm/suite.sh
-background fuzz 10 fuzz_suite
-failed=()
-for name in cluster vm fuzz; do
-  rc=0; wait "${pids[$name]}" || rc=$?
-  echo "==== $name: exit $rc, finished $((SECONDS - started[$name]))s after its start ($(date +%T))"
-  [ "$rc" = 0 ] || failed+=("$name")
-done
+finish fuzz-build
+if [ ${#failed[@]} = 0 ]; then
+  background fuzz 10 fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
+  finish fuzz
+fi
+finish cluster vm
 [ ${#failed[@]} = 0 ] || { echo "tests/all.sh: failed: ${failed[*]}" >&2; exit 1; }
 
 echo
