@@ -9,7 +9,7 @@ use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
 use crate::k8s::OwnerError;
 use crate::locks::LockError;
-use crate::model::{IdError, ValidationError, full_message};
+use crate::model::{IdError, Terminal, ValidationError, full_message};
 use crate::mount::MountError;
 use crate::reclaim::ReclaimError;
 use crate::volume::VolumeError;
@@ -80,6 +80,18 @@ impl Error {
     }
 }
 
+impl Terminal for Error {
+    fn is_terminal(&self) -> bool {
+        match self {
+            Error::Validation(e) => e.is_terminal(),
+            Error::Busy(e) => e.is_terminal(),
+            Error::Volume(e) => e.is_terminal(),
+            Error::Owner(e) => e.is_terminal(),
+            Error::Reclaim(e) => e.is_terminal(),
+        }
+    }
+}
+
 fn validation_code(e: &ValidationError) -> Code {
     match e {
         ValidationError::Missing { .. } | ValidationError::Invalid { .. } => Code::InvalidArgument,
@@ -128,7 +140,7 @@ fn owner_code(e: &OwnerError) -> Code {
         }
         // kubelet retries; the check may pass once the API answers or the cache syncs.
         OwnerError::NotSynced | OwnerError::Timeout { .. } => Code::Unavailable,
-        OwnerError::Api { source, .. } if crate::k8s::is_transient(source) => Code::Unavailable,
+        OwnerError::Api { source, .. } if !crate::k8s::api_is_terminal(source) => Code::Unavailable,
         OwnerError::Api { .. } => Code::Internal,
     }
 }

@@ -76,6 +76,18 @@ pub enum FsError {
     UnsupportedGrow { fs_type: String },
 }
 
+impl FsError {
+    /// Whether the same request again cannot succeed (see [`crate::model::Terminal`]).
+    pub fn is_terminal(&self) -> bool {
+        match self {
+            FsError::UnsupportedGrow { .. } => true,
+            FsError::Probe { source, .. } | FsError::Format { source, .. } | FsError::Grow { source, .. } => {
+                source.is_terminal()
+            }
+        }
+    }
+}
+
 /// Parses `blkid -p -o export` output (KEY=value lines).
 pub fn parse_blkid_export(output: &str) -> Signature {
     let value = |key: &str| {

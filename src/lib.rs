@@ -7,8 +7,8 @@
 //! 1. `cli`: the command line (parser, subcommands, flags into a `Config`)
 //! 2. `app`, `telemetry`: wiring the daemon together
 //! 3. `csi`, `registration`: the gRPC edges (CSI, csi-addons, kubelet registration)
-//! 4. `resize`: node expansion and its reports (still classifies through `error`)
-//! 5. `error`: module errors into gRPC statuses, in one exhaustive match
+//! 4. `error`: module errors into gRPC statuses, in one exhaustive match
+//! 5. `resize`: node expansion and its reports
 //! 6. `reclaim`, `k8s`: beside the request chain (schedules, owners)
 //! 7. `stats`: periodic refresh of the volume and capacity gauges
 //! 8. `metrics`: the registry and its HTTP endpoint

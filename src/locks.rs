@@ -5,12 +5,21 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use crate::model::Token;
+use crate::model::{Terminal, Token};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LockError {
     #[error("volume {volume} is busy with another operation ({operation} waits for it); retry later")]
     Busy { volume: String, operation: &'static str },
+}
+
+impl Terminal for LockError {
+    /// The other operation ends, and the volume with it.
+    fn is_terminal(&self) -> bool {
+        match self {
+            LockError::Busy { .. } => false,
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]

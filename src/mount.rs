@@ -20,6 +20,16 @@ pub enum MountError {
     Syscall(#[from] SyscallError),
 }
 
+impl MountError {
+    /// Whether the same request again cannot succeed (see [`crate::model::Terminal`]).
+    pub fn is_terminal(&self) -> bool {
+        match self {
+            MountError::InvalidOption { .. } | MountError::Parse { .. } => true,
+            MountError::Syscall(s) => s.is_terminal(),
+        }
+    }
+}
+
 /// One line of /proc/self/mountinfo.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {

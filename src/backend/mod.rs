@@ -10,6 +10,7 @@ pub mod loopdev;
 pub mod lvm;
 mod open;
 pub mod pmem;
+mod terminal;
 
 use std::path::PathBuf;
 

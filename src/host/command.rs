@@ -125,7 +125,57 @@ impl CommandError {
     pub fn is_timeout(&self) -> bool {
         matches!(self, CommandError::TimedOut { .. })
     }
+
+    /// Whether running the same command again cannot succeed until someone changes
+    /// something (see [`crate::model::Terminal`]). A failure nobody has recognised is
+    /// transient.
+    pub fn is_terminal(&self) -> bool {
+        match self {
+            CommandError::TimedOut { .. } => false,
+            // The tool is missing from the image or not executable: no retry brings it.
+            CommandError::Spawn { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+            ),
+            CommandError::Failed { stderr, stdout, .. } => {
+                let text = format!("{stderr}\n{stdout}").to_ascii_lowercase();
+                // Busy and lock messages win: "cannot lock" after "no space" on a full VG
+                // is still worth one more try once the lock is free.
+                !TRANSIENT_STDERR.iter().any(|p| text.contains(p))
+                    && TERMINAL_STDERR.iter().any(|p| text.contains(p))
+            }
+        }
+    }
 }
+
+/// stderr of LVM, ndctl, losetup, resize2fs and xfs_growfs (run with LC_ALL=C) that
+/// means the request cannot be met as it is.
+const TERMINAL_STDERR: &[&str] = &[
+    // lvextend/lvcreate on a full VG or thin pool (tests/fixtures/lvm).
+    "insufficient free space",
+    "insufficient suitable allocatable extents",
+    // ndctl create-namespace, resize2fs and any tool writing to a full filesystem.
+    "no space left on device",
+    // ext4 online resize without CAP_SYS_RESOURCE, or on a read-only mount.
+    "permission denied",
+    "read-only file system",
+    // resize2fs on a filesystem that cannot address the new size, or told to shrink.
+    "too large to be expressed in 32 bits",
+    "on-line shrinking not supported",
+    "requested size larger than",
+    "filesystem has unsupported feature",
+    "is misaligned",
+];
+
+/// stderr that means someone else holds what the command needs, or it gave up waiting.
+const TRANSIENT_STDERR: &[&str] = &[
+    "device or resource busy",
+    "resource temporarily unavailable",
+    "lock",
+    "timed out",
+    "timeout",
+    "interrupted system call",
+];
 
 /// The seam for external programs. The real implementation runs them; tests use
 /// [`crate::host::fake::FakeCommands`], which records each call and replays a script.

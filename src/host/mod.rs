@@ -10,7 +10,9 @@ pub mod syscalls;
 use std::sync::Arc;
 
 pub use command::{CommandError, CommandOutput, CommandSpec, Commands, SystemCommands};
-pub use syscalls::{CopyMethod, FsUsage, LoopDevice, MountCall, SyscallError, Syscalls, SystemSyscalls};
+pub use syscalls::{
+    CopyMethod, FsUsage, LoopDevice, MountCall, SyscallError, Syscalls, SystemSyscalls, io_is_terminal,
+};
 
 /// The machine, as the rest of localvol sees it.
 #[derive(Clone)]

@@ -107,6 +107,33 @@ impl SyscallError {
     pub fn is_not_found(&self) -> bool {
         self.source.kind() == std::io::ErrorKind::NotFound
     }
+
+    /// Whether the same call again cannot succeed until someone changes something (see
+    /// [`crate::model::Terminal`]).
+    pub fn is_terminal(&self) -> bool {
+        io_is_terminal(&self.source)
+    }
+}
+
+/// An I/O error that repeats until someone acts: a full or read-only filesystem, a
+/// missing permission, a device that is not there or not the kind asked for. Anything
+/// else (EBUSY, EINTR, EAGAIN, an unknown errno) may pass.
+pub fn io_is_terminal(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENOSPC
+                | libc::EDQUOT
+                | libc::EFBIG
+                | libc::EROFS
+                | libc::EPERM
+                | libc::EACCES
+                | libc::ENODEV
+                | libc::ENXIO
+                | libc::ENOTTY
+                | libc::EINVAL
+        )
+    )
 }
 
 #[async_trait]

@@ -30,6 +30,7 @@ pub use owner::Refusal;
 
 use crate::config::{Config, KubeMode};
 use crate::health::Health;
+use crate::model::Terminal;
 use crate::request::{PublishRequest, StageRequest};
 
 /// How long one API read may take before the check answers UNAVAILABLE (kubelet retries).
@@ -69,13 +70,32 @@ pub enum OwnerError {
     Timeout { what: String, timeout: Duration },
 }
 
-/// Whether an API error means the server could not be reached or could not answer for
-/// now (asking again may work), as opposed to an answer that will not change (403).
-pub fn is_transient(e: &kube::Error) -> bool {
+/// Whether an API error is an answer that will not change until an administrator or
+/// the user acts (gone, forbidden by RBAC, refused by validation), as opposed to a
+/// server that could not be reached or could not answer for now, or a writer that came
+/// first (asking again may work). The one decision for every API call localvol makes.
+pub fn api_is_terminal(e: &kube::Error) -> bool {
     match e {
-        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => true,
-        _ => false,
+        kube::Error::Api(status) => match status.code {
+            // Conflict (someone wrote first), rate limits and server trouble pass.
+            409 | 429 => false,
+            code => code < 500,
+        },
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => false,
+        _ => true,
+    }
+}
+
+impl Terminal for OwnerError {
+    fn is_terminal(&self) -> bool {
+        match self {
+            // Not this pod's claim, or not knowable from the request: asking again with
+            // the same objects gives the same answer.
+            OwnerError::Refused(_) | OwnerError::NoPodInfo { .. } | OwnerError::ClaimNotFound { .. } => true,
+            // The check may pass once the API answers or the cache syncs.
+            OwnerError::NotSynced | OwnerError::Timeout { .. } => false,
+            OwnerError::Api { source, .. } => api_is_terminal(source),
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! The typed vocabulary below the gRPC edge: volume ids, device class names, access
 //! types. Values of these types are valid by construction; nothing below `request`
 //! handles raw strings from a request. Also here: the driver's name and the helper that
-//! renders an error with its causes, which every layer logs with.
+//! renders an error with its causes, which every layer logs with, and [`Terminal`], the
+//! terminal-or-transient question every module's error answers.
 
 mod capacity;
 mod claim;
+mod terminal;
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -15,6 +17,7 @@ use crate::fs::FsType;
 
 pub use capacity::{CapacityRange, DEFAULT_VOLUME_BYTES, MAX_VOLUME_BYTES, ValidationError};
 pub use claim::{ClaimRef, PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
+pub use terminal::Terminal;
 
 /// The CSI driver name: in GetPluginInfo, kubelet registration, event sources and labels.
 pub const DRIVER_NAME: &str = "localvol.csi.dev";

@@ -22,7 +22,7 @@ use std::time::Duration;
 use crate::backend::BackendError;
 use crate::host::SyscallError;
 use crate::locks::LockError;
-use crate::model::VolumeId;
+use crate::model::{Terminal, VolumeId};
 use crate::mount::MountError;
 use crate::volume::VolumeError;
 
@@ -54,6 +54,20 @@ pub enum ReclaimError {
     Mount(#[from] MountError),
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+}
+
+impl Terminal for ReclaimError {
+    fn is_terminal(&self) -> bool {
+        match self {
+            // The volume is staged again, the kernel returns, the other operation ends.
+            ReclaimError::NotStaged { .. } | ReclaimError::TimedOut { .. } => false,
+            ReclaimError::Busy(b) => b.is_terminal(),
+            ReclaimError::Volume(v) => v.is_terminal(),
+            ReclaimError::Backend(b) => b.is_terminal(),
+            ReclaimError::Mount(m) => m.is_terminal(),
+            ReclaimError::Syscall(s) => s.is_terminal(),
+        }
+    }
 }
 
 impl ReclaimError {

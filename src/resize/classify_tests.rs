@@ -1,9 +1,17 @@
+use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::*;
+use crate::backend::BackendError;
+use crate::error::Error;
+use crate::fs::FsError;
+use crate::host::{CommandError, SyscallError};
+use crate::k8s::OwnerError;
+use crate::locks::LockError;
 use crate::model::ValidationError;
 use crate::model::{ClassName, Token, VolumeId};
+use crate::volume::VolumeError;
 
 fn class() -> ClassName {
     ClassName::parse("default").unwrap()

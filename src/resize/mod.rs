@@ -25,9 +25,31 @@ use tracing::{info, warn};
 pub use report::NodeReporting;
 
 use crate::config::{FailureValue, ReportResizeStatus, ResizeArgs};
+use crate::locks::{LockError, VolumeLocks};
+use crate::model::Terminal;
+use crate::volume::{VolumeError, Volumes};
 
-use crate::locks::VolumeLocks;
-use crate::volume::Volumes;
+/// A failed step of the node resizer: a claim or volume status the API would not take,
+/// a volume busy with another call, or the expansion itself.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    #[error(transparent)]
+    Status(#[from] status::StatusError),
+    #[error(transparent)]
+    Busy(#[from] LockError),
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+}
+
+impl Terminal for ResizeError {
+    fn is_terminal(&self) -> bool {
+        match self {
+            ResizeError::Status(e) => e.is_terminal(),
+            ResizeError::Busy(e) => e.is_terminal(),
+            ResizeError::Volume(e) => e.is_terminal(),
+        }
+    }
+}
 
 /// The node-side reporter for the CSI node service, as `args` asks. `auto` reads this
 /// node's kubelet version once, at start-up, and logs which way it went.

@@ -18,10 +18,9 @@ use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
 use super::status::{self, ClaimStatus, StatusError, Transition};
 use super::{FailureValue, quantity};
-use crate::error::Error;
-use crate::model::ClaimRef;
 use crate::model::VolumeId;
 use crate::model::full_message;
+use crate::model::{ClaimRef, Terminal};
 use crate::volume::Volumes;
 
 /// Reporting as configured: off (kubelet reports, or no API), or against one server.
@@ -73,7 +72,9 @@ impl NodeReporting {
         }
     }
 
-    pub async fn finished(&self, report: Report, result: &Result<u64, Error>) {
+    /// Reports how the node expansion ended: any module's error says itself whether it
+    /// is terminal (see [`Terminal`]).
+    pub async fn finished<E: Terminal + Sync>(&self, report: Report, result: &Result<u64, E>) {
         if let NodeReporting::On(reporter) = self {
             reporter.finished(report, result).await;
         }
@@ -137,7 +138,7 @@ impl NodeReporter {
         report
     }
 
-    pub async fn finished(&self, report: Report, result: &Result<u64, Error>) {
+    pub async fn finished<E: Terminal + Sync>(&self, report: Report, result: &Result<u64, E>) {
         let Some((namespace, name)) = report.claim.clone() else {
             return;
         };

@@ -24,6 +24,8 @@ use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use super::FailureValue;
+use crate::k8s::api_is_terminal;
+use crate::model::Terminal;
 
 /// The resource whose status localvol reports.
 pub const STORAGE: &str = "storage";
@@ -298,6 +300,16 @@ pub enum StatusError {
         "PersistentVolumeClaim {claim} changed during each of {ATTEMPTS} attempts to write its resize status"
     )]
     Conflict { claim: String },
+}
+
+impl Terminal for StatusError {
+    fn is_terminal(&self) -> bool {
+        match self {
+            StatusError::Api { source, .. } => api_is_terminal(source),
+            // No answer, or someone else wrote first each time: asking again may work.
+            StatusError::Timeout { .. } | StatusError::Conflict { .. } => false,
+        }
+    }
 }
 
 /// Runs one API call under [`API_TIMEOUT`].

@@ -282,7 +282,7 @@ async fn success_reports_in_progress_then_the_new_capacity() {
     ]);
     let reporter = reporter(client, FailureValue::Auto);
     let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok(GI2)).await;
+    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
     drop(reporter);
     server.await.unwrap();
 }
@@ -454,7 +454,7 @@ async fn transient_failure_writes_no_status_then_success_does() {
     let report = reporter.started(&claim(), GI2).await;
     reporter.finished(report, &Err(busy)).await;
     let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok(GI2)).await;
+    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
     drop(reporter);
     server.await.unwrap();
 }
@@ -496,7 +496,7 @@ async fn a_claim_changed_meanwhile_is_read_again_and_patched_at_its_new_version(
     ]);
     let reporter = reporter(client, FailureValue::Auto);
     let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok(GI2)).await;
+    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
     drop(reporter);
     server.await.unwrap();
 }
@@ -546,7 +546,7 @@ async fn a_repeated_call_at_the_same_size_writes_nothing() {
     )]);
     let reporter = reporter(client, FailureValue::Auto);
     let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok(GI2)).await;
+    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
     drop(reporter);
     server.await.unwrap();
 }

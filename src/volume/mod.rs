@@ -20,10 +20,10 @@ pub use node::{VolumeCondition, VolumeStats};
 
 use crate::backend::{Backend, BackendError, Opener, VolumeRecord};
 use crate::fs::{FsError, FsType};
-use crate::host::{Host, SyscallError};
+use crate::host::{Host, SyscallError, io_is_terminal};
 use crate::locks::VolumeGuard;
-use crate::model::ValidationError;
 use crate::model::{ClassName, SnapshotId, Token, VolumeId};
+use crate::model::{Terminal, ValidationError};
 use crate::mount::MountError;
 
 /// Topology key localvol reports: volumes are reachable from one node only.
@@ -97,6 +97,38 @@ pub enum VolumeError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl Terminal for VolumeError {
+    fn is_terminal(&self) -> bool {
+        match self {
+            VolumeError::NotFound(_)
+            | VolumeError::SnapshotNotFound(_)
+            | VolumeError::UnknownClass(_)
+            | VolumeError::AlreadyExists { .. }
+            | VolumeError::PathInUse { .. }
+            | VolumeError::Symlink { .. }
+            | VolumeError::AccessMismatch { .. }
+            | VolumeError::WrongFilesystem { .. }
+            | VolumeError::Topology { .. }
+            | VolumeError::NoRoomToGrow { .. } => true,
+            VolumeError::Invalid(v) => v.is_terminal(),
+            // Mount state that changes by itself: kubelet stages the volume again,
+            // the other user goes away.
+            VolumeError::NotStaged { .. }
+            | VolumeError::NotAtPath { .. }
+            | VolumeError::Occupied { .. }
+            | VolumeError::SingleWriter { .. }
+            | VolumeError::StillPublished { .. } => false,
+            // The storage may still appear (a disk attached late, a VG activated later).
+            VolumeError::StorageMissing { .. } => false,
+            VolumeError::Backend(b) => b.is_terminal(),
+            VolumeError::Mount(m) => m.is_terminal(),
+            VolumeError::Fs(f) => f.is_terminal(),
+            VolumeError::Syscall(s) => s.is_terminal(),
+            VolumeError::Io { source, .. } => io_is_terminal(source),
+        }
+    }
 }
 
 fn io_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> VolumeError {

@@ -37,14 +37,13 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tracing::{debug, info};
 
-use super::FailureValue;
 use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
 use super::quantity;
 use super::status::{
     self, ATTEMPTS, ClaimStatus, FIELD_MANAGER, FailureNames, StatusError, Transition, call,
 };
-use crate::error::Error;
+use super::{FailureValue, ResizeError};
 use crate::k8s::claim_label::{self, ClaimLabels};
 use crate::locks::VolumeLocks;
 use crate::model::CapacityRange;
@@ -52,7 +51,7 @@ use crate::model::DRIVER_NAME;
 use crate::model::VolumeId;
 use crate::model::full_message;
 use crate::request::ControllerExpandRequest;
-use crate::volume::Volumes;
+use crate::volume::{VolumeError, Volumes};
 
 mod run;
 
@@ -73,25 +72,6 @@ pub const LABEL_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A claim by namespace and name.
 pub type Key = (String, String);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ResizerError {
-    #[error(transparent)]
-    Api(#[from] StatusError),
-    #[error(transparent)]
-    Operation(#[from] Error),
-}
-
-impl ResizerError {
-    pub fn failure(&self) -> Failure {
-        match self {
-            ResizerError::Api(StatusError::Api { source, .. }) => classify(Cause::Api(source)),
-            ResizerError::Api(StatusError::Timeout { .. }) => classify(Cause::ApiTimeout),
-            ResizerError::Api(StatusError::Conflict { .. }) => Failure::Transient,
-            ResizerError::Operation(e) => classify(Cause::Operation(e)),
-        }
-    }
-}
 
 /// What became of one look at a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +172,7 @@ impl NodeResizer {
     }
 
     /// Re-reads this node's volumes (their recorded claims).
-    async fn refresh_local(&self) -> Result<(), Error> {
+    async fn refresh_local(&self) -> Result<(), VolumeError> {
         let records = self.volumes.list().await?;
         let by_claim = records
             .into_iter()
@@ -221,7 +201,7 @@ impl NodeResizer {
 
     /// This node's volume for the claim, re-reading the volume list on a miss (at most
     /// every [`LOCAL_REFRESH`]).
-    async fn local_volume(&self, key: &Key) -> Result<Option<LocalVolume>, Error> {
+    async fn local_volume(&self, key: &Key) -> Result<Option<LocalVolume>, VolumeError> {
         match self.cached(key) {
             (Some(found), _) => Ok(Some(found)),
             (None, false) => Ok(None),
@@ -233,14 +213,14 @@ impl NodeResizer {
     }
 
     /// Every claim this node has a volume for.
-    async fn local_keys(&self) -> Result<Vec<Key>, Error> {
+    async fn local_keys(&self) -> Result<Vec<Key>, VolumeError> {
         self.refresh_local().await?;
         let local = self.local.lock().unwrap_or_else(|p| p.into_inner());
         Ok(local.by_claim.keys().cloned().collect())
     }
 
     /// Labels the claims of this node's volumes that are not labelled yet.
-    pub(super) async fn label_local(&self) -> Result<(), Error> {
+    pub(super) async fn label_local(&self) -> Result<(), VolumeError> {
         let keys = self.local_keys().await?;
         self.labels.ensure(keys).await;
         Ok(())
@@ -252,7 +232,7 @@ impl NodeResizer {
     }
 
     /// Looks at one claim and does the next steps of its expansion.
-    pub async fn reconcile(&self, key: &Key) -> Result<Outcome, ResizerError> {
+    pub async fn reconcile(&self, key: &Key) -> Result<Outcome, ResizeError> {
         let (namespace, name) = key;
         let Some(local) = self.local_volume(key).await? else {
             return Ok(Outcome::Done);
@@ -340,7 +320,7 @@ impl NodeResizer {
         local: &LocalVolume,
         want: u64,
         pv: PersistentVolume,
-    ) -> Result<Outcome, ResizerError> {
+    ) -> Result<Outcome, ResizeError> {
         let target = requested(&pvc)
             .cloned()
             .expect("wants_attention checked the request");
@@ -367,7 +347,7 @@ impl NodeResizer {
             let guard = self
                 .locks
                 .try_lock(&local.id.token, "NodeResizer")
-                .map_err(Error::from);
+                .map_err(ResizeError::from);
             match guard {
                 Ok(guard) => {
                     let req = ControllerExpandRequest {
@@ -378,7 +358,7 @@ impl NodeResizer {
                         },
                         capability: None,
                     };
-                    self.volumes.expand(&guard, &req).await.map_err(Error::from)
+                    self.volumes.expand(&guard, &req).await.map_err(ResizeError::from)
                 }
                 Err(busy) => Err(busy),
             }

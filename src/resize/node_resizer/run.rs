@@ -12,7 +12,7 @@ use tokio_stream::StreamExt;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::{Key, LABEL_INTERVAL, NodeResizer, Outcome, RESYNC, RETRY, SLOW_RETRY, key_of, wants_attention};
-use crate::resize::classify::Failure;
+use crate::resize::classify::{Cause, Failure, classify};
 
 /// Runs the resizer until `shutdown` resolves: a watch of claims and a periodic look at
 /// this node's claims feed one queue, worked one claim at a time.
@@ -95,7 +95,7 @@ pub async fn run(
                         Ok(Outcome::Done) => None,
                         Ok(Outcome::RetryAfter(after)) => Some(after),
                         Err(e) => {
-                            let after = match e.failure() {
+                            let after = match classify(Cause::Operation(&e)) {
                                 Failure::Transient => RETRY,
                                 Failure::Terminal => SLOW_RETRY,
                             };
