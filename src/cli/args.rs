@@ -382,5 +382,9 @@ mod tests {
         assert!(parse_quantity("1Qi").is_err());
         assert!(parse_quantity("Gi").is_err());
         assert!(parse_quantity("99999999999Pi").is_err());
+        assert_eq!(parse_quantity("1.5Gi"), Ok(3 << 29));
+        // Kubernetes has no `K`; the flag says so instead of guessing.
+        let refused = parse_quantity("512K").unwrap_err();
+        assert!(refused.contains("write `k` (1000) or `Ki` (1024)"), "{refused}");
     }
 }

@@ -40,28 +40,11 @@ pub enum LogFormat {
     Json,
 }
 
-/// Parses `1073741824`, `1Gi`, `512Mi`, `10G` (Kubernetes quantity suffixes).
+/// Parses a size written as a Kubernetes quantity (`1073741824`, `1Gi`, `1.5G`, `2e9`),
+/// as [`crate::model::quantity`] reads them. `K` is refused with a note to write `k`
+/// or `Ki`: Kubernetes has no `K`.
 pub fn parse_quantity(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, suffix) = s.split_at(split);
-    let value: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size"))?;
-    let multiplier: u64 = match suffix {
-        "" => 1,
-        "k" | "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        other => return Err(format!("unknown size suffix {other:?} in {s:?}")),
-    };
-    value
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("{s:?} is too large"))
+    crate::model::quantity::parse_bytes(s).map_err(|e| e.to_string())
 }
 
 /// Parses `30s`, `5m`, `1h` or plain seconds; at least one second.

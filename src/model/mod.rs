@@ -6,6 +6,7 @@
 
 mod capacity;
 mod claim;
+pub mod quantity;
 mod terminal;
 
 use std::error::Error as StdError;
