@@ -5,6 +5,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
 
+/// The patch planned for `transition` with the names of Kubernetes 1.31 and later.
+fn planned(pvc: &PersistentVolumeClaim, transition: &Transition) -> Option<Value> {
+    plan(pvc, transition, FailureNames::Infeasible, &now())
+}
+
 fn now() -> Time {
     Time("2025-01-02T03:04:05Z".parse().unwrap())
 }
@@ -50,12 +55,7 @@ fn claim(
 fn node_in_progress_then_finished() {
     let pvc = claim(None, "1Gi", vec![condition("Bound-ish", None)]);
     assert_eq!(
-        plan(
-            &pvc,
-            &Transition::NodeInProgress,
-            FailureNames::Infeasible,
-            &now()
-        ),
+        planned(&pvc, &Transition::NodeInProgress),
         Some(json!({
             "metadata": {"resourceVersion": "41"},
             "status": {"allocatedResourceStatuses": {"storage": "NodeResizeInProgress"}}
@@ -70,13 +70,11 @@ fn node_in_progress_then_finished() {
         ],
     );
     assert_eq!(
-        plan(
+        planned(
             &pvc,
             &Transition::Finished {
                 capacity: Quantity("2Gi".into())
-            },
-            FailureNames::Infeasible,
-            &now()
+            }
         ),
         Some(json!({
             "metadata": {"resourceVersion": "41"},
@@ -92,20 +90,12 @@ fn node_in_progress_then_finished() {
 #[test]
 fn a_claim_that_already_shows_the_step_gets_no_patch() {
     let pvc = claim(Some(NODE_RESIZE_IN_PROGRESS), "1Gi", vec![]);
-    assert_eq!(
-        plan(
-            &pvc,
-            &Transition::NodeInProgress,
-            FailureNames::Infeasible,
-            &now()
-        ),
-        None
-    );
+    assert_eq!(planned(&pvc, &Transition::NodeInProgress), None);
     let pvc = claim(None, "2Gi", vec![condition("Other", None)]);
     let done = Transition::Finished {
         capacity: Quantity("2Gi".into()),
     };
-    assert_eq!(plan(&pvc, &done, FailureNames::Infeasible, &now()), None);
+    assert_eq!(planned(&pvc, &done), None);
     let failed = Transition::NodeFailed {
         message: "full".into(),
     };
@@ -114,7 +104,7 @@ fn a_claim_that_already_shows_the_step_gets_no_patch() {
         "1Gi",
         vec![condition(NODE_RESIZE_ERROR, Some("full"))],
     );
-    assert_eq!(plan(&pvc, &failed, FailureNames::Infeasible, &now()), None);
+    assert_eq!(planned(&pvc, &failed), None);
 }
 
 #[test]
@@ -150,7 +140,7 @@ fn failures_use_the_names_the_server_knows() {
         vec![condition(NODE_RESIZE_ERROR, Some("old"))],
     );
     assert_eq!(
-        plan(&pvc, &failed, FailureNames::Infeasible, &now()).unwrap()["status"]["conditions"][0]["lastTransitionTime"],
+        planned(&pvc, &failed).unwrap()["status"]["conditions"][0]["lastTransitionTime"],
         "2024-12-31T00:00:00Z"
     );
 }
@@ -159,13 +149,11 @@ fn failures_use_the_names_the_server_knows() {
 fn controller_steps() {
     let pvc = claim(None, "1Gi", vec![condition(NODE_RESIZE_ERROR, Some("old"))]);
     assert_eq!(
-        plan(
+        planned(
             &pvc,
             &Transition::ControllerInProgress {
                 target: Quantity("2Gi".into())
-            },
-            FailureNames::Infeasible,
-            &now()
+            }
         ),
         Some(json!({
             "metadata": {"resourceVersion": "41"},
@@ -185,7 +173,7 @@ fn controller_steps() {
         vec![condition(RESIZING, None)],
     );
     assert_eq!(
-        plan(&pvc, &Transition::NodePending, FailureNames::Infeasible, &now()),
+        planned(&pvc, &Transition::NodePending),
         Some(json!({
             "metadata": {"resourceVersion": "41"},
             "status": {

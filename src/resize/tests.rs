@@ -20,11 +20,12 @@ use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandError, FsUsage, Host};
 use crate::locks::{LockError, VolumeLocks};
 use crate::model::{AccessMode, AccessType, Capability, ClassName, Token, VolumeId};
-use crate::model::{CapacityRange, ClaimRef};
+use crate::model::{CapacityRange, ClaimRef, Terminal};
 use crate::request::CreateRequest;
 use crate::volume::{VolumeError, Volumes};
 
 mod node_resizer;
+mod reporting;
 
 const NS: &str = "apps";
 const PVC: &str = "data";
@@ -153,6 +154,26 @@ fn pvc(rv: &str, request: &str, capacity: &str, value: Option<&str>, conditions:
     })
 }
 
+/// The read of the claim, at `rv`, with no conditions.
+fn get_claim(rv: &str, request: &str, capacity: &str, value: Option<&str>) -> Step {
+    step(
+        Method::GET,
+        PVC_PATH,
+        200,
+        pvc(rv, request, capacity, value, json!([])),
+    )
+}
+
+/// A write of the claim's status, answered with the claim at `rv`, with no conditions.
+fn patch_claim(rv: &str, request: &str, capacity: &str, value: Option<&str>) -> Step {
+    step(
+        Method::PATCH,
+        STATUS_PATH,
+        200,
+        pvc(rv, request, capacity, value, json!([])),
+    )
+}
+
 fn conflict() -> Value {
     json!({
         "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
@@ -237,6 +258,21 @@ fn no_space() -> Error {
     .into()
 }
 
+/// One node expansion to `required` bytes reported from its start to `result`; then
+/// the server's script is checked.
+async fn report_one<E: Terminal + Sync>(
+    (client, server): (Client, JoinHandle<()>),
+    failure: FailureValue,
+    required: u64,
+    result: Result<u64, E>,
+) {
+    let reporter = reporter(client, failure);
+    let report = reporter.started(&claim(), required).await;
+    reporter.finished(report, &result).await;
+    drop(reporter);
+    server.await.unwrap();
+}
+
 fn in_progress_patch(rv: &str) -> Value {
     json!({
         "metadata": {"resourceVersion": rv},
@@ -245,320 +281,3 @@ fn in_progress_patch(rv: &str) -> Value {
 }
 
 const GI2: u64 = 2 << 30;
-
-#[tokio::test]
-async fn success_reports_in_progress_then_the_new_capacity() {
-    let fs_pending = json!([{"type": "FileSystemResizePending", "status": "True"}]);
-    let (client, server) = serve(vec![
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("41", "2Gi", "1Gi", Some("NodeResizePending"), fs_pending.clone()),
-        ),
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc("42", "2Gi", "1Gi", Some("NodeResizeInProgress"), fs_pending),
-        )
-        .body(in_progress_patch("41")),
-        event("Normal", "NodeExpansionStarted"),
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc("43", "2Gi", "2Gi", None, json!([])),
-        )
-        .body(json!({
-            "metadata": {"resourceVersion": "42"},
-            "status": {
-                "allocatedResourceStatuses": {"storage": null},
-                "capacity": {"storage": "2Gi"},
-                "conditions": [{"$patch": "delete", "type": "FileSystemResizePending"}],
-            },
-        })),
-        event("Normal", "NodeExpansionSucceeded"),
-    ]);
-    let reporter = reporter(client, FailureValue::Auto);
-    let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
-    drop(reporter);
-    server.await.unwrap();
-}
-
-#[tokio::test]
-async fn terminal_failure_sets_the_failure_value_and_condition() {
-    for (minor, value) in [
-        ("30", "NodeResizeFailed"),
-        ("31", "NodeResizeInfeasible"),
-        ("32", "NodeResizeInfeasible"),
-    ] {
-        let (client, server) = serve(vec![
-            step(
-                Method::GET,
-                PVC_PATH,
-                200,
-                pvc("41", "4Gi", "1Gi", Some("NodeResizePending"), json!([])),
-            ),
-            step(
-                Method::PATCH,
-                STATUS_PATH,
-                200,
-                pvc("42", "4Gi", "1Gi", Some("NodeResizeInProgress"), json!([])),
-            )
-            .body(in_progress_patch("41")),
-            event("Normal", "NodeExpansionStarted"),
-            version(minor),
-            step(
-                Method::PATCH,
-                STATUS_PATH,
-                200,
-                pvc("43", "4Gi", "1Gi", Some(value), json!([])),
-            )
-            .check(move |body| {
-                let mut body = body.clone();
-                normalise_times(&mut body);
-                let message = body["status"]["conditions"][0]["message"]
-                    .as_str()
-                    .unwrap()
-                    .to_string();
-                assert!(
-                    message.contains("has 1073741824 bytes free, 4294967296 requested"),
-                    "{message}"
-                );
-                assert_eq!(
-                    body,
-                    json!({
-                        "metadata": {"resourceVersion": "42"},
-                        "status": {
-                            "allocatedResourceStatuses": {"storage": value},
-                            "conditions": [{
-                                "type": "NodeResizeError", "status": "True",
-                                "lastTransitionTime": TIME, "message": message,
-                            }],
-                        },
-                    })
-                );
-            }),
-            event("Warning", "NodeExpansionFailed"),
-        ]);
-        let reporter = reporter(client, FailureValue::Auto);
-        let report = reporter.started(&claim(), 4 << 30).await;
-        reporter.finished(report, &Err(no_space())).await;
-        drop(reporter);
-        server.await.unwrap();
-    }
-}
-
-#[tokio::test]
-async fn a_forced_failure_value_does_not_ask_the_server() {
-    for (forced, value) in [
-        (FailureValue::NodeResizeFailed, "NodeResizeFailed"),
-        (FailureValue::NodeResizeInfeasible, "NodeResizeInfeasible"),
-    ] {
-        let (client, server) = serve(vec![
-            step(
-                Method::GET,
-                PVC_PATH,
-                200,
-                pvc("41", "4Gi", "1Gi", Some("NodeResizeInProgress"), json!([])),
-            ),
-            // Already in progress: nothing to write at the start.
-            event("Normal", "NodeExpansionStarted"),
-            step(
-                Method::PATCH,
-                STATUS_PATH,
-                200,
-                pvc("42", "4Gi", "1Gi", Some(value), json!([])),
-            )
-            .check(move |body| assert_eq!(body["status"]["allocatedResourceStatuses"]["storage"], value)),
-            event("Warning", "NodeExpansionFailed"),
-        ]);
-        let reporter = reporter(client, forced);
-        let report = reporter.started(&claim(), 4 << 30).await;
-        reporter.finished(report, &Err(no_space())).await;
-        drop(reporter);
-        server.await.unwrap();
-    }
-}
-
-#[tokio::test]
-async fn transient_failure_writes_no_status_then_success_does() {
-    let busy: Error = LockError::Busy {
-        volume: "v".into(),
-        operation: "NodeExpandVolume",
-    }
-    .into();
-    let timed_out: Error = VolumeError::Backend(BackendError::Command(CommandError::TimedOut {
-        program: "lvextend",
-        args: String::new(),
-        timeout: Duration::from_secs(120),
-    }))
-    .into();
-    let (client, server) = serve(vec![
-        // First try: times out.
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("41", "2Gi", "1Gi", Some("NodeResizePending"), json!([])),
-        ),
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc("42", "2Gi", "1Gi", Some("NodeResizeInProgress"), json!([])),
-        )
-        .body(in_progress_patch("41")),
-        event("Normal", "NodeExpansionStarted"),
-        event("Warning", "NodeExpansionRetrying"),
-        // Second try: the volume is busy.
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("42", "2Gi", "1Gi", Some("NodeResizeInProgress"), json!([])),
-        ),
-        event_again("NodeExpansionStarted"),
-        event_again("NodeExpansionRetrying"),
-        // Third try: done.
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("42", "2Gi", "1Gi", Some("NodeResizeInProgress"), json!([])),
-        ),
-        Step {
-            method: Method::PATCH,
-            path: "/apis/events.k8s.io/v1/namespaces/apps/events/data.*".to_string(),
-            check: None,
-            status: 200,
-            reply: json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "data.1"}, "eventTime": "2025-01-01T00:00:00.000000Z"}),
-        },
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc("43", "2Gi", "2Gi", None, json!([])),
-        )
-        .body(json!({
-            "metadata": {"resourceVersion": "42"},
-            "status": {"allocatedResourceStatuses": {"storage": null}, "capacity": {"storage": "2Gi"}},
-        })),
-        event("Normal", "NodeExpansionSucceeded"),
-    ]);
-    let reporter = reporter(client, FailureValue::Auto);
-    let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Err(timed_out)).await;
-    let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Err(busy)).await;
-    let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
-    drop(reporter);
-    server.await.unwrap();
-}
-
-#[tokio::test]
-async fn a_claim_changed_meanwhile_is_read_again_and_patched_at_its_new_version() {
-    let (client, server) = serve(vec![
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("41", "2Gi", "1Gi", Some("NodeResizePending"), json!([])),
-        ),
-        step(Method::PATCH, STATUS_PATH, 409, conflict()).body(in_progress_patch("41")),
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("44", "2Gi", "1Gi", Some("NodeResizePending"), json!([])),
-        ),
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc("45", "2Gi", "1Gi", Some("NodeResizeInProgress"), json!([])),
-        )
-        .body(in_progress_patch("44")),
-        event("Normal", "NodeExpansionStarted"),
-        step(Method::PATCH, STATUS_PATH, 409, conflict())
-            .check(|b| assert_eq!(b["metadata"]["resourceVersion"], "45")),
-        // Someone else finished meanwhile: nothing left to write.
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("46", "2Gi", "2Gi", None, json!([])),
-        ),
-        event("Normal", "NodeExpansionSucceeded"),
-    ]);
-    let reporter = reporter(client, FailureValue::Auto);
-    let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
-    drop(reporter);
-    server.await.unwrap();
-}
-
-#[tokio::test]
-async fn conflicts_are_retried_a_bounded_number_of_times() {
-    let mut script = vec![step(
-        Method::GET,
-        PVC_PATH,
-        200,
-        pvc("41", "2Gi", "1Gi", Some("NodeResizePending"), json!([])),
-    )];
-    for rv in ["41", "50", "51"] {
-        script.push(step(Method::PATCH, STATUS_PATH, 409, conflict()).body(in_progress_patch(rv)));
-        if rv != "51" {
-            let next = if rv == "41" { "50" } else { "51" };
-            script.push(step(
-                Method::GET,
-                PVC_PATH,
-                200,
-                pvc(next, "2Gi", "1Gi", Some("NodeResizePending"), json!([])),
-            ));
-        }
-    }
-    let (client, server) = serve(script);
-    let status = super::status::ClaimStatus::new(client, FailureValue::Auto);
-    let pvc = status.get(NS, PVC).await.unwrap();
-    let err = status
-        .apply(pvc, &super::status::Transition::NodeInProgress)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, super::status::StatusError::Conflict { .. }),
-        "{err}"
-    );
-    drop(status);
-    server.await.unwrap();
-}
-
-#[tokio::test]
-async fn a_repeated_call_at_the_same_size_writes_nothing() {
-    let (client, server) = serve(vec![step(
-        Method::GET,
-        PVC_PATH,
-        200,
-        pvc("41", "2Gi", "2Gi", None, json!([])),
-    )]);
-    let reporter = reporter(client, FailureValue::Auto);
-    let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Ok::<_, Error>(GI2)).await;
-    drop(reporter);
-    server.await.unwrap();
-}
-
-#[tokio::test]
-async fn a_claim_bound_to_another_volume_is_left_alone() {
-    let mut other = pvc("41", "2Gi", "1Gi", Some("NodeResizePending"), json!([]));
-    other["spec"]["volumeName"] = json!("pvc-other");
-    let (client, server) = serve(vec![step(Method::GET, PVC_PATH, 200, other)]);
-    let reporter = reporter(client, FailureValue::Auto);
-    let report = reporter.started(&claim(), GI2).await;
-    reporter.finished(report, &Err(no_space())).await;
-    drop(reporter);
-    server.await.unwrap();
-}

@@ -89,6 +89,16 @@ fn pv_json(id: &VolumeId, rv: &str, capacity: &str) -> Value {
     })
 }
 
+/// The read of PV pvc-1 (volume `id`) at `rv`.
+fn get_pv(id: &VolumeId, rv: &str, capacity: &str) -> Step {
+    step(
+        Method::GET,
+        "/api/v1/persistentvolumes/pvc-1",
+        200,
+        pv_json(id, rv, capacity),
+    )
+}
+
 fn storage_class(allow: bool) -> Step {
     step(
         Method::GET,
@@ -121,8 +131,8 @@ async fn node_resizer_grows_the_volume_records_it_and_leaves_the_filesystem_to_k
     let node = Node::new();
     let id = node.create().await;
     let (client, server) = serve(vec![
-        step(Method::GET, PVC_PATH, 200, pvc("41", "128Mi", "64Mi", None, json!([]))),
-        step(Method::GET, "/api/v1/persistentvolumes/pvc-1", 200, pv_json(&id, "7", "64Mi")),
+        get_claim("41", "128Mi", "64Mi", None),
+        get_pv(&id, "7", "64Mi"),
         storage_class(true),
         step(Method::PATCH, STATUS_PATH, 200, pvc("42", "128Mi", "64Mi", Some("ControllerResizeInProgress"), json!([{"type": "Resizing", "status": "True"}])))
             .body(json!({
@@ -139,7 +149,7 @@ async fn node_resizer_grows_the_volume_records_it_and_leaves_the_filesystem_to_k
                 assert_eq!(pv["metadata"]["resourceVersion"], "7");
                 assert_eq!(pv["spec"]["capacity"]["storage"], "128Mi");
             }),
-        step(Method::PATCH, STATUS_PATH, 200, pvc("43", "128Mi", "64Mi", Some("NodeResizePending"), json!([])))
+        patch_claim("43", "128Mi", "64Mi", Some("NodeResizePending"))
             .body(json!({
                 "metadata": {"resourceVersion": "42"},
                 "status": {
@@ -155,8 +165,8 @@ async fn node_resizer_grows_the_volume_records_it_and_leaves_the_filesystem_to_k
             })),
         event("Normal", "FileSystemResizeRequired"),
         // Looked at again: the node's part is kubelet's.
-        step(Method::GET, PVC_PATH, 200, pvc("43", "128Mi", "64Mi", Some("NodeResizePending"), json!([]))),
-        step(Method::GET, "/api/v1/persistentvolumes/pvc-1", 200, pv_json(&id, "8", "128Mi")),
+        get_claim("43", "128Mi", "64Mi", Some("NodeResizePending")),
+        get_pv(&id, "8", "128Mi"),
     ]);
     let resizer = resizer(client, &node);
     assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
@@ -171,47 +181,14 @@ async fn node_resizer_marks_an_expansion_that_cannot_fit_as_infeasible() {
     let node = Node::new();
     let id = node.create().await;
     let (client, server) = serve(vec![
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("41", "20Gi", "64Mi", None, json!([])),
-        ),
-        step(
-            Method::GET,
-            "/api/v1/persistentvolumes/pvc-1",
-            200,
-            pv_json(&id, "7", "64Mi"),
-        ),
+        get_claim("41", "20Gi", "64Mi", None),
+        get_pv(&id, "7", "64Mi"),
         storage_class(true),
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc(
-                "42",
-                "20Gi",
-                "64Mi",
-                Some("ControllerResizeInProgress"),
-                json!([]),
-            ),
-        )
-        .check(|b| assert_eq!(b["status"]["allocatedResources"]["storage"], "20Gi")),
+        patch_claim("42", "20Gi", "64Mi", Some("ControllerResizeInProgress"))
+            .check(|b| assert_eq!(b["status"]["allocatedResources"]["storage"], "20Gi")),
         event("Normal", "Resizing"),
         version("32"),
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc(
-                "43",
-                "20Gi",
-                "64Mi",
-                Some("ControllerResizeInfeasible"),
-                json!([]),
-            ),
-        )
-        .check(|b| {
+        patch_claim("43", "20Gi", "64Mi", Some("ControllerResizeInfeasible")).check(|b| {
             assert_eq!(b["metadata"]["resourceVersion"], "42");
             assert_eq!(
                 b["status"]["allocatedResourceStatuses"]["storage"],
@@ -224,18 +201,7 @@ async fn node_resizer_marks_an_expansion_that_cannot_fit_as_infeasible() {
         }),
         event("Warning", "VolumeResizeFailed"),
         // Not retried at the same size.
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc(
-                "43",
-                "20Gi",
-                "64Mi",
-                Some("ControllerResizeInfeasible"),
-                json!([]),
-            ),
-        ),
+        get_claim("43", "20Gi", "64Mi", Some("ControllerResizeInfeasible")),
     ]);
     let resizer = resizer(client, &node);
     assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
@@ -251,26 +217,11 @@ async fn node_resizer_leaves_claims_it_may_not_or_need_not_grow() {
     let id = node.create().await;
     let (client, server) = serve(vec![
         // The class does not allow expansion.
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("41", "128Mi", "64Mi", None, json!([])),
-        ),
-        step(
-            Method::GET,
-            "/api/v1/persistentvolumes/pvc-1",
-            200,
-            pv_json(&id, "7", "64Mi"),
-        ),
+        get_claim("41", "128Mi", "64Mi", None),
+        get_pv(&id, "7", "64Mi"),
         storage_class(false),
         // Nothing asked beyond the capacity.
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("41", "64Mi", "64Mi", None, json!([])),
-        ),
+        get_claim("41", "64Mi", "64Mi", None),
     ]);
     let resizer = resizer(client, &node);
     assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
@@ -289,31 +240,10 @@ async fn node_resizer_retries_a_busy_volume_without_touching_the_status_more() {
     let id = node.create().await;
     let _held = node.locks.try_lock(&id.token, "NodeExpandVolume").unwrap();
     let (client, server) = serve(vec![
-        step(
-            Method::GET,
-            PVC_PATH,
-            200,
-            pvc("41", "128Mi", "64Mi", None, json!([])),
-        ),
-        step(
-            Method::GET,
-            "/api/v1/persistentvolumes/pvc-1",
-            200,
-            pv_json(&id, "7", "64Mi"),
-        ),
+        get_claim("41", "128Mi", "64Mi", None),
+        get_pv(&id, "7", "64Mi"),
         storage_class(true),
-        step(
-            Method::PATCH,
-            STATUS_PATH,
-            200,
-            pvc(
-                "42",
-                "128Mi",
-                "64Mi",
-                Some("ControllerResizeInProgress"),
-                json!([]),
-            ),
-        ),
+        patch_claim("42", "128Mi", "64Mi", Some("ControllerResizeInProgress")),
         event("Normal", "Resizing"),
         event("Warning", "VolumeResizeRetrying"),
     ]);
