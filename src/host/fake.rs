@@ -14,6 +14,90 @@ use super::{
 
 type Handler = Box<dyn Fn(&CommandSpec) -> Result<CommandOutput, CommandError> + Send + Sync>;
 
+/// Host seams that behave like a machine with loop devices: a host filesystem of
+/// 100 GiB with 50 GiB free (`used_bytes` used), losetup attaching files to `device`
+/// (a 64 MiB block device 7:7) and detaching them, blkid reporting what mkfs.ext4 or
+/// mkfs.xfs last wrote (nothing at first).
+pub fn loop_machine(device: &Path, used_bytes: u64) -> (Arc<FakeCommands>, FakeSyscalls) {
+    let commands = Arc::new(FakeCommands::default());
+    let syscalls = FakeSyscalls::default();
+    syscalls.add_device(device, 7, 7, 64 << 20);
+    syscalls.set_usage(FsUsage {
+        total_bytes: 100 << 30,
+        available_bytes: 50 << 30,
+        used_bytes,
+        ..FsUsage::default()
+    });
+    {
+        let syscalls = syscalls.clone();
+        let device = device.to_path_buf();
+        commands.on("losetup", move |cmd| {
+            let args: Vec<_> = cmd
+                .args
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            match args[0].as_str() {
+                "--find" => {
+                    syscalls.attach_loop(&device, &args[2]);
+                    succeeded(format!("{}\n", device.display()))
+                }
+                "--detach" => {
+                    syscalls.detach_loop(Path::new(&args[1]));
+                    Ok(CommandOutput::default())
+                }
+                _ => Ok(CommandOutput::default()),
+            }
+        });
+    }
+    let formatted: Arc<Mutex<Option<String>>> = Arc::default();
+    {
+        let formatted = Arc::clone(&formatted);
+        commands.on("blkid", move |cmd| match formatted.lock().unwrap().clone() {
+            Some(fs) => succeeded(format!("TYPE={fs}\nUSAGE=filesystem\n")),
+            None => failed(cmd, 2, ""),
+        });
+    }
+    for (program, fs) in [("mkfs.ext4", "ext4"), ("mkfs.xfs", "xfs")] {
+        let formatted = Arc::clone(&formatted);
+        commands.on(program, move |_| {
+            *formatted.lock().unwrap() = Some(fs.to_string());
+            Ok(CommandOutput::default())
+        });
+    }
+    (commands, syscalls)
+}
+
+/// Takes the first failure scripted for `program` from `script`, if any: simulated
+/// tools (lvm, ndctl) fail once per scripted entry, in order.
+pub fn take_scripted<T>(script: &mut Vec<(&'static str, T)>, program: &str) -> Option<T> {
+    let at = script.iter().position(|(p, _)| *p == program)?;
+    Some(script.remove(at).1)
+}
+
+/// What a handler answers for a command that succeeds and prints `stdout`.
+pub fn succeeded(stdout: impl Into<String>) -> Result<CommandOutput, CommandError> {
+    Ok(CommandOutput {
+        stdout: stdout.into().into_bytes(),
+        stderr: String::new(),
+    })
+}
+
+/// What a handler answers for `cmd` failing with `code` and `stderr`.
+pub fn failed(
+    cmd: &CommandSpec,
+    code: i32,
+    stderr: impl Into<String>,
+) -> Result<CommandOutput, CommandError> {
+    Err(CommandError::Failed {
+        program: cmd.program,
+        args: cmd.args_display(),
+        exit_code: Some(code),
+        stdout: String::new(),
+        stderr: stderr.into(),
+    })
+}
+
 /// Runs nothing: each command is answered by the first rule whose program matches.
 /// An unscripted command fails, so a test states every command it expects.
 #[derive(Default)]
@@ -33,27 +117,14 @@ impl FakeCommands {
 
     /// `program` succeeds and prints `stdout`.
     pub fn ok(&self, program: &'static str, stdout: &str) {
-        let stdout = stdout.as_bytes().to_vec();
-        self.on(program, move |_| {
-            Ok(CommandOutput {
-                stdout: stdout.clone(),
-                stderr: String::new(),
-            })
-        });
+        let stdout = stdout.to_string();
+        self.on(program, move |_| succeeded(stdout.clone()));
     }
 
     /// `program` fails with `code` and `stderr`.
     pub fn fail(&self, program: &'static str, code: i32, stderr: &str) {
         let stderr = stderr.to_string();
-        self.on(program, move |cmd| {
-            Err(CommandError::Failed {
-                program: cmd.program,
-                args: cmd.args_display(),
-                exit_code: Some(code),
-                stdout: String::new(),
-                stderr: stderr.clone(),
-            })
-        });
+        self.on(program, move |cmd| failed(cmd, code, stderr.clone()));
     }
 
     /// Every call so far, as `program arg arg...` lines.

@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::backend::CreateSpec;
-use crate::host::fake::{FakeCommands, FakeSyscalls};
-use crate::host::{CommandError, CommandOutput};
+use crate::host::fake::{FakeCommands, FakeSyscalls, failed, succeeded as ok, take_scripted};
 
+/// Records: unfinished creates, the format mark, older records.
+mod records;
 mod seeds;
 /// Space: refused before ndctl while the listing knows the free sizes, by ndctl's own
 /// refusal after our changes made them unknown; nothing left behind either way.
@@ -74,31 +75,9 @@ impl FakeRegion {
 
 type Shared = Arc<Mutex<FakeRegion>>;
 
-fn failed(cmd: &CommandSpec, code: i32, stderr: impl Into<String>) -> Result<CommandOutput, CommandError> {
-    Err(CommandError::Failed {
-        program: cmd.program,
-        args: cmd.args_display(),
-        exit_code: Some(code),
-        stdout: String::new(),
-        stderr: stderr.into(),
-    })
-}
-
-fn ok(stdout: String) -> Result<CommandOutput, CommandError> {
-    Ok(CommandOutput {
-        stdout: stdout.into_bytes(),
-        stderr: String::new(),
-    })
-}
-
 fn simulate(commands: &FakeCommands, region: &Shared) {
-    let failing = |region: &Shared, program: &'static str| {
-        let mut r = region.lock().unwrap();
-        r.fail
-            .iter()
-            .position(|(p, _)| *p == program)
-            .map(|i| r.fail.remove(i).1)
-    };
+    let failing =
+        |region: &Shared, program: &'static str| take_scripted(&mut region.lock().unwrap().fail, program);
     {
         let region = Arc::clone(region);
         commands.on("ndctl", move |cmd| {
@@ -174,6 +153,27 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
     }
 }
 
+/// Opens class `pmem` on `region_name` of the simulated `region`, records in a temp dir.
+async fn open(
+    region: &Shared,
+    region_name: &str,
+) -> (
+    Arc<FakeCommands>,
+    Result<PmemBackend, BackendError>,
+    tempfile::TempDir,
+) {
+    let commands = Arc::new(FakeCommands::default());
+    simulate(&commands, region);
+    let host = Host {
+        commands: commands.clone(),
+        syscalls: Arc::new(FakeSyscalls::default()),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let class = ClassName::parse("pmem").unwrap();
+    let opened = PmemBackend::open(class, region_name.into(), dir.path().join("pmem"), host).await;
+    (commands, opened, dir)
+}
+
 struct Fixture {
     region: Shared,
     commands: Arc<FakeCommands>,
@@ -187,27 +187,20 @@ impl Fixture {
             size: 1 << 30,
             ..FakeRegion::default()
         }));
-        let commands = Arc::new(FakeCommands::default());
-        simulate(&commands, &region);
-        let host = Host {
-            commands: commands.clone(),
-            syscalls: Arc::new(FakeSyscalls::default()),
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let backend = PmemBackend::open(
-            ClassName::parse("pmem").unwrap(),
-            "region0".into(),
-            dir.path().join("pmem"),
-            host,
-        )
-        .await
-        .unwrap();
+        let (commands, opened, dir) = open(&region, "region0").await;
         Self {
             region,
             commands,
-            backend,
+            backend: opened.unwrap(),
             _dir: dir,
         }
+    }
+
+    /// A fixture holding volume `pvc-1` of 62 MiB, made with `mode`.
+    async fn with_volume(mode: VolumeMode) -> (Self, Token) {
+        let f = Self::new().await;
+        f.backend.create(&spec("pvc-1", 62 * MIB, mode)).await.unwrap();
+        (f, Token::for_name("pvc-1"))
     }
 
     fn names(&self) -> Vec<String> {
@@ -345,43 +338,9 @@ async fn a_failed_clear_destroys_the_namespace_and_the_record() {
 }
 
 #[tokio::test]
-async fn an_unfinished_create_is_redone_and_never_served() {
-    let f = Fixture::new().await;
-    let b = &f.backend;
-    let token = Token::for_name("pvc-1");
-    // The daemon died after the namespace was made, before it was cleared.
-    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Block))
-        .await
-        .unwrap();
-    let mut file = b.read_record(&token).await.unwrap().unwrap();
-    file.pending = true;
-    b.write_record(&token, &file).await.unwrap();
-    assert!(b.get(&token).await.unwrap().is_none());
-    assert!(b.list().await.unwrap().is_empty());
-    let before = f.changes().len();
-    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Block))
-        .await
-        .unwrap();
-    assert_eq!(
-        f.changes()[before..],
-        [
-            "ndctl destroy-namespace -f namespace0.0",
-            "ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-1",
-            "blkdiscard -f -z /dev/pmem0.1",
-        ]
-    );
-    assert_eq!(f.names(), ["pvc-1"]);
-    assert!(b.get(&token).await.unwrap().is_some());
-}
-
-#[tokio::test]
 async fn delete_is_idempotent_and_refuses_a_busy_namespace() {
-    let f = Fixture::new().await;
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
     let b = &f.backend;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
     f.region.lock().unwrap().namespaces[0].busy = true;
     let err = b.delete(&token).await.unwrap_err();
     assert!(matches!(err, BackendError::InUse { .. }), "{err}");
@@ -437,12 +396,7 @@ async fn namespaces_that_are_not_ours_are_never_touched() {
 
 #[tokio::test]
 async fn a_namespace_cannot_grow() {
-    let f = Fixture::new().await;
-    let token = Token::for_name("pvc-1");
-    f.backend
-        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
     assert_eq!(f.backend.expand(&token, 62 * MIB).await.unwrap(), 62 * MIB);
     let err = f.backend.expand(&token, 78 * MIB).await.unwrap_err();
     assert!(
@@ -453,12 +407,7 @@ async fn a_namespace_cannot_grow() {
 
 #[tokio::test]
 async fn a_disabled_namespace_is_enabled_on_attach() {
-    let f = Fixture::new().await;
-    let token = Token::for_name("pvc-1");
-    f.backend
-        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
     f.region.lock().unwrap().namespaces[0].enabled = false;
     f.backend.cache.invalidate();
     assert_eq!(f.backend.device(&token).await.unwrap(), None);
@@ -481,94 +430,10 @@ async fn long_tokens_get_short_namespace_names() {
 
 #[tokio::test]
 async fn a_missing_region_fails_at_open() {
-    let commands = Arc::new(FakeCommands::default());
-    simulate(&commands, &Arc::new(Mutex::new(FakeRegion::default())));
-    let host = Host {
-        commands,
-        syscalls: Arc::new(FakeSyscalls::default()),
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let err = PmemBackend::open(
-        ClassName::parse("p").unwrap(),
-        "region9".into(),
-        dir.path().join("p"),
-        host,
-    )
-    .await
-    .unwrap_err();
+    let (_, opened, _dir) = open(&Arc::new(Mutex::new(FakeRegion::default())), "region9").await;
+    let err = opened.unwrap_err();
     assert!(
         matches!(err, BackendError::Pmem(PmemError::RegionNotFound { .. })),
         "{err}"
     );
-}
-
-/// The `formatted` field of the record file of `name`, as written on disk.
-fn formatted_field(f: &Fixture, name: &str) -> Option<bool> {
-    let path = f.backend.dir.join(format!("{name}.json"));
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    json.get("formatted").map(|v| v.as_bool().unwrap())
-}
-
-#[tokio::test]
-async fn the_record_marks_a_format_from_before_mkfs_until_after_it() {
-    let f = Fixture::new().await;
-    let b = &f.backend;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 30 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    // Like a loop record: unformatted from create on, so a kill anywhere before mkfs
-    // finished is seen; the first stage's begin writes nothing more.
-    assert_eq!(formatted_field(&f, "pvc-1"), Some(false));
-    assert!(b.format_unfinished(&token).await.unwrap());
-    b.begin_format(&token).await.unwrap();
-    b.mark_formatted(&token).await.unwrap();
-    assert_eq!(formatted_field(&f, "pvc-1"), Some(true));
-    assert!(!b.format_unfinished(&token).await.unwrap());
-    // A later format (the filesystem was wiped) is marked again.
-    b.begin_format(&token).await.unwrap();
-    assert_eq!(formatted_field(&f, "pvc-1"), Some(false));
-    assert!(b.format_unfinished(&token).await.unwrap());
-    assert!(
-        f.changes().iter().all(|c| !c.contains("destroy")),
-        "{:?}",
-        f.changes()
-    );
-
-    // Block volumes are never formatted: no field.
-    b.create(&spec("blk", 30 * MIB, VolumeMode::Block)).await.unwrap();
-    assert_eq!(formatted_field(&f, "blk"), None);
-    assert!(!b.format_unfinished(&Token::for_name("blk")).await.unwrap());
-}
-
-#[tokio::test]
-async fn older_records_and_pending_creates_are_handled() {
-    let f = Fixture::new().await;
-    let b = &f.backend;
-    let token = Token::for_name("old");
-    b.create(&spec("old", 30 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    // A record written before the field existed: blkid alone decides, until a format.
-    let path = b.dir.join("old.json");
-    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    json.as_object_mut().unwrap().remove("formatted");
-    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
-    assert!(!b.format_unfinished(&token).await.unwrap());
-    b.begin_format(&token).await.unwrap();
-    assert_eq!(formatted_field(&f, "old"), Some(false));
-
-    // A pending record (create killed) is no volume: not unfinished, not markable.
-    json["pending"] = serde_json::Value::Bool(true);
-    json["formatted"] = serde_json::Value::Bool(false);
-    std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
-    assert!(!b.format_unfinished(&token).await.unwrap());
-    assert!(matches!(
-        b.mark_formatted(&token).await,
-        Err(BackendError::NotFound { .. })
-    ));
-    assert!(matches!(
-        b.begin_format(&Token::for_name("none")).await,
-        Err(BackendError::NotFound { .. })
-    ));
 }

@@ -20,11 +20,7 @@ const BEGIN_AGAIN: &str = "lvchange --deltag localvol.csi.dev/format=formatted \
 #[tokio::test]
 async fn a_new_filesystem_volume_is_born_marked() {
     let f = Fixture::new(None);
-    let b = f.thick(0).await;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
+    let (b, token) = f.thick_with_volume(VolumeMode::Filesystem).await;
     assert!(b.format_unfinished(&token).await.unwrap());
     b.begin_format(&token).await.unwrap();
     assert!(mark_changes(&f).is_empty(), "already marked by lvcreate");

@@ -5,11 +5,7 @@ use super::*;
 #[tokio::test]
 async fn a_filesystem_volume_grows_with_lvextend_and_never_shrinks() {
     let f = Fixture::new(None);
-    let b = f.thick(0).await;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
+    let (b, token) = f.thick_with_volume(VolumeMode::Filesystem).await;
     f.changes();
     assert_eq!(b.expand(&token, 128 * MIB).await.unwrap(), 128 * MIB);
     assert_eq!(b.expand(&token, 32 * MIB).await.unwrap(), 128 * MIB);

@@ -5,12 +5,8 @@ use super::*;
 
 #[tokio::test]
 async fn a_destroyed_namespace_left_as_a_named_seed_is_not_a_volume() {
-    let f = Fixture::new().await;
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
     let b = &f.backend;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
     b.delete(&token).await.unwrap();
     let seeds = f.region.lock().unwrap().namespaces.clone();
     assert_eq!(
@@ -37,12 +33,7 @@ async fn a_destroyed_namespace_left_as_a_named_seed_is_not_a_volume() {
 
 #[tokio::test]
 async fn a_namespace_left_disabled_by_a_killed_create_is_destroyed_on_retry() {
-    let f = Fixture::new().await;
-    let token = Token::for_name("pvc-1");
-    f.backend
-        .create(&spec("pvc-1", 62 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
     // As if the daemon and its ndctl died inside create-namespace: a pending record and
     // a named fsdax namespace, disabled, with no size in the listing.
     let mut file = f.backend.read_record(&token).await.unwrap().unwrap();
