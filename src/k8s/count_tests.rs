@@ -13,6 +13,7 @@ use super::fixtures::{self, NODE, Uses, pod_owner, pv, pvc};
 use super::node_fixture::{Node, PodRef};
 use super::{OwnerCheck, Retry, Timings, start_checker};
 use crate::model::DRIVER_NAME;
+use crate::proto::csi::v1 as csi;
 
 const A: &str = "uid-a";
 
@@ -85,6 +86,18 @@ pub fn ephemeral_world() -> (kube::Client, FakeApi) {
 
 /// Waits until `node`'s pod reflector has synced with `api`, and checks that this took
 /// exactly one list and one watch from the listed version.
+/// web-0's generic ephemeral volume web-0-data (uid pvc-1), created and bound to PV pv-1.
+pub async fn web0_volume(node: &mut Node, api: &FakeApi) -> csi::Volume {
+    let volume = node.create("web-0-data", "pv-1").await;
+    api.put_pv(pv(
+        "pv-1",
+        DRIVER_NAME,
+        &volume.volume_id,
+        Some(("web-0-data", "pvc-1")),
+    ));
+    volume
+}
+
 pub async fn synced(node: &Node, api: &FakeApi) {
     until_ready(node, true).await.unwrap();
     api.until_watching().await;
@@ -98,13 +111,7 @@ async fn a_generic_ephemeral_volume_costs_one_read_at_stage_and_none_after() {
     let (client, api) = ephemeral_world();
     let mut node = node(client, timings(Duration::from_secs(30)));
     synced(&node, &api).await;
-    let volume = node.create("web-0-data", "pv-1").await;
-    api.put_pv(pv(
-        "pv-1",
-        DRIVER_NAME,
-        &volume.volume_id,
-        Some(("web-0-data", "pvc-1")),
-    ));
+    let volume = web0_volume(&mut node, &api).await;
     assert_eq!(api.take_requests(), NONE, "CreateVolume");
     let web0 = PodRef {
         name: "web-0",

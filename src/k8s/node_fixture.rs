@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use tonic::Status;
 use tower::util::BoxCloneService;
@@ -16,8 +16,8 @@ use super::fixtures::{NODE, NS};
 use crate::backend::{Backend, LoopBackend};
 use crate::csi::Driver;
 use crate::health::Health;
-use crate::host::fake::{FakeCommands, FakeSyscalls};
-use crate::host::{CommandError, CommandOutput, FsUsage, Host};
+use crate::host::Host;
+use crate::host::fake::{FakeSyscalls, loop_machine};
 use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
 use crate::model::ClassName;
@@ -48,7 +48,7 @@ impl Node {
         // A real file stands for the loop device: stats look at it to judge the volume.
         let device = dir.path().join("loop-fake7");
         std::fs::write(&device, b"").unwrap();
-        let (commands, syscalls) = fake_host(device);
+        let (commands, syscalls) = loop_machine(&device, 4 << 20);
         let host = Host {
             commands,
             syscalls: Arc::new(syscalls.clone()),
@@ -225,64 +225,4 @@ fn capability() -> csi::VolumeCapability {
             mode: Mode::SingleNodeWriter as i32,
         }),
     }
-}
-
-/// Host seams that behave like a machine with loop devices: losetup attaches files to
-/// `device`, blkid reports what mkfs last wrote (nothing at first).
-fn fake_host(device: PathBuf) -> (Arc<FakeCommands>, FakeSyscalls) {
-    let commands = Arc::new(FakeCommands::default());
-    let syscalls = FakeSyscalls::default();
-    syscalls.add_device(&device, 7, 7, 64 << 20);
-    syscalls.set_usage(FsUsage {
-        total_bytes: 100 << 30,
-        available_bytes: 50 << 30,
-        used_bytes: 4 << 20,
-        ..FsUsage::default()
-    });
-    {
-        let syscalls = syscalls.clone();
-        commands.on("losetup", move |cmd| {
-            let args: Vec<_> = cmd
-                .args
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect();
-            match args[0].as_str() {
-                "--find" => {
-                    syscalls.attach_loop(&device, &args[2]);
-                    Ok(CommandOutput {
-                        stdout: format!("{}\n", device.display()).into_bytes(),
-                        stderr: String::new(),
-                    })
-                }
-                "--detach" => {
-                    syscalls.detach_loop(Path::new(&args[1]));
-                    Ok(CommandOutput::default())
-                }
-                _ => Ok(CommandOutput::default()),
-            }
-        });
-    }
-    let formatted: Arc<Mutex<Option<String>>> = Arc::default();
-    {
-        let formatted = Arc::clone(&formatted);
-        commands.on("blkid", move |cmd| match formatted.lock().unwrap().clone() {
-            Some(fs) => Ok(CommandOutput {
-                stdout: format!("TYPE={fs}\nUSAGE=filesystem\n").into_bytes(),
-                stderr: String::new(),
-            }),
-            None => Err(CommandError::Failed {
-                program: cmd.program,
-                args: cmd.args_display(),
-                exit_code: Some(2),
-                stdout: String::new(),
-                stderr: String::new(),
-            }),
-        });
-    }
-    commands.on("mkfs.ext4", move |_| {
-        *formatted.lock().unwrap() = Some("ext4".to_string());
-        Ok(CommandOutput::default())
-    });
-    (commands, syscalls)
 }

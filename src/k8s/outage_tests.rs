@@ -10,7 +10,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 
 use super::count_tests::{
-    ephemeral_world, get_pod, get_pvc, node, pod_list, pod_watch, synced, timings, until_ready,
+    ephemeral_world, get_pod, get_pvc, node, pod_list, pod_watch, synced, timings, until_ready, web0_volume,
 };
 use super::fake_api::{FakeApi, Mode};
 use super::fixtures::{self, NODE, NS, Uses, pod_owner, pv, pvc};
@@ -46,16 +46,28 @@ fn assert_code(result: Result<(), Status>, code: Code, message_has: &str) {
     );
 }
 
+/// uid A's stage reads the claim and web-0 by name, finds web-0 with uid B, and refuses.
+async fn stage_finds_web0_with_uid_b(api: &FakeApi, node: &mut Node, volume: &Volume) {
+    assert_code(
+        node.stage(volume).await,
+        Code::FailedPrecondition,
+        "found Pod apps/web-0 (uid uid-b)",
+    );
+    assert_eq!(
+        api.take_requests(),
+        [
+            get_pvc("web-0-data"),
+            get_pod("web-0"),
+            post_event(),
+            post_event()
+        ]
+    );
+}
+
 /// web-0 (uid A) has its generic ephemeral volume staged and published on this node.
 async fn running(api: &FakeApi, node: &mut Node) -> Volume {
     synced(node, api).await;
-    let volume = node.create("web-0-data", "pv-1").await;
-    api.put_pv(pv(
-        "pv-1",
-        DRIVER_NAME,
-        &volume.volume_id,
-        Some(("web-0-data", "pvc-1")),
-    ));
+    let volume = web0_volume(node, api).await;
     node.stage(&volume).await.unwrap();
     node.publish(&volume, "target", &WEB0_A).await.unwrap();
     assert_eq!(api.take_requests(), [get_pvc("web-0-data")]);
@@ -116,20 +128,7 @@ async fn pod_recreated_while_away(mode: Mode) {
     // The claim (still owned by uid A) is read again though its TTL has not run out,
     // and the listed cache lacks uid A: web-0 is read by name and found with uid B.
     // Both reads are fresh, so the refusal needs no second round.
-    assert_code(
-        node.stage(&volume).await,
-        Code::FailedPrecondition,
-        "found Pod apps/web-0 (uid uid-b)",
-    );
-    assert_eq!(
-        api.take_requests(),
-        [
-            get_pvc("web-0-data"),
-            get_pod("web-0"),
-            post_event(),
-            post_event()
-        ]
-    );
+    stage_finds_web0_with_uid_b(&api, &mut node, &volume).await;
 
     // The garbage collector removes the old claim; web-0 (uid B) gets its own.
     api.put_pvc(pvc(
@@ -233,20 +232,7 @@ async fn a_watch_that_expired_lists_again_and_sees_what_it_missed() {
     until_ready(&node, true).await.unwrap();
 
     // The relisted cache has web-0 with uid B only, so uid A's stage reads the pod.
-    assert_code(
-        node.stage(&volume).await,
-        Code::FailedPrecondition,
-        "found Pod apps/web-0 (uid uid-b)",
-    );
-    assert_eq!(
-        api.take_requests(),
-        [
-            get_pvc("web-0-data"),
-            get_pod("web-0"),
-            post_event(),
-            post_event()
-        ]
-    );
+    stage_finds_web0_with_uid_b(&api, &mut node, &volume).await;
 }
 
 #[tokio::test]

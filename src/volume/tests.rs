@@ -2,12 +2,12 @@
 //! makes, and that repeats make none.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::*;
 use crate::backend::LoopBackend;
-use crate::host::fake::{FakeCommands, FakeSyscalls};
-use crate::host::{CommandOutput, FsUsage, Syscalls};
+use crate::host::Syscalls;
+use crate::host::fake::{FakeCommands, FakeSyscalls, loop_machine};
 use crate::locks::VolumeLocks;
 use crate::model::{AccessMode, AccessType, Capability};
 use crate::model::{CapacityRange, ClaimRef};
@@ -17,6 +17,10 @@ use crate::request::{
 };
 
 const LOOP_DEV: &str = "/dev/loop-fake7";
+
+/// Create, expand and delete.
+#[path = "tests/controller.rs"]
+mod controller;
 
 struct Fixture {
     volumes: Volumes,
@@ -31,59 +35,7 @@ impl Fixture {
     /// syscalls; blkid reports whatever mkfs last wrote (nothing at first).
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let commands = Arc::new(FakeCommands::default());
-        let syscalls = FakeSyscalls::default();
-        syscalls.add_device(LOOP_DEV, 7, 7, 64 << 20);
-        syscalls.set_usage(FsUsage {
-            total_bytes: 100 << 30,
-            available_bytes: 50 << 30,
-            ..FsUsage::default()
-        });
-        let formatted: Arc<Mutex<Option<String>>> = Arc::default();
-        {
-            let syscalls = syscalls.clone();
-            commands.on("losetup", move |cmd| {
-                let args: Vec<_> = cmd
-                    .args
-                    .iter()
-                    .map(|a| a.to_string_lossy().into_owned())
-                    .collect();
-                if args[0] == "--find" {
-                    syscalls.attach_loop(LOOP_DEV, &args[2]);
-                    return Ok(CommandOutput {
-                        stdout: format!("{LOOP_DEV}\n").into_bytes(),
-                        stderr: String::new(),
-                    });
-                }
-                if args[0] == "--detach" {
-                    syscalls.detach_loop(Path::new(&args[1]));
-                }
-                Ok(CommandOutput::default())
-            });
-        }
-        {
-            let formatted = Arc::clone(&formatted);
-            commands.on("blkid", move |cmd| match formatted.lock().unwrap().clone() {
-                Some(fs) => Ok(CommandOutput {
-                    stdout: format!("TYPE={fs}\nUSAGE=filesystem\n").into_bytes(),
-                    stderr: String::new(),
-                }),
-                None => Err(crate::host::CommandError::Failed {
-                    program: cmd.program,
-                    args: cmd.args_display(),
-                    exit_code: Some(2),
-                    stdout: String::new(),
-                    stderr: String::new(),
-                }),
-            });
-        }
-        for (program, fs) in [("mkfs.ext4", "ext4"), ("mkfs.xfs", "xfs")] {
-            let formatted = Arc::clone(&formatted);
-            commands.on(program, move |_| {
-                *formatted.lock().unwrap() = Some(fs.to_string());
-                Ok(CommandOutput::default())
-            });
-        }
+        let (commands, syscalls) = loop_machine(Path::new(LOOP_DEV), 0);
         let host = Host {
             commands: commands.clone(),
             syscalls: Arc::new(syscalls.clone()),
@@ -375,127 +327,6 @@ async fn block_volumes_bind_the_device_node() {
 }
 
 #[tokio::test]
-async fn create_is_idempotent_by_name_and_refuses_incompatible_repeats() {
-    let f = Fixture::new();
-    let a = f.create("pvc-1", ext4()).await;
-    let again = f.create("pvc-1", ext4()).await;
-    assert_eq!(a, again);
-    let mut req = CreateRequest {
-        name: "pvc-1".into(),
-        token: crate::model::Token::for_name("pvc-1"),
-        capacity: CapacityRange {
-            required: 128 << 20,
-            limit: Some(128 << 20),
-        },
-        capabilities: vec![Capability {
-            access: ext4(),
-            mode: AccessMode::SingleNodeWriter,
-        }],
-        class: None,
-        claim: ClaimRef::default(),
-        topologies: Vec::new(),
-        source: None,
-    };
-    let guard = f.locks.try_lock(&req.token, "create").unwrap();
-    let err = f.volumes.create(&guard, &req).await.unwrap_err();
-    assert!(matches!(err, VolumeError::AlreadyExists { .. }), "{err}");
-    // Too big for the class: nothing is left behind.
-    req.name = "pvc-huge".into();
-    req.token = crate::model::Token::for_name("pvc-huge");
-    req.capacity = CapacityRange {
-        required: 20 << 30,
-        limit: None,
-    };
-    drop(guard);
-    let guard = f.locks.try_lock(&req.token, "create").unwrap();
-    let err = f.volumes.create(&guard, &req).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            VolumeError::Backend(crate::backend::BackendError::NoSpace { .. })
-        ),
-        "{err}"
-    );
-    let files: Vec<_> = std::fs::read_dir(f.path("loop")).unwrap().collect();
-    assert_eq!(files.len(), 2, "only pvc-1's image and record");
-}
-
-#[tokio::test]
-async fn expand_beyond_the_class_is_no_room_to_grow_and_changes_nothing() {
-    let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await;
-    let image = f.path("loop").join(format!("{}.img", id.token));
-    let before = std::fs::metadata(&image).unwrap().len();
-    let guard = f.locks.try_lock(&id.token, "expand").unwrap();
-    let req = ControllerExpandRequest {
-        id: id.clone(),
-        capacity: CapacityRange {
-            required: 20 << 30,
-            limit: None,
-        },
-        capability: None,
-    };
-    let err = f.volumes.expand(&guard, &req).await.unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            VolumeError::NoRoomToGrow {
-                id: failed,
-                source: crate::backend::BackendError::NoSpace { .. },
-            } if *failed == id
-        ),
-        "{err}"
-    );
-    assert_eq!(crate::error::Error::from(err).code(), tonic::Code::OutOfRange);
-    assert_eq!(
-        std::fs::metadata(&image).unwrap().len(),
-        before,
-        "the image kept its size"
-    );
-}
-
-#[tokio::test]
-async fn delete_refuses_an_attached_volume() {
-    let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await;
-    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
-    let guard = f.locks.try_lock(&id.token, "delete").unwrap();
-    let err = f.volumes.delete(&guard, &id).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            VolumeError::Backend(crate::backend::BackendError::InUse { .. })
-        ),
-        "{err}"
-    );
-    assert!(f.volumes.get(&id).await.is_ok(), "still there");
-}
-
-#[tokio::test]
-async fn topology_of_another_node_is_refused() {
-    let f = Fixture::new();
-    let req = CreateRequest {
-        name: "pvc-t".into(),
-        token: crate::model::Token::for_name("pvc-t"),
-        capacity: CapacityRange {
-            required: 1 << 20,
-            limit: None,
-        },
-        capabilities: vec![Capability {
-            access: ext4(),
-            mode: AccessMode::SingleNodeWriter,
-        }],
-        class: None,
-        claim: ClaimRef::default(),
-        topologies: vec![[(TOPOLOGY_KEY.to_string(), "node-b".to_string())].into()],
-        source: None,
-    };
-    let guard = f.locks.try_lock(&req.token, "create").unwrap();
-    let err = f.volumes.create(&guard, &req).await.unwrap_err();
-    assert!(matches!(err, VolumeError::Topology { .. }), "{err}");
-}
-
-#[tokio::test]
 async fn symlinked_targets_are_refused() {
     let f = Fixture::new();
     let id = f.create("pvc-1", ext4()).await;
@@ -507,39 +338,4 @@ async fn symlinked_targets_are_refused() {
     let err = f.publish(&publish).await.unwrap_err();
     assert!(matches!(err, VolumeError::Symlink { .. }), "{err}");
     assert_eq!(f.syscalls.mount_points(), vec![f.path("stage")]);
-}
-
-#[tokio::test]
-async fn expand_keeps_the_limit_and_never_shrinks() {
-    let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await; // 64 MiB
-    let expand = |required: u64, limit: Option<u64>| crate::request::ControllerExpandRequest {
-        id: id.clone(),
-        capacity: CapacityRange { required, limit },
-        capability: None,
-    };
-    let guard = f.locks.try_lock(&id.token, "expand").unwrap();
-    let out_of_range =
-        |r: Result<_, VolumeError>| matches!(r, Err(VolumeError::Invalid(ValidationError::OutOfRange(_))));
-    // Below the current size: no size fits, the volume is left as it is.
-    assert!(out_of_range(
-        f.volumes.expand(&guard, &expand(1 << 20, Some(32 << 20))).await
-    ));
-    // Not a whole MiB within the limit: refused rather than rounded past it.
-    let inexact = expand((96 << 20) + 1, Some((96 << 20) + 4096));
-    assert!(out_of_range(f.volumes.expand(&guard, &inexact).await));
-    assert_eq!(f.volumes.get(&id).await.unwrap().size_bytes, 64 << 20);
-    let grown = f
-        .volumes
-        .expand(&guard, &expand(96 << 20, Some(96 << 20)))
-        .await
-        .unwrap();
-    assert_eq!(grown.size_bytes, 96 << 20);
-    // Already that size: a no-op within the limit.
-    let again = f
-        .volumes
-        .expand(&guard, &expand(64 << 20, Some(96 << 20)))
-        .await
-        .unwrap();
-    assert_eq!(again.size_bytes, 96 << 20);
 }
