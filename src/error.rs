@@ -227,9 +227,10 @@ fn mount_code(e: &MountError) -> Code {
 fn fs_code(e: &FsError) -> Code {
     match e {
         FsError::UnsupportedGrow { .. } => Code::FailedPrecondition,
-        FsError::Probe { source, .. } | FsError::Format { source, .. } | FsError::Grow { source, .. } => {
-            command_code(source)
-        }
+        FsError::Probe { source, .. }
+        | FsError::Format { source, .. }
+        | FsError::Grow { source, .. }
+        | FsError::Check { source, .. } => command_code(source),
     }
 }
 

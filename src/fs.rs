@@ -72,6 +72,14 @@ pub enum FsError {
         #[source]
         source: CommandError,
     },
+    /// e2fsck found errors it could not repair on its own (or could not run): the
+    /// filesystem is not grown until someone looks at it.
+    #[error("cannot check the filesystem on {device} before growing it: {source}", device = device.display())]
+    Check {
+        device: std::path::PathBuf,
+        #[source]
+        source: CommandError,
+    },
     #[error("cannot grow a {fs_type} filesystem: only ext4 and xfs are supported")]
     UnsupportedGrow { fs_type: String },
 }
@@ -81,9 +89,10 @@ impl FsError {
     pub fn is_terminal(&self) -> bool {
         match self {
             FsError::UnsupportedGrow { .. } => true,
-            FsError::Probe { source, .. } | FsError::Format { source, .. } | FsError::Grow { source, .. } => {
-                source.is_terminal()
-            }
+            FsError::Probe { source, .. }
+            | FsError::Format { source, .. }
+            | FsError::Grow { source, .. }
+            | FsError::Check { source, .. } => source.is_terminal(),
         }
     }
 }
@@ -172,19 +181,65 @@ pub async fn format(
         })
 }
 
+/// resize2fs grows an ext2/3/4 filesystem to its device: online when mounted, offline
+/// (after [`fsck_command`]) when not.
+pub fn resize2fs_command(device: &Path) -> CommandSpec {
+    CommandSpec::new("resize2fs")
+        .arg(device)
+        .timeout(Duration::from_secs(600))
+}
+
+/// xfs grows only mounted, through its mount point.
+pub fn xfs_growfs_command(mount_point: &Path) -> CommandSpec {
+    CommandSpec::new("xfs_growfs")
+        .arg(mount_point)
+        .timeout(Duration::from_secs(600))
+}
+
+/// The forced check resize2fs requires before it grows an unmounted ext4 (it refuses a
+/// filesystem not checked since its last mount); `-p` repairs only what is safe to
+/// repair without asking.
+pub fn fsck_command(device: &Path) -> CommandSpec {
+    CommandSpec::new("e2fsck")
+        .args(["-f", "-p"])
+        .arg(device)
+        .timeout(Duration::from_secs(600))
+}
+
 /// Grows the filesystem mounted at `mount_point` from `device` to fill the device.
 pub async fn grow(host: &Host, fs_type: &str, device: &Path, mount_point: &Path) -> Result<(), FsError> {
     let cmd = match fs_type {
-        "ext4" | "ext3" => CommandSpec::new("resize2fs").arg(device),
-        "xfs" => CommandSpec::new("xfs_growfs").arg(mount_point),
+        "ext4" | "ext3" => resize2fs_command(device),
+        "xfs" => xfs_growfs_command(mount_point),
         other => {
             return Err(FsError::UnsupportedGrow {
                 fs_type: other.to_string(),
             });
         }
     };
+    run_grow(host, fs_type, device, cmd).await
+}
+
+/// Grows the unmounted ext4 on `device` to fill it: a forced check, then resize2fs.
+/// Offline growth needs no CAP_SYS_RESOURCE, which online ext4 growth does.
+pub async fn grow_unmounted_ext4(host: &Host, device: &Path) -> Result<(), FsError> {
+    match host.commands.run(fsck_command(device)).await {
+        Ok(_) => {}
+        // 1: errors were found and corrected; the filesystem is now consistent.
+        Err(e) if e.exit_code() == Some(1) => {}
+        Err(source) => {
+            return Err(FsError::Check {
+                device: device.to_path_buf(),
+                source,
+            });
+        }
+    }
+    run_grow(host, "ext4", device, resize2fs_command(device)).await
+}
+
+async fn run_grow(host: &Host, fs_type: &str, device: &Path, cmd: CommandSpec) -> Result<(), FsError> {
     host.commands
-        .run(cmd.timeout(Duration::from_secs(600)))
+        .run(cmd)
         .await
         .map(drop)
         .map_err(|source| FsError::Grow {
@@ -258,6 +313,70 @@ mod tests {
         // xfs writes no inode tables up front: nothing to skip.
         let cmd = mkfs_command(FsType::Xfs, Path::new("/dev/vg/lv"), prezeroed);
         assert_eq!(cmd.args_display(), "-f -q /dev/vg/lv");
+    }
+
+    #[test]
+    fn grow_arguments_are_fixed_vectors() {
+        let device = Path::new("/dev/loop3");
+        let cmd = fsck_command(device);
+        assert_eq!(
+            (cmd.program, cmd.args_display()),
+            ("e2fsck", "-f -p /dev/loop3".into())
+        );
+        let cmd = resize2fs_command(device);
+        assert_eq!(
+            (cmd.program, cmd.args_display()),
+            ("resize2fs", "/dev/loop3".into())
+        );
+        let cmd = xfs_growfs_command(Path::new("/stage/pv"));
+        assert_eq!(
+            (cmd.program, cmd.args_display()),
+            ("xfs_growfs", "/stage/pv".into())
+        );
+    }
+
+    fn fake_host() -> (Host, std::sync::Arc<crate::host::fake::FakeCommands>) {
+        let commands = std::sync::Arc::new(crate::host::fake::FakeCommands::default());
+        let host = Host {
+            commands: commands.clone(),
+            syscalls: std::sync::Arc::new(crate::host::fake::FakeSyscalls::default()),
+        };
+        (host, commands)
+    }
+
+    #[tokio::test]
+    async fn an_unmounted_ext4_grows_only_after_a_clean_or_repaired_check() {
+        let device = Path::new("/dev/loop3");
+        for (code, grows) in [(None, true), (Some(1), true), (Some(4), false), (Some(8), false)] {
+            let (host, commands) = fake_host();
+            match code {
+                None => commands.ok("e2fsck", ""),
+                Some(code) => commands.fail("e2fsck", code, "errors"),
+            }
+            commands.ok("resize2fs", "");
+            let result = grow_unmounted_ext4(&host, device).await;
+            if grows {
+                result.unwrap();
+                assert_eq!(
+                    commands.calls(),
+                    ["e2fsck -f -p /dev/loop3", "resize2fs /dev/loop3"]
+                );
+            } else {
+                let e = result.unwrap_err();
+                assert!(matches!(e, FsError::Check { .. }), "{e}");
+                assert_eq!(
+                    commands.calls(),
+                    ["e2fsck -f -p /dev/loop3"],
+                    "no resize over errors"
+                );
+            }
+        }
+        let (host, commands) = fake_host();
+        commands.ok("e2fsck", "");
+        commands.fail("resize2fs", 1, "No space left on device");
+        let e = grow_unmounted_ext4(&host, device).await.unwrap_err();
+        assert!(matches!(e, FsError::Grow { .. }), "{e}");
+        assert!(e.to_string().contains("No space left on device"), "{e}");
     }
 
     #[test]

@@ -369,20 +369,22 @@ impl LoopBackend {
         };
         self.copy_frozen(frozen_token, freeze.as_deref(), &image, &target, &self.dir)
             .await?;
-        // Grown to the requested size; the filesystem in it grows at the next
-        // NodeExpandVolume or stage.
+        // Grown to the requested size; the filesystem in it grows at its first stage,
+        // which the record's `grow_filesystem` asks for. The record is written last, so
+        // a kill before it leaves no volume (the retry copies again) and a kill after
+        // it leaves a volume that carries the mark.
         let grow = tokio::fs::OpenOptions::new()
             .write(true)
             .open(&target)
             .await
             .map_err(BackendError::io("open", &target))?;
-        if grow
+        let grown = grow
             .metadata()
             .await
             .map_err(BackendError::io("stat", &target))?
             .len()
-            < spec.size_bytes
-        {
+            < spec.size_bytes;
+        if grown {
             grow.set_len(spec.size_bytes)
                 .await
                 .map_err(BackendError::io("truncate", &target))?;
@@ -396,7 +398,22 @@ impl LoopBackend {
             (VolumeMode::Filesystem, VolumeMode::Filesystem) => source_formatted,
             _ => None,
         };
-        self.commit_record(spec, formatted).await
+        let grow_filesystem = grown && spec.mode == VolumeMode::Filesystem;
+        self.commit_record(spec, formatted, grow_filesystem).await
+    }
+
+    pub async fn filesystem_grow_pending(&self, token: &Token) -> Result<bool, BackendError> {
+        Ok(self.read_record(token).await?.is_some_and(|r| r.grow_filesystem))
+    }
+
+    pub async fn filesystem_grown(&self, token: &Token) -> Result<(), BackendError> {
+        let mut file = self.require_record(token).await?;
+        if !file.grow_filesystem {
+            return Ok(());
+        }
+        file.grow_filesystem = false;
+        let json = serde_json::to_vec_pretty(&file).expect("record serialises");
+        self.write_atomically(&self.record_path(token), json).await
     }
 }
 

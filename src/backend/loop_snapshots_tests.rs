@@ -268,3 +268,40 @@ async fn the_real_copy_keeps_holes() {
         "never over an existing file"
     );
 }
+
+#[tokio::test]
+async fn a_larger_filesystem_copy_carries_the_grow_mark_from_its_record_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, _) = backend(dir.path(), 1 << 30);
+    b.prepare().await.unwrap();
+    b.create(&volume("src", 4 << 20)).await.unwrap();
+    let clone = CopySource::Volume {
+        token: Token::for_name("src"),
+        freeze: None,
+    };
+    let big = Token::for_name("big");
+    // What a copy killed after its truncate, before its record, left: an image and no
+    // volume. The retry copies again and commits the mark with the record.
+    std::fs::write(b.image_path(&big), vec![7u8; 8 << 20]).unwrap();
+    assert!(!b.filesystem_grow_pending(&big).await.unwrap());
+    b.create_from(&volume("big", 8 << 20), &clone).await.unwrap();
+    assert!(b.filesystem_grow_pending(&big).await.unwrap());
+    let record = std::fs::read_to_string(b.record_path(&big)).unwrap();
+    assert!(record.contains("\"grow_filesystem\": true"), "{record}");
+    b.filesystem_grown(&big).await.unwrap();
+    b.filesystem_grown(&big).await.unwrap();
+    assert!(!b.filesystem_grow_pending(&big).await.unwrap());
+    let record = std::fs::read_to_string(b.record_path(&big)).unwrap();
+    assert!(
+        !record.contains("grow_filesystem"),
+        "an unmarked record as before: {record}"
+    );
+
+    b.create_from(&volume("same", 4 << 20), &clone).await.unwrap();
+    assert!(!b.filesystem_grow_pending(&Token::for_name("same")).await.unwrap());
+    let mut block = volume("block", 8 << 20);
+    block.mode = VolumeMode::Block;
+    block.fs_type = None;
+    b.create_from(&block, &clone).await.unwrap();
+    assert!(!b.filesystem_grow_pending(&block.token).await.unwrap());
+}

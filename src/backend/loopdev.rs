@@ -44,6 +44,10 @@ struct RecordFile {
     /// written before this field existed: blkid alone decides for those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     formatted: Option<bool>,
+    /// A restore or clone made larger than its source: its filesystem keeps the
+    /// source's size until stage grows it and clears this.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    grow_filesystem: bool,
 }
 
 #[derive(Debug)]
@@ -225,16 +229,22 @@ impl LoopBackend {
         })
         .await
         .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))??;
-        self.commit_record(spec, (spec.mode == VolumeMode::Filesystem).then_some(false))
-            .await
+        self.commit_record(
+            spec,
+            (spec.mode == VolumeMode::Filesystem).then_some(false),
+            false,
+        )
+        .await
     }
 
     /// Writes the record of the new volume `spec`, whose image is in place: the last
-    /// step of a create, so a volume exists exactly when its record does.
+    /// step of a create, so a volume exists exactly when its record does (and carries
+    /// its `grow_filesystem` mark from the start).
     pub(super) async fn commit_record(
         &self,
         spec: &CreateSpec,
         formatted: Option<bool>,
+        grow_filesystem: bool,
     ) -> Result<VolumeRecord, BackendError> {
         let file = RecordFile {
             name: spec.name.clone(),
@@ -245,6 +255,7 @@ impl LoopBackend {
             pvc_namespace: spec.claim.pvc_namespace.clone(),
             pv_name: spec.claim.pv_name.clone(),
             formatted,
+            grow_filesystem,
         };
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         self.write_atomically(&self.record_path(&spec.token), json)

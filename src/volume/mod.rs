@@ -7,6 +7,7 @@
 
 mod classes;
 mod controller;
+mod grow;
 mod node;
 mod ownership;
 mod snapshots;

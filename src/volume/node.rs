@@ -4,6 +4,7 @@ use std::path::Path;
 
 use tracing::{info, warn};
 
+use super::grow::GrowAfterMount;
 use super::ownership::{Holding, describe, holding, refuse_mounts_below, refuse_other};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches, io_error};
 use crate::backend::{Backend, VolumeRecord};
@@ -82,6 +83,7 @@ impl Volumes {
         };
         match held {
             Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
+                self.grow_if_pending(backend, &req.id, e).await?;
                 info!(volume.id = %req.id, path = %staging.display(), "already staged");
                 return Ok(());
             }
@@ -108,15 +110,20 @@ impl Volumes {
         } else {
             fs::probe(&self.host, &device).await?
         };
-        match found {
+        let after_mount = match found {
             Signature::Empty => {
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
                 backend.begin_format(&req.id.token).await?;
                 let options = backend.format_options(&req.id.token).await?;
                 fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;
+                // A new filesystem fills its device: nothing left to grow.
+                backend.filesystem_grown(&req.id.token).await?;
+                GrowAfterMount::Nothing
             }
-            Signature::Filesystem(found) if found == fs_type.as_str() => {}
+            Signature::Filesystem(found) if found == fs_type.as_str() => {
+                self.grow_unmounted(backend, &req.id, fs_type, &device).await?
+            }
             Signature::Filesystem(found) | Signature::Other(found) => {
                 return Err(VolumeError::WrongFilesystem {
                     device,
@@ -124,7 +131,7 @@ impl Volumes {
                     requested: fs_type,
                 });
             }
-        }
+        };
         create_dir(staging).await?;
         let class_options = self
             .mount_options
@@ -142,6 +149,14 @@ impl Volumes {
             .syscalls
             .mount(options.filesystem_call(&device, staging, fs_type.as_str()))
             .await?;
+        if after_mount == GrowAfterMount::Grow {
+            let table = MountTable::read(&self.host).await?;
+            let mount = table.at(staging).ok_or_else(|| VolumeError::NotStaged {
+                id: req.id.clone(),
+                path: staging.to_path_buf(),
+            })?;
+            self.grow_mounted(backend, &req.id, &device, mount).await?;
+        }
         Ok(())
     }
 

@@ -417,7 +417,7 @@ impl LvmBackend {
         self.retag(&lv.name, remove, add).await
     }
 
-    /// One lvchange that removes and adds tags (for the format mark).
+    /// One lvchange that removes and adds tags (the format and grow marks).
     async fn retag(&self, lv: &str, remove: &[&str], add: &[&str]) -> Result<(), BackendError> {
         let mut cmd = lvm_command("lvchange");
         for tag in remove {
@@ -429,7 +429,7 @@ impl LvmBackend {
         self.vg
             .change_known(cmd.arg(self.target(lv)), |state| state.retagged(lv, remove, add))
             .await
-            .map_err(|e| self.failed("lvchange (format mark)", lv, e))
+            .map_err(|e| self.failed("lvchange (mark)", lv, e))
     }
 
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {

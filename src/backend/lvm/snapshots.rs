@@ -15,7 +15,9 @@
 //!   `lvextend`ed when the requested size is larger, and becomes a volume when
 //!   `lvchange --deltag` drops the pending tag. A create that finds the LV still
 //!   pending (the daemon was killed) removes it and starts again, as for a thick block
-//!   volume.
+//!   volume. A filesystem copy made larger than its source also gets
+//!   [`tags::GROW_FILESYSTEM`] in that lvcreate: the filesystem inside still has the
+//!   source's size, and the first stage grows it, then drops the tag.
 //!
 //! **Consistency.** No FIFREEZE here: to take a thin snapshot, lvcreate suspends the
 //! origin's device-mapper device with its filesystem locked (`lockfs`), which makes the
@@ -327,6 +329,24 @@ impl LvmBackend {
             .map_err(|e| self.failed("lvchange --deltag", lv, e))
     }
 
+    /// True while the LV carries [`tags::GROW_FILESYSTEM`].
+    pub async fn filesystem_grow_pending(&self, token: &Token) -> Result<bool, BackendError> {
+        let state = self.vg.known_state().await?;
+        Ok(match self.lookup(&state, token)? {
+            Lookup::Ready(lv, _) => lv.has_tag(tags::GROW_FILESYSTEM),
+            _ => false,
+        })
+    }
+
+    /// Drops [`tags::GROW_FILESYSTEM`]; nothing to do without it.
+    pub async fn filesystem_grown(&self, token: &Token) -> Result<(), BackendError> {
+        let lv = self.ready_lv(token).await?;
+        if !lv.has_tag(tags::GROW_FILESYSTEM) {
+            return Ok(());
+        }
+        self.retag(&lv.name, &[tags::GROW_FILESYSTEM], &[]).await
+    }
+
     /// Refuses a thin LV of `size` virtual bytes beyond the overprovision limit.
     fn check_room(&self, state: &super::VgState, size: u64) -> Result<(), BackendError> {
         let available = self.capacity_of(state)?.available;
@@ -358,12 +378,21 @@ impl LvmBackend {
 
 /// The tags of a restore or clone: a new volume's, pending until grown, with the
 /// origin's format mark when both hold a filesystem (so the first stage keeps the
-/// filesystem, or formats over an unfinished one, as it would the origin).
-fn copy_tags(class: &ClassName, spec: &CreateSpec, origin: &Lv, origin_mode: VolumeMode) -> Vec<String> {
+/// filesystem, or formats over an unfinished one, as it would the origin), and
+/// [`tags::GROW_FILESYSTEM`] on a filesystem copy larger than its origin.
+pub(super) fn copy_tags(
+    class: &ClassName,
+    spec: &CreateSpec,
+    origin: &Lv,
+    origin_mode: VolumeMode,
+) -> Vec<String> {
     let mut all = tags::volume_tags(class, spec);
     all.push(tags::PENDING.to_string());
     if spec.mode == VolumeMode::Filesystem && origin_mode == VolumeMode::Filesystem {
         all.extend(format_mark(origin).map(str::to_string));
+    }
+    if spec.mode == VolumeMode::Filesystem && spec.size_bytes > origin.size {
+        all.push(tags::GROW_FILESYSTEM.to_string());
     }
     all
 }

@@ -36,6 +36,11 @@ pub const FORMATTING: &str = "localvol.csi.dev/format=formatting";
 /// have neither tag; blkid alone decides for them.
 pub const FORMATTED: &str = "localvol.csi.dev/format=formatted";
 
+/// On a restore or clone made larger than its source, from the lvcreate that makes it
+/// (so no kill can leave a grown copy without it) until stage has grown the filesystem
+/// it holds to the LV's size.
+pub const GROW_FILESYSTEM: &str = "localvol.csi.dev/grow=filesystem";
+
 fn is_plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"_+.-/=!:&".contains(&b)
 }

@@ -22,6 +22,8 @@ mod create;
 mod format;
 /// Growth, leftover zeroing LVs and deletion.
 mod grow_delete;
+/// The filesystem-grow mark of a copy larger than its source.
+mod grow_mark;
 /// Reading lvm: one shared report per VG, patched by our own changes, tags, error
 /// text, a hung lvs.
 mod reports;

@@ -126,7 +126,7 @@ async fn a_restore_is_a_writable_thin_snapshot_grown_then_committed() {
              --addtag localvol.csi.dev/fs=ext4 --addtag localvol.csi.dev/pvc=data \
              --addtag localvol.csi.dev/namespace=team --addtag localvol.csi.dev/pv=pvc-2 \
              --addtag localvol.csi.dev/state=zeroing --addtag localvol.csi.dev/format=formatted \
-             vg1/s+snap-1",
+             --addtag localvol.csi.dev/grow=filesystem vg1/s+snap-1",
             "lvextend -L 100663296b vg1/pvc-2",
             "lvchange --deltag localvol.csi.dev/state=zeroing vg1/pvc-2",
         ]

@@ -1,0 +1,94 @@
+//! Growing the filesystem of a restore or clone made larger than its source.
+//!
+//! Such a copy's device has the requested size, but the filesystem in it still has the
+//! source's: the backend marks it ([`Backend::filesystem_grow_pending`]) in the commit
+//! that makes the copy a volume, and its first stage grows the filesystem to the device
+//! before clearing the mark. ext4 grows unmounted, before the mount (e2fsck, then
+//! resize2fs: no CAP_SYS_RESOURCE needed, unlike an online ext4 grow); xfs grows only
+//! mounted, after it. The mark is cleared last, so a failure or a kill anywhere leaves
+//! it for the retry, and growing a filesystem that already fills its device changes
+//! nothing: a repeated grow is harmless.
+
+use std::path::Path;
+
+use tracing::{info, warn};
+
+use super::{VolumeError, Volumes};
+use crate::backend::Backend;
+use crate::fs::{self, FsType};
+use crate::model::VolumeId;
+use crate::mount::MountEntry;
+
+/// What is left to do for a pending grow once the filesystem has been prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GrowAfterMount {
+    Nothing,
+    /// xfs: `xfs_growfs` on the staging mount, then clear the mark.
+    Grow,
+}
+
+impl Volumes {
+    /// Before the mount of a volume whose filesystem was found on its device (not just
+    /// made): grows a pending ext4 unmounted, or says the grow waits for the mount.
+    pub(super) async fn grow_unmounted(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        fs_type: FsType,
+        device: &Path,
+    ) -> Result<GrowAfterMount, VolumeError> {
+        if !backend.filesystem_grow_pending(&id.token).await? {
+            return Ok(GrowAfterMount::Nothing);
+        }
+        match fs_type {
+            FsType::Ext4 => {
+                info!(volume.id = %id, device = %device.display(), "growing the copied ext4 to its device");
+                fs::grow_unmounted_ext4(&self.host, device).await?;
+                backend.filesystem_grown(&id.token).await?;
+                Ok(GrowAfterMount::Nothing)
+            }
+            FsType::Xfs => Ok(GrowAfterMount::Grow),
+        }
+    }
+
+    /// Grows the pending filesystem of a volume mounted at `mount` (its staging mount)
+    /// and clears the mark. Read-only, it cannot grow: the mark stays for a later
+    /// read-write stage.
+    pub(super) async fn grow_mounted(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        device: &Path,
+        mount: &MountEntry,
+    ) -> Result<(), VolumeError> {
+        if mount.is_read_only() {
+            warn!(volume.id = %id, path = %mount.mount_point.display(),
+                "staged read-only: the copied filesystem keeps its source's size until a read-write stage");
+            return Ok(());
+        }
+        info!(volume.id = %id, path = %mount.mount_point.display(), fs_type = %mount.fs_type,
+            "growing the copied filesystem to its device");
+        fs::grow(&self.host, &mount.fs_type, device, &mount.mount_point).await?;
+        backend.filesystem_grown(&id.token).await?;
+        Ok(())
+    }
+
+    /// For a volume already staged: finishes a grow that failed, or was killed, after
+    /// the mount.
+    pub(super) async fn grow_if_pending(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        mount: &MountEntry,
+    ) -> Result<(), VolumeError> {
+        if !backend.filesystem_grow_pending(&id.token).await? {
+            return Ok(());
+        }
+        let device = backend.attach(&id.token).await?;
+        self.grow_mounted(backend, id, &device, mount).await
+    }
+}
+
+#[cfg(test)]
+#[path = "grow_tests.rs"]
+mod tests;
