@@ -227,6 +227,12 @@ async fn a_larger_xfs_copy_is_grown_through_its_mount() {
     s.stage(&req).await.unwrap();
     assert_eq!(s.grows(), [xfs_grow(&s)]);
     assert!(!s.pending().await);
+    let mounts = s.syscalls.mounts();
+    assert_eq!(
+        mounts[0].data.as_deref(),
+        Some("nouuid"),
+        "a copy keeps its source's xfs UUID: mounted beside it only with nouuid"
+    );
     s.stage(&req).await.unwrap();
     assert_eq!(s.grows(), [xfs_grow(&s)]);
     assert_eq!(s.mounts(), 1);

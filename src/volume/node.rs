@@ -8,7 +8,7 @@ use super::grow::GrowAfterMount;
 use super::ownership::{Holding, describe, holding, refuse_mounts_below, refuse_other};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches, io_error};
 use crate::backend::{Backend, VolumeRecord};
-use crate::fs::{self, Signature};
+use crate::fs::{self, FsType, Signature};
 use crate::locks::VolumeGuard;
 use crate::model::ValidationError;
 use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
@@ -141,6 +141,12 @@ impl Volumes {
             MountOptions::parse(&[class_options, mount_flags].concat()).map_err(VolumeError::Mount)?;
         for data in backend.mount_data() {
             options = options.with_data(data);
+        }
+        // A restore or clone of an xfs volume carries its source's filesystem UUID, and
+        // xfs refuses to mount a second filesystem with a mounted one's UUID: a copy
+        // could not be staged beside its source. Every xfs mount skips that check.
+        if fs_type == FsType::Xfs {
+            options = options.with_data("nouuid");
         }
         if req.capability.mode == AccessMode::SingleNodeReaderOnly {
             options = options.with_read_only(true);
