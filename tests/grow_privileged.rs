@@ -1,204 +1,39 @@
-//! A restore and a clone larger than their source, through the daemon's gRPC API on
-//! real loop devices with real ext4 and xfs (root; fails as non-root unless
-//! SKIP_PRIVILEGED=1): after NodeStageVolume the filesystem has the size asked for, not
-//! the source's, and holds the source's data.
+//! A restore and a clone larger than their source on the loop class, on real loop
+//! devices with real ext4 and xfs (root; fails as non-root unless SKIP_PRIVILEGED=1):
+//! the scenario of tests/grow/mod.rs.
 
 mod common;
+mod grow;
 
-use std::path::{Path, PathBuf};
+use common::{Daemon, privileged};
+use localvol::model::Token;
 
-use common::{Cleanup, Daemon, create_volume_id, kubelet_paths, privileged};
-use localvol::proto::csi::v1 as csi;
-
-const MIB: u64 = 1 << 20;
-/// xfs needs 300 MB at least.
-const SOURCE: u64 = 320 * MIB;
-const LARGER: u64 = 2 * SOURCE;
-
-fn capability(fs: &str) -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
+/// The loop record's `grow_filesystem`, read from the class directory.
+fn loop_mark(daemon: &Daemon) -> impl Fn(&str) -> bool {
+    let class_dir = daemon.data_dir().join("loop/default");
+    move |name: &str| {
+        let path = class_dir.join(format!("{}.json", Token::for_name(name)));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let record: serde_json::Value = serde_json::from_str(&text).unwrap();
+        record["grow_filesystem"] == true
     }
 }
 
-fn create(
-    name: &str,
-    fs: &str,
-    bytes: u64,
-    source: Option<csi::volume_content_source::Type>,
-) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![capability(fs)],
-        volume_content_source: source.map(|t| csi::VolumeContentSource { r#type: Some(t) }),
-        ..Default::default()
-    }
-}
-
-/// The filesystem's size as `df` shows it (blocks × fragment size), and its type.
-fn filesystem(path: &Path) -> (u64, String) {
-    let stat = nix::sys::statvfs::statvfs(path).unwrap();
-    let size = stat.blocks() as u64 * stat.fragment_size() as u64;
-    let fs_type = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .find(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
-        .and_then(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_string))
-        .unwrap_or_default();
-    (size, fs_type)
-}
-
-async fn stage(daemon: &Daemon, id: &str, staging: &Path, fs: &str) {
-    daemon
-        .node()
-        .await
-        .node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: Some(capability(fs)),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("stage {id}: {e}"));
-}
-
-async fn unstage(daemon: &Daemon, id: &str, staging: &Path) {
-    daemon
-        .node()
-        .await
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await
-        .unwrap();
-}
-
-async fn restore_and_clone_grow(fs: &str) {
+async fn on_loop(fs: &str) {
     if !privileged() {
         return;
     }
     let daemon = Daemon::start(&[]).await;
-    let root = daemon.dir.path().to_path_buf();
-    let paths: Vec<PathBuf> = ["pv-src", "pv-restore", "pv-clone"]
-        .iter()
-        .map(|pv| kubelet_paths(&root, pv, "pod").0)
-        .collect();
-    let _cleanup = Cleanup {
-        mounts: paths.clone(),
-        data: daemon.data_dir(),
-    };
-    let mut controller = daemon.controller().await;
-    let source = create_volume_id(&mut controller, create(&format!("src-{fs}"), fs, SOURCE, None)).await;
-    stage(&daemon, &source, &paths[0], fs).await;
-    let (source_size, source_fs) = filesystem(&paths[0]);
-    assert_eq!(source_fs, fs);
-    assert!(source_size <= SOURCE, "{source_size}");
-    let data: Vec<u8> = (0..(4 * MIB) as usize).map(|i| (i % 251) as u8).collect();
-    std::fs::write(paths[0].join("data"), &data).unwrap();
-    std::fs::File::open(paths[0].join("data"))
-        .unwrap()
-        .sync_all()
-        .unwrap();
-
-    let snapshot = controller
-        .create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: source.clone(),
-            name: format!("snap-{fs}"),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
-        .snapshot_id;
-    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
-    let restore = create_volume_id(
-        &mut controller,
-        create(
-            &format!("restore-{fs}"),
-            fs,
-            LARGER,
-            Some(Type::Snapshot(SnapshotSource {
-                snapshot_id: snapshot,
-            })),
-        ),
-    )
-    .await;
-    // A clone of the staged source (frozen around its copy).
-    let clone = create_volume_id(
-        &mut controller,
-        create(
-            &format!("clone-{fs}"),
-            fs,
-            LARGER,
-            Some(Type::Volume(VolumeSource {
-                volume_id: source.clone(),
-            })),
-        ),
-    )
-    .await;
-
-    for (id, staging) in [(&restore, &paths[1]), (&clone, &paths[2])] {
-        stage(&daemon, id, staging, fs).await;
-        let (size, found_fs) = filesystem(staging);
-        eprintln!("{fs}: source filesystem {source_size} bytes, {id} after stage {size} bytes");
-        assert_eq!(found_fs, fs);
-        // The metadata (journal, log, inode tables) takes its share; the rest is the
-        // device's, twice the source's.
-        assert!(
-            size > source_size + SOURCE * 9 / 10,
-            "{id}: the filesystem is {size} bytes after stage, the source's {source_size}: not grown"
-        );
-        assert!(size <= LARGER);
-        assert!(
-            std::fs::read(staging.join("data")).unwrap() == data,
-            "{id}: data intact"
-        );
-        // Written past the source's size: the new space is usable.
-        let big = vec![1u8; (SOURCE + 64 * MIB) as usize];
-        std::fs::write(staging.join("big"), &big).unwrap();
-        std::fs::remove_file(staging.join("big")).unwrap();
-        // A repeated stage changes nothing.
-        stage(&daemon, id, staging, fs).await;
-        assert_eq!(filesystem(staging).0, size);
-    }
-    // A second stage after an unstage finds nothing to grow and keeps the data.
-    unstage(&daemon, &restore, &paths[1]).await;
-    stage(&daemon, &restore, &paths[1], fs).await;
-    assert!(std::fs::read(paths[1].join("data")).unwrap() == data);
-
-    for (id, staging) in [(&source, &paths[0]), (&restore, &paths[1]), (&clone, &paths[2])] {
-        unstage(&daemon, id, staging).await;
-        controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_string(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    grow::restore_and_clone_grow(&daemon, fs, &loop_mark(&daemon)).await;
     daemon.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ext4_restore_and_clone_larger_than_the_source_are_grown_at_stage() {
-    restore_and_clone_grow("ext4").await;
+    on_loop("ext4").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xfs_restore_and_clone_larger_than_the_source_are_grown_at_stage() {
-    restore_and_clone_grow("xfs").await;
+    on_loop("xfs").await;
 }

@@ -1,0 +1,206 @@
+//! The scenario of a restore and a clone larger than their source, through the
+//! daemon's gRPC API, shared by tests/grow_privileged.rs (loop) and tests/vm_grow.rs
+//! (lvm-thin): after NodeStageVolume the filesystem has the size asked for, not the
+//! source's, and holds the source's data.
+
+use std::path::{Path, PathBuf};
+
+use localvol::proto::csi::v1 as csi;
+
+use crate::common::{Cleanup, Daemon, create_volume_id, kubelet_paths};
+
+const MIB: u64 = 1 << 20;
+/// xfs needs 300 MB at least.
+const SOURCE: u64 = 320 * MIB;
+const LARGER: u64 = 2 * SOURCE;
+
+fn capability(fs: &str) -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn create(
+    name: &str,
+    fs: &str,
+    bytes: u64,
+    source: Option<csi::volume_content_source::Type>,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability(fs)],
+        volume_content_source: source.map(|t| csi::VolumeContentSource { r#type: Some(t) }),
+        ..Default::default()
+    }
+}
+
+/// The filesystem's size as `df` shows it (blocks × fragment size), and its type.
+fn filesystem(path: &Path) -> (u64, String) {
+    let stat = nix::sys::statvfs::statvfs(path).unwrap();
+    let size = stat.blocks() as u64 * stat.fragment_size() as u64;
+    let fs_type = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
+        .and_then(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_string))
+        .unwrap_or_default();
+    (size, fs_type)
+}
+
+async fn stage(daemon: &Daemon, id: &str, staging: &Path, fs: &str) {
+    daemon
+        .node()
+        .await
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(capability(fs)),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("stage {id}: {e}"));
+}
+
+async fn unstage(daemon: &Daemon, id: &str, staging: &Path) {
+    daemon
+        .node()
+        .await
+        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: id.into(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
+}
+
+/// Whether the class's storage marks the volume named so as waiting for its
+/// filesystem to grow (the loop record's field, the LV's tag).
+pub type MarkProbe<'a> = &'a dyn Fn(&str) -> bool;
+
+/// Source, snapshot, restore and clone at twice the size, in the daemon's default
+/// class; stage each copy and check the filesystem's size, the data, the mark.
+pub async fn restore_and_clone_grow(daemon: &Daemon, fs: &str, marked: MarkProbe<'_>) {
+    let root = daemon.dir.path().to_path_buf();
+    let paths: Vec<PathBuf> = ["pv-src", "pv-restore", "pv-clone"]
+        .iter()
+        .map(|pv| kubelet_paths(&root, pv, "pod").0)
+        .collect();
+    let _cleanup = Cleanup {
+        mounts: paths.clone(),
+        data: daemon.data_dir(),
+    };
+    let mut controller = daemon.controller().await;
+    let source = create_volume_id(&mut controller, create(&format!("src-{fs}"), fs, SOURCE, None)).await;
+    stage(daemon, &source, &paths[0], fs).await;
+    let (source_size, source_fs) = filesystem(&paths[0]);
+    assert_eq!(source_fs, fs);
+    assert!(source_size <= SOURCE, "{source_size}");
+    let data: Vec<u8> = (0..(4 * MIB) as usize).map(|i| (i % 251) as u8).collect();
+    std::fs::write(paths[0].join("data"), &data).unwrap();
+    std::fs::File::open(paths[0].join("data"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+
+    let snapshot = controller
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: source.clone(),
+            name: format!("snap-{fs}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let restore = create_volume_id(
+        &mut controller,
+        create(
+            &format!("restore-{fs}"),
+            fs,
+            LARGER,
+            Some(Type::Snapshot(SnapshotSource {
+                snapshot_id: snapshot,
+            })),
+        ),
+    )
+    .await;
+    // A clone of the staged source (frozen around its copy).
+    let clone = create_volume_id(
+        &mut controller,
+        create(
+            &format!("clone-{fs}"),
+            fs,
+            LARGER,
+            Some(Type::Volume(VolumeSource {
+                volume_id: source.clone(),
+            })),
+        ),
+    )
+    .await;
+    let copies = [format!("restore-{fs}"), format!("clone-{fs}")];
+    for name in &copies {
+        assert!(
+            marked(name),
+            "{name}: created larger than its source, marked for a grow"
+        );
+    }
+    assert!(!marked(&format!("src-{fs}")));
+
+    for ((id, staging), name) in [(&restore, &paths[1]), (&clone, &paths[2])]
+        .into_iter()
+        .zip(&copies)
+    {
+        stage(daemon, id, staging, fs).await;
+        assert!(!marked(name), "{name}: the mark is cleared once grown");
+        let (size, found_fs) = filesystem(staging);
+        eprintln!("{fs}: source filesystem {source_size} bytes, {id} after stage {size} bytes");
+        assert_eq!(found_fs, fs);
+        // The metadata (journal, log, inode tables) takes its share; the rest is the
+        // device's, twice the source's.
+        assert!(
+            size > source_size + SOURCE * 9 / 10,
+            "{id}: the filesystem is {size} bytes after stage, the source's {source_size}: not grown"
+        );
+        assert!(size <= LARGER);
+        assert!(
+            std::fs::read(staging.join("data")).unwrap() == data,
+            "{id}: data intact"
+        );
+        // Written past the source's size: the new space is usable.
+        let big = vec![1u8; (SOURCE + 64 * MIB) as usize];
+        std::fs::write(staging.join("big"), &big).unwrap();
+        std::fs::remove_file(staging.join("big")).unwrap();
+        // A repeated stage changes nothing.
+        stage(daemon, id, staging, fs).await;
+        assert_eq!(filesystem(staging).0, size);
+    }
+    // A second stage after an unstage finds nothing to grow and keeps the data.
+    unstage(daemon, &restore, &paths[1]).await;
+    stage(daemon, &restore, &paths[1], fs).await;
+    assert!(std::fs::read(paths[1].join("data")).unwrap() == data);
+
+    for (id, staging) in [(&source, &paths[0]), (&restore, &paths[1]), (&clone, &paths[2])] {
+        unstage(daemon, id, staging).await;
+        controller
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id.to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+}
