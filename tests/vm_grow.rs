@@ -55,14 +55,14 @@ fn sh(program: &str, args: &[&str]) -> String {
 /// Whether the LV whose name tag is `name` carries the grow mark.
 fn lv_marked(name: &str) -> bool {
     let rows = sh("lvs", &["--noheadings", "-o", "lv_name,lv_tags", VG]);
-    let row = rows
+    let name_tag = format!("localvol.csi.dev/name={name}");
+    let tags: Vec<&str> = rows
         .lines()
-        .find(|l| {
-            l.contains(&format!("localvol.csi.dev/name={name},"))
-                || l.ends_with(&format!("localvol.csi.dev/name={name}"))
-        })
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .map(|tags| tags.split(',').collect::<Vec<_>>())
+        .find(|tags| tags.contains(&name_tag.as_str()))
         .unwrap_or_else(|| panic!("no LV named {name} in {rows}"));
-    row.contains("localvol.csi.dev/grow=filesystem")
+    tags.contains(&"localvol.csi.dev/grow=filesystem")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
