@@ -50,11 +50,18 @@ YAML
   [ "$(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}')" = 64Mi ] ||
     fail "restoreSize $(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}'), expected 64Mi"
 
-  # Restore: the data as at the snapshot.
-  s9_pvc_from $ns restored VolumeSnapshot snap snapshot.storage.k8s.io >/dev/null
+  # Restore into a claim twice the snapshot's size: the data as at the snapshot, and the
+  # pod sees the size it asked for (the filesystem grown at stage), not the source's.
+  s9_pvc_from $ns restored VolumeSnapshot snap snapshot.storage.k8s.io 128Mi >/dev/null
   apply_pod $ns restore-reader fs restored >/dev/null
   wait_until 90 "pod on the restored claim Running" pod_phase_is $ns restore-reader Running
   s9_copy_holds $ns restore-reader restored restore marker-1 before-snapshot marker-2 "$lines_before_snapshot" "$lines_at_ready"
+  local src_kib restored_kib
+  src_kib=$(s9_df_kib $ns writer) restored_kib=$(s9_df_kib $ns restore-reader)
+  # ext4 keeps a few MiB of either size for itself: twice the size, less 10%.
+  [ "$restored_kib" -gt $((src_kib * 9 / 5)) ] ||
+    fail "the 128Mi restore shows ${restored_kib} KiB in the pod, the 64Mi source ${src_kib} KiB: its filesystem was not grown"
+  note "restore: df in the pod ${restored_kib} KiB (source ${src_kib} KiB)"
 
   # Clone of the running source: the data as at the clone.
   local lines_before_clone; lines_before_clone=$(s9_lines $ns writer)
@@ -97,8 +104,8 @@ s9_sidecar_ready() {
   [ "$(k -n "$SYSTEM_NS" get pod "$pod" -o jsonpath="{.status.containerStatuses[?(@.name=='csi-snapshotter')].ready}")" = true ]
 }
 
-s9_pvc_from() { # NAMESPACE NAME KIND SOURCE APIGROUP
-  local group=""
+s9_pvc_from() { # NAMESPACE NAME KIND SOURCE APIGROUP [SIZE]
+  local group="" size=${6:-64Mi}
   [ -z "$5" ] || group="apiGroup: $5, "
   k apply -f - <<YAML
 apiVersion: v1
@@ -108,8 +115,13 @@ spec:
   accessModes: [ReadWriteOnce]
   storageClassName: localvol-loop
   dataSource: {${group}kind: $3, name: $4}
-  resources: {requests: {storage: 64Mi}}
+  resources: {requests: {storage: $size}}
 YAML
+}
+
+# The size of the filesystem at /data in POD, in KiB, as df shows it.
+s9_df_kib() { # NAMESPACE POD
+  k -n "$1" exec "$2" -- df -k /data | awk 'NR == 2 {print $2}'
 }
 
 # A copy read by POD: another volume than the source, FILE holds CONTENT (written before
