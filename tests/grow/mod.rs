@@ -7,24 +7,21 @@ use std::path::{Path, PathBuf};
 
 use localvol::proto::csi::v1 as csi;
 
-use crate::common::{Cleanup, Daemon, create_volume_id, kubelet_paths};
+use crate::common::{Cleanup, Daemon, create_volume_id, kubelet_paths, mount_capability};
 
 const MIB: u64 = 1 << 20;
 /// xfs needs 300 MB at least.
 const SOURCE: u64 = 320 * MIB;
 const LARGER: u64 = 2 * SOURCE;
 
+/// The suite's single-writer mount capability, with filesystem `fs`.
 fn capability(fs: &str) -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
+    use csi::volume_capability::AccessType;
+    let mut capability = mount_capability();
+    if let Some(AccessType::Mount(mount)) = capability.access_type.as_mut() {
+        mount.fs_type = fs.into();
     }
+    capability
 }
 
 fn create(
