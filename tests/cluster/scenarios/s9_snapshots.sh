@@ -25,6 +25,7 @@ s9_snapshots() {
   k -n $ns exec writer -- sh -c 'echo before-snapshot > /data/marker-1 && sync' || fail "writing into the source"
   wait_until 10 "the writer is writing" s9_lines_at_least $ns writer 5
   local lines_before_snapshot; lines_before_snapshot=$(s9_lines $ns writer)
+  local src_kib restored_kib
 
   k apply -f - >/dev/null <<YAML
 apiVersion: snapshot.storage.k8s.io/v1
@@ -56,12 +57,10 @@ YAML
   apply_pod $ns restore-reader fs restored >/dev/null
   wait_until 90 "pod on the restored claim Running" pod_phase_is $ns restore-reader Running
   s9_copy_holds $ns restore-reader restored restore marker-1 before-snapshot marker-2 "$lines_before_snapshot" "$lines_at_ready"
-  local src_kib restored_kib
   src_kib=$(s9_df_kib $ns writer) restored_kib=$(s9_df_kib $ns restore-reader)
   # ext4 keeps a few MiB of either size for itself: twice the size, less 10%.
   [ "$restored_kib" -gt $((src_kib * 9 / 5)) ] ||
     fail "the 128Mi restore shows ${restored_kib} KiB in the pod, the 64Mi source ${src_kib} KiB: its filesystem was not grown"
-  note "restore: df in the pod ${restored_kib} KiB (source ${src_kib} KiB)"
 
   # Clone of the running source: the data as at the clone.
   local lines_before_clone; lines_before_clone=$(s9_lines $ns writer)
@@ -84,7 +83,7 @@ YAML
   [ -z "$(k get volumesnapshotcontent -o name)" ] || fail "VolumeSnapshotContents left: $(k get volumesnapshotcontent -o name)"
   local left; left=$(find "$LOOP_DIR" -mindepth 1 ! -type d)
   [ -z "$left" ] || { ls -laR "$LOOP_DIR" >&2; fail "files left in $LOOP_DIR: $left"; }
-  note "NOTE s9: restore holds $(s9_restored_lines) of the $lines_at_ready lines written when the snapshot was ready; nothing left in $LOOP_DIR"
+  note "NOTE s9: restore holds $(s9_restored_lines) of the $lines_at_ready lines written when the snapshot was ready; df in its pod ${restored_kib} KiB (128Mi claim; the 64Mi source ${src_kib} KiB); nothing left in $LOOP_DIR"
 }
 
 s9_restore() {
