@@ -38,6 +38,16 @@ fn stage_request(id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
     }
 }
 
+async fn stage_and_unstage(node: &mut csi::node_client::NodeClient<Channel>, id: &str, staging: &Path) {
+    node.node_stage_volume(stage_request(id, staging)).await.unwrap();
+    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.to_string(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+}
+
 async fn create(
     controller: &mut csi::controller_client::ControllerClient<Channel>,
     name: &str,
@@ -252,9 +262,9 @@ fn processes_with(needle: &str) -> usize {
         .count()
 }
 
-/// A storage tool that hangs (losetup, run by every stage of a detached volume): the
-/// call fails with DEADLINE_EXCEEDED when the daemon's timeout (30s for losetup) kills
-/// the tool;
+/// A storage tool that hangs (blkid, run by every stage of a volume formatted before):
+/// the call fails with DEADLINE_EXCEEDED when the daemon's timeout (30s for blkid)
+/// kills the tool;
 /// meanwhile the daemon answers other calls at once and the same volume is ABORTED, not
 /// queued; afterwards the lock is free and the retried stage succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -270,10 +280,6 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
     // A sleep long enough to hang, with a duration no other process has.
     let marker = format!("1000.{}", std::process::id());
     std::fs::create_dir_all(dir.join("bin")).unwrap();
-    let fake = dir.join("bin/losetup");
-    // `exec`, so the process the daemon kills is the one that hangs.
-    std::fs::write(&fake, format!("#!/bin/sh\nexec sleep {marker}\n")).unwrap();
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let (staging, _) = kubelet_paths(&dir.join("kubelet"), "pv-hang", "pod-hang");
     let _cleanup = Cleanup {
         mounts: vec![staging.clone()],
@@ -283,6 +289,12 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
     let mut controller = csi::controller_client::ControllerClient::new(daemon.channel.clone());
     let mut node = csi::node_client::NodeClient::new(daemon.channel.clone());
     let id = create(&mut controller, "pvc-hang", 32 * MIB).await;
+    // Formatted once with the real tools: from now on every stage asks blkid first.
+    stage_and_unstage(&mut node, &id, &staging).await;
+    let fake = dir.join("bin/blkid");
+    // `exec`, so the process the daemon kills is the one that hangs.
+    std::fs::write(&fake, format!("#!/bin/sh\nexec sleep {marker}\n")).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
     let started = Instant::now();
     let hung = {
@@ -292,7 +304,7 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
     };
     // Wait until the tool is really hanging.
     while processes_with(&marker) == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "losetup never ran");
+        assert!(started.elapsed() < Duration::from_secs(10), "blkid never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Responsive meanwhile: other volumes and lock-free calls are answered at once.
@@ -318,7 +330,7 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
 
     let timed_out = tokio::time::timeout(Duration::from_secs(60), hung)
         .await
-        .expect("the hung call is answered within losetup's timeout")
+        .expect("the hung call is answered within blkid's timeout")
         .unwrap()
         .unwrap_err();
     assert_eq!(
@@ -327,9 +339,9 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
         "{}",
         timed_out.message()
     );
-    assert!(timed_out.message().contains("losetup"), "{}", timed_out.message());
+    assert!(timed_out.message().contains("blkid"), "{}", timed_out.message());
     eprintln!(
-        "hung losetup answered after {:?}: {}",
+        "hung blkid answered after {:?}: {}",
         started.elapsed(),
         timed_out.message()
     );
@@ -343,15 +355,7 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
 
     // The tool works again: the same stage succeeds (the lock was released).
     std::fs::remove_file(&fake).unwrap();
-    node.node_stage_volume(stage_request(&id, &staging))
-        .await
-        .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    stage_and_unstage(&mut node, &id, &staging).await;
     for vol in [id, other] {
         controller
             .delete_volume(csi::DeleteVolumeRequest {

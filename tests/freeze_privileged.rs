@@ -64,6 +64,12 @@ impl Syscalls for HeldCopies {
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
         self.real.loop_devices().await
     }
+    async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError> {
+        self.real.loop_attach(image).await
+    }
+    async fn loop_detach(&self, device: &Path) -> Result<(), SyscallError> {
+        self.real.loop_detach(device).await
+    }
     async fn copy_file(&self, source: &Path, target: &Path) -> Result<CopyMethod, SyscallError> {
         let (release, released) = oneshot::channel();
         self.started.send(release).expect("the test waits for copies");

@@ -59,35 +59,21 @@ impl LoopBackend {
                 token: token.clone(),
             });
         }
-        let out = self
+        // Ioctls, not `losetup --find --show`: the kernel calls it makes, without a
+        // process to spawn (milliseconds of every stage).
+        Ok(self
             .host
-            .commands
-            .run(
-                CommandSpec::new("losetup")
-                    .args(["--find", "--show"])
-                    .arg(self.image_path(token))
-                    .timeout(LOSETUP_TIMEOUT),
-            )
-            .await?;
-        Ok(PathBuf::from(out.stdout_str().trim()))
+            .syscalls
+            .loop_attach(&self.image_path(token))
+            .await?)
     }
 
     pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {
         for device in self.devices_holding(token).await? {
-            let result = self
-                .host
-                .commands
-                .run(
-                    CommandSpec::new("losetup")
-                        .arg("--detach")
-                        .arg(&device)
-                        .timeout(LOSETUP_TIMEOUT),
-                )
-                .await;
-            match result {
-                Ok(_) => {}
+            match self.host.syscalls.loop_detach(&device).await {
+                Ok(()) => {}
                 // Detached meanwhile (autoclear, or another node agent): the goal is met.
-                Err(e) if e.stderr().contains("No such device") => {}
+                Err(e) if e.is_not_attached() || e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -100,7 +86,7 @@ impl LoopBackend {
     /// really let go of the file, so a DeleteVolume right after it never sees it in use.
     async fn wait_detached(&self, token: &Token) -> Result<(), BackendError> {
         // Short, slowly growing pauses: the opener holding the device is usually a
-        // tool probing loop devices (another volume's `losetup --find`) that lets go
+        // tool probing loop devices (udev's blkid, an administrator's `losetup`) that lets go
         // within milliseconds, and a doubling pause would oversleep that by as much.
         let mut pause = Duration::from_millis(1);
         let deadline = tokio::time::Instant::now() + DETACH_WAIT;

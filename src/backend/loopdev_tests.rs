@@ -148,17 +148,9 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
     let dir = tempfile::tempdir().unwrap();
     let commands = Arc::new(FakeCommands::default());
     let syscalls = Arc::new(FakeSyscalls::default());
-    let detached = Arc::clone(&syscalls);
     // As when another opener holds the device at LOOP_CLR_FD: the kernel only marks it
     // for autoclear, and it goes a moment later.
-    commands.on("losetup", move |cmd| {
-        let (syscalls, device) = (Arc::clone(&detached), PathBuf::from(cmd.args.last().unwrap()));
-        std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            syscalls.detach_loop(&device);
-        });
-        Ok(crate::host::CommandOutput::default())
-    });
+    syscalls.defer_detach(std::time::Duration::from_millis(50));
     let b = backend_with(dir.path(), commands.clone(), syscalls.clone());
     let image = b.directory().join("pvc-a.img");
     syscalls.attach_loop("/dev/loop7", format!("{} (deleted)", image.display()));
@@ -166,7 +158,7 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
     // Not this volume's device, even though the image's device is gone.
     assert_eq!(b.device(&Token::for_name("pvc-a")).await.unwrap(), None);
     b.detach(&Token::for_name("pvc-a")).await.unwrap();
-    assert_eq!(commands.calls_of("losetup"), vec!["losetup --detach /dev/loop7"]);
+    assert_eq!(loop_clr_fd_calls(&syscalls), vec!["LOOP_CLR_FD /dev/loop7"]);
     // Detach returns only once the deleted image's device is really gone.
     let left: Vec<_> = crate::host::Syscalls::loop_devices(syscalls.as_ref())
         .await
@@ -191,11 +183,6 @@ async fn devices_attached_by_a_previous_container_are_found_by_inode() {
         available_bytes: 1 << 40,
         ..FsUsage::default()
     });
-    let detached = Arc::clone(&syscalls);
-    commands.on("losetup", move |cmd| {
-        detached.detach_loop(Path::new(cmd.args.last().unwrap()));
-        Ok(crate::host::CommandOutput::default())
-    });
     let b = backend_with(dir.path(), commands.clone(), syscalls.clone());
     b.prepare().await.unwrap();
     b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
@@ -214,9 +201,18 @@ async fn devices_attached_by_a_previous_container_are_found_by_inode() {
         "not attached twice"
     );
     b.detach(&a).await.unwrap();
-    assert_eq!(commands.calls_of("losetup"), vec!["losetup --detach /dev/loop5"]);
+    assert_eq!(loop_clr_fd_calls(&syscalls), vec!["LOOP_CLR_FD /dev/loop5"]);
     assert_eq!(
         b.device(&Token::for_name("pvc-b")).await.unwrap(),
         Some(PathBuf::from("/dev/loop6"))
     );
+}
+
+/// The LOOP_CLR_FD calls the fake syscalls saw.
+fn loop_clr_fd_calls(syscalls: &FakeSyscalls) -> Vec<String> {
+    syscalls
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("LOOP_CLR_FD "))
+        .collect()
 }

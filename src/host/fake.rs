@@ -15,8 +15,8 @@ use super::{
 type Handler = Box<dyn Fn(&CommandSpec) -> Result<CommandOutput, CommandError> + Send + Sync>;
 
 /// Host seams that behave like a machine with loop devices: a host filesystem of
-/// 100 GiB with 50 GiB free (`used_bytes` used), losetup attaching files to `device`
-/// (a 64 MiB block device 7:7) and detaching them, blkid reporting what mkfs.ext4 or
+/// 100 GiB with 50 GiB free (`used_bytes` used), loop attach handing out `device`
+/// (a 64 MiB block device 7:7), blkid reporting what mkfs.ext4 or
 /// mkfs.xfs last wrote (nothing at first).
 pub fn loop_machine(device: &Path, used_bytes: u64) -> (Arc<FakeCommands>, FakeSyscalls) {
     let commands = Arc::new(FakeCommands::default());
@@ -28,28 +28,7 @@ pub fn loop_machine(device: &Path, used_bytes: u64) -> (Arc<FakeCommands>, FakeS
         used_bytes,
         ..FsUsage::default()
     });
-    {
-        let syscalls = syscalls.clone();
-        let device = device.to_path_buf();
-        commands.on("losetup", move |cmd| {
-            let args: Vec<_> = cmd
-                .args
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect();
-            match args[0].as_str() {
-                "--find" => {
-                    syscalls.attach_loop(&device, &args[2]);
-                    succeeded(format!("{}\n", device.display()))
-                }
-                "--detach" => {
-                    syscalls.detach_loop(Path::new(&args[1]));
-                    Ok(CommandOutput::default())
-                }
-                _ => Ok(CommandOutput::default()),
-            }
-        });
-    }
+    syscalls.add_free_loop(device);
     let formatted: Arc<Mutex<Option<String>>> = Arc::default();
     {
         let formatted = Arc::clone(&formatted);
@@ -176,6 +155,11 @@ struct SyscallState {
     devices: HashMap<PathBuf, (u32, u32)>,
     sizes: HashMap<PathBuf, u64>,
     loops: Vec<LoopDevice>,
+    /// Loop devices `loop_attach` hands out, first first.
+    free_loops: Vec<PathBuf>,
+    /// When set, `loop_detach` only marks the device (another opener holds it) and it
+    /// goes this long after, as the kernel's autoclear does.
+    deferred_detach: Option<std::time::Duration>,
     usage: FsUsage,
     calls: Vec<String>,
     fail_next: HashMap<&'static str, i32>,
@@ -239,6 +223,17 @@ impl FakeSyscalls {
 
     pub fn detach_loop(&self, device: &Path) {
         self.state.lock().unwrap().loops.retain(|l| l.device != device);
+    }
+
+    /// A loop device `loop_attach` may use (each once until detached again).
+    pub fn add_free_loop(&self, device: impl Into<PathBuf>) {
+        self.state.lock().unwrap().free_loops.push(device.into());
+    }
+
+    /// From now on a detached device goes only `delay` after LOOP_CLR_FD returned, as
+    /// when another process holds it open.
+    pub fn defer_detach(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().deferred_detach = Some(delay);
     }
 
     pub fn set_usage(&self, usage: FsUsage) {
@@ -400,6 +395,49 @@ impl Syscalls for FakeSyscalls {
 
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
         Ok(self.state.lock().unwrap().loops.clone())
+    }
+
+    async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError> {
+        self.record("LOOP_CONFIGURE", image)?;
+        let mut s = self.state.lock().unwrap();
+        if s.free_loops.is_empty() {
+            return Err(SyscallError {
+                call: "LOOP_CTL_GET_FREE",
+                path: PathBuf::from("/dev/loop-control"),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        let device = s.free_loops.remove(0);
+        s.loops.push(LoopDevice {
+            device: device.clone(),
+            backing_file: image.to_path_buf(),
+            backing_inode: None,
+        });
+        Ok(device)
+    }
+
+    async fn loop_detach(&self, device: &Path) -> Result<(), SyscallError> {
+        self.record("LOOP_CLR_FD", device)?;
+        let mut s = self.state.lock().unwrap();
+        if !s.loops.iter().any(|l| l.device == device) {
+            return Err(SyscallError {
+                call: "LOOP_CLR_FD",
+                path: device.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENXIO),
+            });
+        }
+        s.free_loops.push(device.to_path_buf());
+        match s.deferred_detach {
+            None => s.loops.retain(|l| l.device != device),
+            Some(delay) => {
+                let (fake, device) = (self.clone(), device.to_path_buf());
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    fake.detach_loop(&device);
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A plain copy of the real file (the fake's tests run on temporary directories),

@@ -64,6 +64,88 @@ struct LoopInfo64 {
 
 nix::ioctl_read_bad!(loop_get_status64, 0x4C05, LoopInfo64);
 
+/// `struct loop_config` of linux/loop.h, LOOP_CONFIGURE's argument (Linux 5.8).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+// linux/loop.h: LOOP_SET_FD and LOOP_CLR_FD take an int by value (or nothing),
+// LOOP_CONFIGURE a loop_config, LOOP_CTL_GET_FREE (on /dev/loop-control) nothing.
+nix::ioctl_write_int_bad!(loop_set_fd, 0x4C00);
+nix::ioctl_none_bad!(loop_clr_fd, 0x4C01);
+nix::ioctl_write_ptr_bad!(loop_configure, 0x4C0A, LoopConfig);
+nix::ioctl_none_bad!(loop_ctl_get_free, 0x4C82);
+
+/// How often attach takes another free device when a concurrent attacher (another
+/// daemon's, an administrator's `losetup`) took the one it was given first.
+const LOOP_ATTACH_TRIES: usize = 16;
+
+/// The blocking body of [`Syscalls::loop_attach`]: what `losetup --find --show` does,
+/// without a process: ask loop-control for a free device, then bind the image to it in
+/// one LOOP_CONFIGURE (or LOOP_SET_FD on kernels before 5.8).
+fn loop_attach_blocking(image: &Path) -> Result<PathBuf, SyscallError> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| SyscallError::new("open", image, e))?;
+    let control_path = Path::new("/dev/loop-control");
+    let control =
+        std::fs::File::open(control_path).map_err(|e| SyscallError::new("open", control_path, e))?;
+    let mut busy = None;
+    for _ in 0..LOOP_ATTACH_TRIES {
+        // SAFETY: the fd is open for the call; LOOP_CTL_GET_FREE takes no argument.
+        let number = unsafe { loop_ctl_get_free(control.as_raw_fd()) }
+            .map_err(|e| SyscallError::new("LOOP_CTL_GET_FREE", control_path, e))?;
+        let device = PathBuf::from(format!("/dev/loop{number}"));
+        let loop_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&device)
+            .map_err(|e| SyscallError::new("open", &device, e))?;
+        // SAFETY: all-zero bytes are a valid loop_config: no flags, no offset, no name.
+        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+        config.fd = file.as_raw_fd() as u32;
+        // SAFETY: both fds are open for the call and `config` is a valid loop_config
+        // that the kernel only reads.
+        let configured = match unsafe { loop_configure(loop_file.as_raw_fd(), &config) } {
+            // Before Linux 5.8: the older call, which sets the same state (no flags).
+            // SAFETY: both fds are open for the call; LOOP_SET_FD takes the fd by value.
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOTTY) => unsafe {
+                loop_set_fd(loop_file.as_raw_fd(), file.as_raw_fd())
+            },
+            other => other,
+        };
+        match configured {
+            Ok(_) => return Ok(device),
+            // Taken between LOOP_CTL_GET_FREE and now: ask for another.
+            Err(nix::errno::Errno::EBUSY) => busy = Some(device),
+            Err(e) => return Err(SyscallError::new("LOOP_CONFIGURE", &device, e)),
+        }
+    }
+    let device = busy.unwrap_or_else(|| control_path.to_path_buf());
+    Err(SyscallError::new(
+        "LOOP_CONFIGURE",
+        &device,
+        nix::errno::Errno::EBUSY,
+    ))
+}
+
+/// The blocking body of [`Syscalls::loop_detach`]: what `losetup --detach` does.
+fn loop_detach_blocking(device: &Path) -> Result<(), SyscallError> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(device).map_err(|e| SyscallError::new("open", device, e))?;
+    // SAFETY: the fd is open for the call; LOOP_CLR_FD takes no argument.
+    unsafe { loop_clr_fd(file.as_raw_fd()) }
+        .map(drop)
+        .map_err(|e| SyscallError::new("LOOP_CLR_FD", device, e))
+}
+
 /// The backing file's `(st_dev, st_ino)` of the loop device at `device`.
 fn loop_backing_inode(device: &Path) -> Option<(u64, u64)> {
     use std::os::fd::AsRawFd;
@@ -106,6 +188,11 @@ impl SyscallError {
 
     pub fn is_not_found(&self) -> bool {
         self.source.kind() == std::io::ErrorKind::NotFound
+    }
+
+    /// ENXIO from LOOP_CLR_FD: the loop device has no file attached.
+    pub fn is_not_attached(&self) -> bool {
+        self.call == "LOOP_CLR_FD" && self.errno() == Some(libc::ENXIO)
     }
 
     /// Whether the same call again cannot succeed until someone changes something (see
@@ -153,6 +240,12 @@ pub trait Syscalls: Send + Sync + 'static {
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError>;
     /// Every attached loop device and its backing file.
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError>;
+    /// Attaches `image` (read-write) to a free loop device; returns the device.
+    async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError>;
+    /// Detaches the loop device (LOOP_CLR_FD). ENXIO ([`SyscallError::is_not_attached`])
+    /// when nothing is attached to it. While another process holds the device open the
+    /// kernel only marks it for autoclear, and the detach happens when that one closes.
+    async fn loop_detach(&self, device: &Path) -> Result<(), SyscallError>;
     /// Copies `source` into a new file `target` (mode 0600, must not exist) and fsyncs
     /// it: sharing blocks (FICLONE) where the filesystem can, else only the extents
     /// holding data (SEEK_DATA/SEEK_HOLE), so holes stay holes.
@@ -408,6 +501,14 @@ impl Syscalls for SystemSyscalls {
             Ok(found)
         })
         .await
+    }
+
+    async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError> {
+        blocking("LOOP_CONFIGURE", image, loop_attach_blocking).await
+    }
+
+    async fn loop_detach(&self, device: &Path) -> Result<(), SyscallError> {
+        blocking("LOOP_CLR_FD", device, loop_detach_blocking).await
     }
 
     async fn copy_file(&self, source: &Path, target: &Path) -> Result<CopyMethod, SyscallError> {
