@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{DETACH_WAIT, LOSETUP_TIMEOUT, LoopBackend, image_inode};
 use crate::backend::BackendError;
-use crate::host::CommandSpec;
+use crate::host::{CommandSpec, LoopDevice};
 use crate::model::Token;
 
 impl LoopBackend {
@@ -14,39 +14,49 @@ impl LoopBackend {
     /// where the kernel no longer prints our path (a device attached by a daemon whose
     /// container, and so the mount the image was opened through, is gone). With
     /// `deleted`, also those still holding an image that was deleted under them (the
-    /// kernel reports `<path> (deleted)`): nothing else would ever detach those.
-    async fn devices_on(&self, token: &Token, deleted: bool) -> Result<Vec<PathBuf>, BackendError> {
+    /// kernel reports `<path> (deleted)`): nothing else would ever detach those. With
+    /// `first`, only one: the first found by path if any, without the image's inode
+    /// (one call fewer on every lookup of a device this daemon attached).
+    async fn devices_on(
+        &self,
+        token: &Token,
+        deleted: bool,
+        first: bool,
+    ) -> Result<Vec<PathBuf>, BackendError> {
         let image = self.image_path(token);
-        let inode = image_inode(&image).await;
         let mut deleted_name = image.clone().into_os_string();
         deleted_name.push(" (deleted)");
         let devices = self.host.syscalls.loop_devices().await?;
+        let by_path = |d: &LoopDevice| {
+            d.backing_file == image || (deleted && d.backing_file.as_os_str() == deleted_name)
+        };
+        if first && let Some(found) = devices.iter().find(|d| by_path(d)) {
+            return Ok(vec![found.device.clone()]);
+        }
+        let inode = image_inode(&image).await;
         Ok(devices
             .into_iter()
-            .filter(|d| {
-                d.backing_file == image
-                    || (inode.is_some() && d.backing_inode == inode)
-                    || (deleted && d.backing_file.as_os_str() == deleted_name)
-            })
+            .filter(|d| by_path(d) || (inode.is_some() && d.backing_inode == inode))
             .map(|d| d.device)
+            .take(if first { 1 } else { usize::MAX })
             .collect())
     }
 
     async fn devices_of(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
-        self.devices_on(token, false).await
+        self.devices_on(token, false, false).await
     }
 
     async fn devices_holding(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {
-        self.devices_on(token, true).await
+        self.devices_on(token, true, false).await
     }
 
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
-        Ok(self.devices_of(token).await?.into_iter().next())
+        Ok(self.devices_on(token, false, true).await?.into_iter().next())
     }
 
     /// The device holding the volume's data, even one whose image was deleted under it.
     pub async fn holding_device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
-        Ok(self.devices_holding(token).await?.into_iter().next())
+        Ok(self.devices_on(token, true, true).await?.into_iter().next())
     }
 
     pub async fn attach(&self, token: &Token) -> Result<PathBuf, BackendError> {
@@ -61,11 +71,7 @@ impl LoopBackend {
         }
         // Ioctls, not `losetup --find --show`: the kernel calls it makes, without a
         // process to spawn (milliseconds of every stage).
-        Ok(self
-            .host
-            .syscalls
-            .loop_attach(&self.image_path(token))
-            .await?)
+        Ok(self.host.syscalls.loop_attach(&self.image_path(token)).await?)
     }
 
     pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {

@@ -11,6 +11,7 @@ mod grow;
 mod node;
 mod ownership;
 mod snapshots;
+mod targets;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -263,23 +264,30 @@ impl Volumes {
 /// Refuses a path that does not resolve to itself: a symlink anywhere along it could
 /// redirect a mount or an unlink to a place kubelet never named.
 async fn check_no_symlinks(path: &Path) -> Result<(), VolumeError> {
-    let mut existing = path;
-    loop {
-        match tokio::fs::canonicalize(existing).await {
-            Ok(resolved) if resolved == existing => return Ok(()),
-            Ok(resolved) => {
-                return Err(VolumeError::Symlink {
-                    path: path.to_path_buf(),
-                    resolved,
-                });
+    let owned = path.to_path_buf();
+    // One trip to the blocking pool for the whole walk up (each is a thread hand-off).
+    tokio::task::spawn_blocking(move || {
+        let path = owned.as_path();
+        let mut existing = path;
+        loop {
+            match std::fs::canonicalize(existing) {
+                Ok(resolved) if resolved == existing => return Ok(()),
+                Ok(resolved) => {
+                    return Err(VolumeError::Symlink {
+                        path: path.to_path_buf(),
+                        resolved,
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => match existing.parent() {
+                    Some(parent) => existing = parent,
+                    None => return Ok(()),
+                },
+                Err(e) => return Err(io_error("resolve", existing)(e)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match existing.parent() {
-                Some(parent) => existing = parent,
-                None => return Ok(()),
-            },
-            Err(e) => return Err(io_error("resolve", existing)(e)),
         }
-    }
+    })
+    .await
+    .map_err(|e| io_error("resolve", path)(std::io::Error::other(e)))?
 }
 
 /// The locked unit of work: ties a guard to the volume it proves.

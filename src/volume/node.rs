@@ -1,12 +1,11 @@
 //! Node operations: stage, publish, unpublish, unstage, expand, stats.
 
-use std::path::Path;
-
 use tracing::{info, warn};
 
 use super::grow::GrowAfterMount;
 use super::ownership::{Holding, describe, holding, refuse_mounts_below, refuse_other};
-use super::{VolumeError, Volumes, check_no_symlinks, guard_matches, io_error};
+use super::targets::{create_dir, create_file, remove_target};
+use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, VolumeRecord};
 use crate::fs::{self, FsType, Signature};
 use crate::locks::VolumeGuard;
@@ -59,14 +58,23 @@ fn check_access(record: &VolumeRecord, capability: &Capability) -> Result<(), Vo
 impl Volumes {
     pub async fn stage(&self, guard: &VolumeGuard, req: &StageRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
-        let (backend, record) = self.record(&req.id).await?;
-        check_access(&record, &req.capability)?;
         let staging = req.staging_path.as_path();
-        check_no_symlinks(staging).await?;
+        let backend = self.backend_of(&req.id)?;
+        // Independent reads, at once (each is a trip to the blocking pool); their
+        // errors are taken in the order the checks mean.
+        let (record, links, table, identity) = tokio::join!(
+            self.record(&req.id),
+            check_no_symlinks(staging),
+            MountTable::read(&self.host),
+            self.identity(backend, &req.id.token)
+        );
+        let (_, record) = record?;
+        check_access(&record, &req.capability)?;
+        links?;
         // Before attaching anything: the staging path holds this volume or nothing, and
         // hides no mount below it.
-        let table = MountTable::read(&self.host).await?;
-        let identity = self.identity(backend, &req.id.token).await?;
+        let table = table?;
+        let identity = identity?;
         let held = holding(&table, staging, identity.as_ref());
         refuse_other(staging, &held)?;
         let AccessType::Mount { fs_type, mount_flags } = &req.capability.access else {
@@ -168,19 +176,36 @@ impl Volumes {
 
     pub async fn publish(&self, guard: &VolumeGuard, req: &PublishRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
-        let (backend, record) = self.record(&req.id).await?;
-        check_access(&record, &req.capability)?;
         let target = req.target_path.as_path();
         let staging = req.staging_path.as_path();
+        let backend = self.backend_of(&req.id)?;
+        let is_mount = matches!(req.capability.access, AccessType::Mount { .. });
+        // Independent reads, at once (each is a trip to the blocking pool); their
+        // errors are taken in the order the checks mean.
+        let (record, target_links, staging_links, table, identity) = tokio::join!(
+            self.record(&req.id),
+            check_no_symlinks(target),
+            async {
+                if is_mount {
+                    check_no_symlinks(staging).await
+                } else {
+                    Ok(())
+                }
+            },
+            MountTable::read(&self.host),
+            self.identity(backend, &req.id.token)
+        );
+        let (_, record) = record?;
+        check_access(&record, &req.capability)?;
         if target == staging || target.starts_with(staging) || staging.starts_with(target) {
             return Err(VolumeError::Invalid(ValidationError::Invalid {
                 field: "target_path",
                 reason: "the target path and the staging path must not contain each other".into(),
             }));
         }
-        check_no_symlinks(target).await?;
-        let table = MountTable::read(&self.host).await?;
-        let identity = self.identity(backend, &req.id.token).await?;
+        target_links?;
+        let table = table?;
+        let identity = identity?;
         let not_staged = || VolumeError::NotStaged {
             id: req.id.clone(),
             path: staging.to_path_buf(),
@@ -188,7 +213,7 @@ impl Volumes {
         // The source must be this volume: its staging mount, or its own device node.
         let source = match &req.capability.access {
             AccessType::Mount { .. } => {
-                check_no_symlinks(staging).await?;
+                staging_links?;
                 match holding(&table, staging, identity.as_ref()) {
                     Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
                         staging.to_path_buf()
@@ -253,15 +278,24 @@ impl Volumes {
     pub async fn unpublish(&self, guard: &VolumeGuard, req: &UnpublishRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
         let target = req.target_path.as_path();
-        check_no_symlinks(target).await?;
         let backend = self.backend_of(&req.id)?;
-        let identity = self.identity(backend, &req.id.token).await?;
+        let (identity, table) = self.look_at(backend, &req.id.token, target).await?;
+        let mut first_table = Some(table);
         // Bounded: a path with more stacked mounts than this is not ours to untangle.
         for _ in 0..16 {
-            let table = MountTable::read(&self.host).await?;
+            let table = match first_table.take() {
+                Some(table) => table,
+                None => MountTable::read(&self.host).await?,
+            };
             match holding(&table, target, identity.as_ref()) {
                 Holding::Nothing => return remove_target(target).await,
-                Holding::This(_) => mount::unmount(&self.host, target).await?,
+                Holding::This(_) => {
+                    mount::unmount(&self.host, target).await?;
+                    // It was the only mount there: nothing is left to look at.
+                    if table.count_at(target) == 1 {
+                        return remove_target(target).await;
+                    }
+                }
                 Holding::Other(e) => {
                     return Err(VolumeError::Occupied {
                         path: target.to_path_buf(),
@@ -279,10 +313,8 @@ impl Volumes {
     pub async fn unstage(&self, guard: &VolumeGuard, req: &UnstageRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
         let staging = req.staging_path.as_path();
-        check_no_symlinks(staging).await?;
         let backend = self.backend_of(&req.id)?;
-        let identity = self.identity(backend, &req.id.token).await?;
-        let table = MountTable::read(&self.host).await?;
+        let (identity, table) = self.look_at(backend, &req.id.token, staging).await?;
         refuse_other(staging, &holding(&table, staging, identity.as_ref()))?;
         if let Some(identity) = &identity
             && let Some(published) = table
@@ -294,11 +326,21 @@ impl Volumes {
                 path: published.mount_point.clone(),
             });
         }
+        let mut first_table = Some(table);
         for _ in 0..16 {
-            let table = MountTable::read(&self.host).await?;
+            let table = match first_table.take() {
+                Some(table) => table,
+                None => MountTable::read(&self.host).await?,
+            };
             match holding(&table, staging, identity.as_ref()) {
                 Holding::Nothing => break,
-                Holding::This(_) => mount::unmount(&self.host, staging).await?,
+                Holding::This(_) => {
+                    mount::unmount(&self.host, staging).await?;
+                    // It was the only mount there: nothing is left to look at.
+                    if table.count_at(staging) == 1 {
+                        break;
+                    }
+                }
                 Holding::Other(e) => {
                     return Err(VolumeError::Occupied {
                         path: staging.to_path_buf(),
@@ -413,70 +455,4 @@ async fn condition_of(backend: &Backend, id: &VolumeId) -> Result<VolumeConditio
             }
         }
     })
-}
-
-async fn create_dir(path: &Path) -> Result<(), VolumeError> {
-    use std::os::unix::fs::DirBuilderExt;
-    let owned = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(&owned)
-    })
-    .await
-    .map_err(|e| io_error("mkdir", path)(std::io::Error::other(e)))?
-    .map_err(io_error("mkdir", path))
-}
-
-async fn create_file(path: &Path) -> Result<(), VolumeError> {
-    let result = tokio::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .await;
-    match result {
-        Ok(_) => Ok(()),
-        Err(e) => Err(io_error("create", path)(e)),
-    }
-}
-
-/// Removes a target publish made: an empty directory, or the empty file a raw block
-/// volume's node was bound onto. Anything else (content, another kind of file, a mount
-/// point of another namespace's making) is left where it is: directories are shared
-/// across mount namespaces, and a removal cannot be undone. Gone is fine.
-async fn remove_target(path: &Path) -> Result<(), VolumeError> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = match tokio::fs::symlink_metadata(path).await {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_error("stat", path)(e)),
-    };
-    let parent = path.parent().unwrap_or(Path::new("/"));
-    let parent_dev = tokio::fs::symlink_metadata(parent)
-        .await
-        .map_err(io_error("stat", parent))?
-        .dev();
-    let leave = |why: &str| {
-        warn!(path = %path.display(), "leaving the target in place: {why}");
-        Ok(())
-    };
-    if meta.dev() != parent_dev {
-        return leave("it is the root of a mount this namespace does not see");
-    }
-    let result = if meta.is_dir() {
-        // rmdir itself refuses a directory with anything in it.
-        tokio::fs::remove_dir(path).await
-    } else if meta.is_file() && meta.len() == 0 {
-        tokio::fs::remove_file(path).await
-    } else {
-        return leave("publish makes only empty directories and empty files");
-    };
-    match result {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => leave("it is not empty"),
-        Err(e) => Err(io_error("remove", path)(e)),
-    }
 }

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{VolumeError, Volumes, io_error};
+use super::{VolumeError, Volumes, check_no_symlinks, io_error};
 use crate::backend::Backend;
 use crate::model::{Token, VolumeId};
 use crate::mount::{MountEntry, MountTable};
@@ -108,13 +108,34 @@ impl Volumes {
         let Some(device) = backend.holding_device(token).await? else {
             return Ok(None);
         };
-        let Some(dev) = self.host.syscalls.device_number(&device).await? else {
+        // Two independent lookups, at once.
+        let (dev, devtmpfs_root) =
+            tokio::join!(self.host.syscalls.device_number(&device), devtmpfs_root(&device));
+        let Some(dev) = dev? else {
             return Ok(None);
         };
         Ok(Some(Identity {
             dev,
-            devtmpfs_root: devtmpfs_root(&device).await?,
+            devtmpfs_root: devtmpfs_root?,
         }))
+    }
+
+    /// What an unpublish or unstage starts from: `path` checked for symbolic links, the
+    /// volume's identity and the mount table, read at once (each is a trip to the
+    /// blocking pool); errors in that order.
+    pub(super) async fn look_at(
+        &self,
+        backend: &Backend,
+        token: &Token,
+        path: &Path,
+    ) -> Result<(Option<Identity>, MountTable), VolumeError> {
+        let (links, identity, table) = tokio::join!(
+            check_no_symlinks(path),
+            self.identity(backend, token),
+            MountTable::read(&self.host)
+        );
+        links?;
+        Ok((identity?, table?))
     }
 
     /// The mount of this volume at `path` (its filesystem, or a bind of its raw device

@@ -1,0 +1,81 @@
+//! The paths kubelet names, as node operations make and remove them: the staging and
+//! target directories, the file a raw block volume is bound onto.
+
+use std::path::Path;
+
+use tracing::warn;
+
+use super::{VolumeError, io_error};
+
+pub(super) async fn create_dir(path: &Path) -> Result<(), VolumeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let owned = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&owned)
+    })
+    .await
+    .map_err(|e| io_error("mkdir", path)(std::io::Error::other(e)))?
+    .map_err(io_error("mkdir", path))
+}
+
+pub(super) async fn create_file(path: &Path) -> Result<(), VolumeError> {
+    let result = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .await;
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) => Err(io_error("create", path)(e)),
+    }
+}
+
+/// Removes a target publish made: an empty directory, or the empty file a raw block
+/// volume's node was bound onto. Anything else (content, another kind of file, a mount
+/// point of another namespace's making) is left where it is: directories are shared
+/// across mount namespaces, and a removal cannot be undone. Gone is fine.
+pub(super) async fn remove_target(path: &Path) -> Result<(), VolumeError> {
+    let owned = path.to_path_buf();
+    // One trip to the blocking pool for the checks and the removal.
+    tokio::task::spawn_blocking(move || remove_target_blocking(&owned))
+        .await
+        .map_err(|e| io_error("remove", path)(std::io::Error::other(e)))?
+}
+
+fn remove_target_blocking(path: &Path) -> Result<(), VolumeError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error("stat", path)(e)),
+    };
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let parent_dev = std::fs::symlink_metadata(parent)
+        .map_err(io_error("stat", parent))?
+        .dev();
+    let leave = |why: &str| {
+        warn!(path = %path.display(), "leaving the target in place: {why}");
+        Ok(())
+    };
+    if meta.dev() != parent_dev {
+        return leave("it is the root of a mount this namespace does not see");
+    }
+    let result = if meta.is_dir() {
+        // rmdir itself refuses a directory with anything in it.
+        std::fs::remove_dir(path)
+    } else if meta.is_file() && meta.len() == 0 {
+        std::fs::remove_file(path)
+    } else {
+        return leave("publish makes only empty directories and empty files");
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => leave("it is not empty"),
+        Err(e) => Err(io_error("remove", path)(e)),
+    }
+}
