@@ -56,20 +56,7 @@ impl Setup {
             ..FsUsage::default()
         });
         let failures: Arc<Mutex<Vec<(&'static str, i32)>>> = Arc::default();
-        let attach = syscalls.clone();
-        commands.on("losetup", move |cmd| {
-            let args: Vec<_> = cmd
-                .args
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect();
-            assert_eq!(args[0], "--find", "only attaches are expected: {args:?}");
-            attach.attach_loop(DEVICE, &args[2]);
-            Ok(CommandOutput {
-                stdout: format!("{DEVICE}\n").into_bytes(),
-                stderr: String::new(),
-            })
-        });
+        syscalls.add_free_loop(DEVICE);
         commands.ok("blkid", &format!("TYPE={fs_type}\nUSAGE=filesystem\n"));
         let grows: Arc<Mutex<Vec<String>>> = Arc::default();
         for program in ["e2fsck", "resize2fs", "xfs_growfs"] {
