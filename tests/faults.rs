@@ -8,12 +8,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::process::{DaemonProcess, Spawn};
 use common::{
-    Cleanup, Daemon, create_request, kubelet_paths, loops_under, mount_capability, mounts_under, privileged,
+    Cleanup, CsiClient, Daemon, create_request, kubelet_paths, loops_under, mount_capability, mounts_under,
+    privileged,
 };
-use localvol::proto::csi::v1 as csi;
 use tonic::Code;
-use tonic::transport::Channel;
 
 const MIB: i64 = 1 << 20;
 
@@ -29,31 +29,8 @@ fn files_below(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
-fn stage_request(id: &str, staging: &Path) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: id.to_string(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(mount_capability()),
-        ..Default::default()
-    }
-}
-
-async fn stage_and_unstage(node: &mut csi::node_client::NodeClient<Channel>, id: &str, staging: &Path) {
-    node.node_stage_volume(stage_request(id, staging)).await.unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.to_string(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
-}
-
-async fn create(
-    controller: &mut csi::controller_client::ControllerClient<Channel>,
-    name: &str,
-    bytes: i64,
-) -> String {
-    common::create_volume_id(controller, create_request(name, bytes, ("faults", name))).await
+async fn create(csi: &CsiClient, name: &str, bytes: i64) -> String {
+    csi.create_id(create_request(name, bytes, ("faults", name))).await
 }
 
 /// The backing file of a staged and published volume is deleted: stats report the
@@ -65,36 +42,20 @@ async fn backing_file_deleted_under_a_mounted_volume() {
         return;
     }
     let d = Daemon::start(&[]).await;
-    let (mut controller, mut node) = (d.controller().await, d.node().await);
+    let csi = d.client().await;
     let (staging, target) = kubelet_paths(&d.path("kubelet"), "pv-gone", "pod-gone");
     let _cleanup = Cleanup {
         mounts: vec![staging.clone(), target.clone()],
         data: d.data_dir(),
     };
-    let id = create(&mut controller, "pvc-gone", 32 * MIB).await;
-    node.node_stage_volume(stage_request(&id, &staging))
+    let id = create(&csi, "pvc-gone", 32 * MIB).await;
+    csi.stage(&id, &staging, &mount_capability()).await.unwrap();
+    csi.publish(&id, &staging, &target, &mount_capability())
         .await
         .unwrap();
-    node.node_publish_volume(csi::NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(mount_capability()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
     std::fs::write(target.join("data"), b"before the fault").unwrap();
-    let stats = |node: &mut csi::node_client::NodeClient<Channel>| {
-        let req = csi::NodeGetVolumeStatsRequest {
-            volume_id: id.clone(),
-            volume_path: target.display().to_string(),
-            ..Default::default()
-        };
-        let mut node = node.clone();
-        async move { node.node_get_volume_stats(req).await.unwrap().into_inner() }
-    };
-    assert!(!stats(&mut node).await.volume_condition.unwrap().abnormal);
+    let stats = async || csi.stats(&id, &target).await.unwrap();
+    assert!(!stats().await.volume_condition.unwrap().abnormal);
 
     let images: Vec<PathBuf> = files_below(&d.data_dir())
         .into_iter()
@@ -103,25 +64,15 @@ async fn backing_file_deleted_under_a_mounted_volume() {
     assert_eq!(images.len(), 1, "{images:?}");
     std::fs::remove_file(&images[0]).unwrap();
 
-    let condition = stats(&mut node).await.volume_condition.unwrap();
+    let condition = stats().await.volume_condition.unwrap();
     assert!(
         condition.abnormal,
         "a volume whose storage is gone is abnormal: {condition:?}"
     );
     assert!(!condition.message.is_empty());
 
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    csi.unpublish(&id, &target).await.unwrap();
+    csi.unstage(&id, &staging).await.unwrap();
     assert!(
         mounts_under(d.dir.path()).is_empty(),
         "{:?}",
@@ -132,13 +83,7 @@ async fn backing_file_deleted_under_a_mounted_volume() {
         "unstage leaves no loop device behind: {:?}",
         loops_under(&d.data_dir())
     );
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.delete(&id).await.unwrap();
     assert!(
         files_below(&d.data_dir()).is_empty(),
         "{:?}",
@@ -153,94 +98,61 @@ async fn backing_file_deleted_under_a_mounted_volume() {
 async fn full_capacity_is_resource_exhausted_and_leaves_nothing() {
     // The test daemon's loop class promises at most 2 GiB (sparse files).
     let d = Daemon::start(&[]).await;
-    let mut controller = d.controller().await;
-    let a = create(&mut controller, "pvc-a", 1280 * MIB).await;
-    let b = create(&mut controller, "pvc-b", 768 * MIB).await;
+    let csi = d.client().await;
+    let a = create(&csi, "pvc-a", 1280 * MIB).await;
+    let b = create(&csi, "pvc-b", 768 * MIB).await;
     let before = files_below(&d.data_dir());
     assert_eq!(before.len(), 4, "two images and two records: {before:?}");
 
-    let full = controller
-        .create_volume(create_request("pvc-c", MIB, ("faults", "pvc-c")))
+    let full = csi
+        .create(create_request("pvc-c", MIB, ("faults", "pvc-c")))
         .await
         .unwrap_err();
     assert_eq!(full.code(), Code::ResourceExhausted, "{}", full.message());
-    let grow = controller
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: a.clone(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 1281 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let grow = csi.expand_controller(&a, 1281 * MIB).await.unwrap_err();
     assert_eq!(grow.code(), Code::OutOfRange, "{}", grow.message());
     assert_eq!(
         files_below(&d.data_dir()),
         before,
         "a refused call creates nothing"
     );
-    let sizes: Vec<i64> = controller
-        .list_volumes(csi::ListVolumesRequest::default())
+    let sizes: Vec<i64> = csi
+        .list()
         .await
         .unwrap()
-        .into_inner()
-        .entries
         .into_iter()
         .map(|e| e.volume.unwrap().capacity_bytes)
         .collect();
     assert_eq!(sizes.iter().sum::<i64>(), 2048 * MIB, "{sizes:?}");
 
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: b,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    create(&mut controller, "pvc-c", 768 * MIB).await;
+    csi.delete(&b).await.unwrap();
+    create(&csi, "pvc-c", 768 * MIB).await;
     d.stop().await;
 }
 
-/// The daemon binary, with `dir/bin` first in its PATH (where a test puts a fake tool).
-struct Process {
-    child: tokio::process::Child,
-    channel: Channel,
-}
-
-impl Process {
-    async fn start(dir: &Path) -> Self {
-        let socket = dir.join("csi.sock");
-        let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap());
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
-            .args(["serve", "--node-id", "faults", "--kube", "off"])
-            .args(["--kubelet-registration", "external"])
-            .args(["--metrics-addr", "127.0.0.1:0", "--loop-capacity", "1Gi"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", socket.display()))
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--kubelet-root-dir")
-            .arg(dir)
-            .env("PATH", path)
-            .env("RUST_LOG", "warn")
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut child = child;
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(60) {
-            if let Ok(channel) = localvol::csi::socket::connect(&socket).await {
-                return Self { child, channel };
-            }
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("the daemon exited during start-up: {status}");
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the daemon did not start within 60s");
+/// The daemon binary (tests/common/process.rs), with `dir/bin` first in its PATH (where
+/// a test puts a fake tool).
+async fn start_with_fake_tools(dir: &Path) -> DaemonProcess {
+    let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap());
+    let mut daemon = Spawn::new(dir, "faults")
+        .args([
+            "--kube",
+            "off",
+            "--kubelet-registration",
+            "external",
+            "--loop-capacity",
+            "1Gi",
+        ])
+        .env("PATH", path)
+        .env("RUST_LOG", "warn")
+        .spawn();
+    if let Err(e) = daemon
+        .wait_for_socket(Duration::from_secs(60), Duration::from_millis(25))
+        .await
+    {
+        panic!("{e}");
     }
+    daemon
 }
 
 /// Processes whose command line contains `needle` (to see the hung tool die).
@@ -285,12 +197,12 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
         mounts: vec![staging.clone()],
         data: dir.join("data"),
     };
-    let mut daemon = Process::start(dir).await;
-    let mut controller = csi::controller_client::ControllerClient::new(daemon.channel.clone());
-    let mut node = csi::node_client::NodeClient::new(daemon.channel.clone());
-    let id = create(&mut controller, "pvc-hang", 32 * MIB).await;
+    let mut daemon = start_with_fake_tools(dir).await;
+    let csi = CsiClient::new(daemon.channel().await);
+    let id = create(&csi, "pvc-hang", 32 * MIB).await;
     // Formatted once with the real tools: from now on every stage asks blkid first.
-    stage_and_unstage(&mut node, &id, &staging).await;
+    csi.stage(&id, &staging, &mount_capability()).await.unwrap();
+    csi.unstage(&id, &staging).await.unwrap();
     let fake = dir.join("bin/blkid");
     // `exec`, so the process the daemon kills is the one that hangs.
     std::fs::write(&fake, format!("#!/bin/sh\nexec sleep {marker}\n")).unwrap();
@@ -298,9 +210,8 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
 
     let started = Instant::now();
     let hung = {
-        let mut node = node.clone();
-        let req = stage_request(&id, &staging);
-        tokio::spawn(async move { node.node_stage_volume(req).await })
+        let (csi, id, staging) = (csi.clone(), id.clone(), staging.clone());
+        tokio::spawn(async move { csi.stage(&id, &staging, &mount_capability()).await })
     };
     // Wait until the tool is really hanging.
     while processes_with(&marker) == 0 {
@@ -309,23 +220,15 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
     }
     // Responsive meanwhile: other volumes and lock-free calls are answered at once.
     let quick = Instant::now();
-    let other = create(&mut controller, "pvc-other", 16 * MIB).await;
-    controller
-        .get_capacity(csi::GetCapacityRequest::default())
-        .await
-        .unwrap();
-    node.node_get_capabilities(csi::NodeGetCapabilitiesRequest::default())
-        .await
-        .unwrap();
+    let other = create(&csi, "pvc-other", 16 * MIB).await;
+    csi.capacity(None).await.unwrap();
+    csi.node_capabilities().await.unwrap();
     assert!(
         quick.elapsed() < Duration::from_secs(5),
         "answered while a tool hangs: {:?}",
         quick.elapsed()
     );
-    let busy = node
-        .node_stage_volume(stage_request(&id, &staging))
-        .await
-        .unwrap_err();
+    let busy = csi.stage(&id, &staging, &mount_capability()).await.unwrap_err();
     assert_eq!(busy.code(), Code::Aborted, "{}", busy.message());
 
     let timed_out = tokio::time::timeout(Duration::from_secs(60), hung)
@@ -355,16 +258,11 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
 
     // The tool works again: the same stage succeeds (the lock was released).
     std::fs::remove_file(&fake).unwrap();
-    stage_and_unstage(&mut node, &id, &staging).await;
+    csi.stage(&id, &staging, &mount_capability()).await.unwrap();
+    csi.unstage(&id, &staging).await.unwrap();
     for vol in [id, other] {
-        controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: vol,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        csi.delete(&vol).await.unwrap();
     }
     assert!(loops_under(&dir.join("data")).is_empty());
-    daemon.child.kill().await.unwrap();
+    daemon.kill().await;
 }

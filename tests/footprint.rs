@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
-use common::{Cleanup, create_request, kubelet_paths, mount_capability};
-use localvol::proto::csi::v1 as csi;
-use localvol::proto::csi::v1::controller_client::ControllerClient;
-use localvol::proto::csi::v1::node_client::NodeClient;
+use common::process::Spawn;
+use common::{Cleanup, CsiClient, create_request, kubelet_paths, mount_capability};
 
 const VOLUMES: usize = 50;
 /// The localvol container's memory request in deploy/base/daemonset.yaml.
@@ -61,38 +58,26 @@ async fn resident_memory_idle_and_with_50_volumes() {
         "needs root (loop devices, mkfs, mount)"
     );
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("csi.sock");
     let data = dir.path().join("data");
-    let mut daemon = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
-        .args(["serve", "--node-id", "measure", "--loop-capacity", "20Gi"])
-        .arg("--endpoint")
-        .arg(format!("unix://{}", socket.display()))
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--kubelet-root-dir")
-        .arg(dir.path())
-        .arg("--registration-dir")
-        .arg(dir.path().join("registry"))
-        .args(["--metrics-addr", "127.0.0.1:0", "--stats-interval", "1s"])
+    let registry = dir.path().join("registry");
+    let mut daemon = Spawn::new(dir.path(), "measure")
+        .args(["--loop-capacity", "20Gi", "--stats-interval", "1s"])
+        .args(["--registration-dir".as_ref(), registry.as_os_str()])
         .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let pid = daemon.id().unwrap();
-    for _ in 0..200 {
-        if Path::new(&socket).exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        .spawn();
+    let pid = daemon.pid as u32;
+    if let Err(e) = daemon
+        .wait_for_socket(Duration::from_secs(5), Duration::from_millis(25))
+        .await
+    {
+        panic!("{e}");
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (idle, _) = memory(pid);
     let started = std::time::Instant::now();
     let (cpu_before, _) = cpu_seconds(pid);
 
-    let channel = localvol::csi::socket::connect(&socket).await.unwrap();
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    let csi = CsiClient::new(daemon.channel().await);
     let root = dir.path().join("kubelet");
     let mut cleanup = Cleanup {
         mounts: Vec::new(),
@@ -100,41 +85,20 @@ async fn resident_memory_idle_and_with_50_volumes() {
     };
     let mut ids = Vec::new();
     for i in 0..VOLUMES {
-        let id = controller
-            .create_volume(create_request(&format!("pvc-m{i}"), 64 << 20, ("ns", "c")))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id;
+        let id = csi
+            .create_id(create_request(&format!("pvc-m{i}"), 64 << 20, ("ns", "c")))
+            .await;
         let (staging, target) = kubelet_paths(&root, &format!("pv-m{i}"), &format!("pod-{i}"));
         cleanup.mounts.extend([staging.clone(), target.clone()]);
-        node.node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: Some(mount_capability()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        node.node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.display().to_string(),
-            target_path: target.display().to_string(),
-            volume_capability: Some(mount_capability()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        csi.stage(&id, &staging, &mount_capability()).await.unwrap();
+        csi.publish(&id, &staging, &target, &mount_capability())
+            .await
+            .unwrap();
         ids.push((id, staging, target));
     }
     // A few stats refreshes and ListVolumes calls over 50 volumes.
     for _ in 0..5 {
-        controller
-            .list_volumes(csi::ListVolumesRequest::default())
-            .await
-            .unwrap();
+        csi.list().await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let (busy, peak) = memory(pid);
@@ -152,36 +116,13 @@ async fn resident_memory_idle_and_with_50_volumes() {
         cpu - cpu_before,
     );
     for (id, staging, target) in ids {
-        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.display().to_string(),
-        })
-        .await
-        .unwrap();
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await
-        .unwrap();
-        controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        csi.unpublish(&id, &target).await.unwrap();
+        csi.unstage(&id, &staging).await.unwrap();
+        csi.delete(&id).await.unwrap();
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let exit = tokio::time::timeout(Duration::from_secs(20), daemon.wait())
+    tokio::time::timeout(Duration::from_secs(20), daemon.terminate())
         .await
-        .unwrap()
-        .unwrap();
-    assert!(exit.success(), "{exit}");
+        .expect("the daemon stops within 20s of SIGTERM");
     drop(cleanup);
     assert!(
         peak < REQUEST_BYTES,

@@ -26,41 +26,17 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use common::csi_client::{
+    controller_expand_request, fs_capability, publish_request, stage_request, unpublish_request,
+    unstage_request,
+};
 use common::{Cleanup, Daemon, create_request, loops_under, mount_capability, mounts_under, privileged};
-use localvol::proto::csi::v1 as csi;
 use tonic::Code;
 
 const MIB: i64 = 1 << 20;
 
 fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
-}
-
-fn cap_with_flags(flags: &[&str]) -> csi::VolumeCapability {
-    let mut cap = mount_capability();
-    if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
-        m.mount_flags = flags.iter().map(|f| f.to_string()).collect();
-    }
-    cap
-}
-
-fn stage(id: &str, staging: &Path, cap: csi::VolumeCapability) -> csi::NodeStageVolumeRequest {
-    csi::NodeStageVolumeRequest {
-        volume_id: id.to_string(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap),
-        ..Default::default()
-    }
-}
-
-fn publish(id: &str, staging: &Path, target: &Path) -> csi::NodePublishVolumeRequest {
-    csi::NodePublishVolumeRequest {
-        volume_id: id.to_string(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(mount_capability()),
-        ..Default::default()
-    }
 }
 
 fn files_below(dir: &Path) -> Vec<PathBuf> {
@@ -96,7 +72,7 @@ async fn injected_volume_ids_are_refused() {
         "default. x",
     ] {
         let status = node
-            .node_stage_volume(stage(id, &staging, mount_capability()))
+            .node_stage_volume(stage_request(id, &staging, &mount_capability()))
             .await
             .unwrap_err();
         assert!(
@@ -104,14 +80,7 @@ async fn injected_volume_ids_are_refused() {
             "stage {id:?}: {status:?}"
         );
         let status = controller
-            .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                volume_id: id.to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: MIB,
-                    limit_bytes: 0,
-                }),
-                ..Default::default()
-            })
+            .controller_expand_volume(controller_expand_request(id, MIB))
             .await
             .unwrap_err();
         assert!(
@@ -155,24 +124,21 @@ async fn created_paths_have_tight_permissions() {
         );
     }
     if privileged() {
-        let id = controller
-            .create_volume(create_request("pvc-perm", 16 * MIB, ("ns", "perm")))
+        let id = d
+            .client()
             .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id;
+            .create_id(create_request("pvc-perm", 16 * MIB, ("ns", "perm")))
+            .await;
         let (staging, target) = common::kubelet_paths(&d.path("kubelet"), "pv-perm", "pod-perm");
         let _cleanup = Cleanup {
             mounts: vec![staging.clone(), target.clone()],
             data: d.data_dir(),
         };
         let mut node = d.node().await;
-        node.node_stage_volume(stage(&id, &staging, mount_capability()))
+        node.node_stage_volume(stage_request(&id, &staging, &mount_capability()))
             .await
             .unwrap();
-        node.node_publish_volume(publish(&id, &staging, &target))
+        node.node_publish_volume(publish_request(&id, &staging, &target, &mount_capability()))
             .await
             .unwrap();
         for created in [staging.parent().unwrap(), target.parent().unwrap()] {
@@ -183,18 +149,12 @@ async fn created_paths_have_tight_permissions() {
                 created.display()
             );
         }
-        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.display().to_string(),
-        })
-        .await
-        .unwrap();
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await
-        .unwrap();
+        node.node_unpublish_volume(unpublish_request(&id, &target))
+            .await
+            .unwrap();
+        node.node_unstage_volume(unstage_request(&id, &staging))
+            .await
+            .unwrap();
     }
     d.stop().await;
 }
@@ -235,16 +195,12 @@ fn symlinks_mount_option_and_context_injection() {
 
 async fn symlinks_mount_option_and_context_injection_inside() {
     let d = Daemon::start(&[]).await;
-    let mut controller = d.controller().await;
     let mut node = d.node().await;
-    let id = controller
-        .create_volume(create_request("pvc-hostile", 32 * MIB, ("ns", "hostile")))
+    let id = d
+        .client()
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+        .create_id(create_request("pvc-hostile", 32 * MIB, ("ns", "hostile")))
+        .await;
     let staging = d.path("kubelet/stage/globalmount");
     let victim = d.path("victim");
     std::fs::create_dir_all(&victim).unwrap();
@@ -266,7 +222,7 @@ async fn symlinks_mount_option_and_context_injection_inside() {
         &["context=\"system_u\""],
     ] {
         let status = node
-            .node_stage_volume(stage(&id, &staging, cap_with_flags(flags)))
+            .node_stage_volume(stage_request(&id, &staging, &fs_capability("ext4", flags)))
             .await
             .unwrap_err();
         assert_eq!(
@@ -281,7 +237,7 @@ async fn symlinks_mount_option_and_context_injection_inside() {
 
     // Volume context cannot steer the daemon: keys localvol does not know are refused
     // before anything is attached; known keys are carried as data, never as arguments.
-    let mut req = stage(&id, &staging, mount_capability());
+    let mut req = stage_request(&id, &staging, &mount_capability());
     req.volume_context = HashMap::from(
         [
             ("fsType", "xfs -f"),
@@ -293,7 +249,7 @@ async fn symlinks_mount_option_and_context_injection_inside() {
     let status = node.node_stage_volume(req).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
     assert!(loops_under(&d.data_dir()).is_empty(), "refused before attaching");
-    let mut req = stage(&id, &staging, mount_capability());
+    let mut req = stage_request(&id, &staging, &mount_capability());
     req.volume_context = HashMap::from(
         [
             ("localvol.csi.dev/device-class", "../../etc"),
@@ -323,7 +279,12 @@ async fn symlinks_mount_option_and_context_injection_inside() {
     std::fs::create_dir_all(d.path("kubelet/pods")).unwrap();
     std::os::unix::fs::symlink(&victim, d.path("kubelet/pods/a")).unwrap();
     let status = node
-        .node_publish_volume(publish(&id, &staging, &d.path("kubelet/pods/a/mount")))
+        .node_publish_volume(publish_request(
+            &id,
+            &staging,
+            &d.path("kubelet/pods/a/mount"),
+            &mount_capability(),
+        ))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
@@ -336,10 +297,7 @@ async fn symlinks_mount_option_and_context_injection_inside() {
     // unmount the staged volume through it.
     std::os::unix::fs::symlink(&staging, d.path("kubelet/pods/b")).unwrap();
     let status = node
-        .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: d.path("kubelet/pods/b").display().to_string(),
-        })
+        .node_unpublish_volume(unpublish_request(&id, &d.path("kubelet/pods/b")))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
@@ -348,21 +306,15 @@ async fn symlinks_mount_option_and_context_injection_inside() {
     // Unstage through a staging path with a symlinked parent: refused, still staged.
     std::os::unix::fs::symlink(d.path("kubelet/stage"), d.path("kubelet/alias")).unwrap();
     let status = node
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: d.path("kubelet/alias/globalmount").display().to_string(),
-        })
+        .node_unstage_volume(unstage_request(&id, &d.path("kubelet/alias/globalmount")))
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
     assert_eq!(mounts_under(d.dir.path()), vec![staging.display().to_string()]);
 
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    node.node_unstage_volume(unstage_request(&id, &staging))
+        .await
+        .unwrap();
     assert!(mounts_under(d.dir.path()).is_empty());
     assert!(loops_under(&d.data_dir()).is_empty());
     d.stop().await;

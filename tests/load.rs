@@ -10,6 +10,10 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use common::csi_client::{
+    controller_expand_request, delete_request, node_expand_request, publish_request, stage_request,
+    stats_request, unpublish_request, unstage_request,
+};
 use common::{Cleanup, Daemon, kubelet_paths, loops_under, mount_capability, mounts_under, privileged};
 use localvol::proto::csi::v1 as csi;
 use tonic::Code;
@@ -233,22 +237,11 @@ async fn hundreds_of_concurrent_controller_calls() {
         let mut c = controller(&ch, n);
         let id = id.clone();
         calls.push(spawn(Kind::Distinct, format!("delete {id}"), async move {
-            c.delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
+            c.delete_volume(delete_request(&id)).await
         }));
         let hot = &hot_ids[n % HOT];
         let mut c = controller(&ch, n + 1);
-        let req = csi::ControllerExpandVolumeRequest {
-            volume_id: hot.clone(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 4 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        };
+        let req = controller_expand_request(hot, 4 * MIB);
         calls.push(spawn(Kind::Shared, format!("expand {hot}"), async move {
             c.controller_expand_volume(req).await
         }));
@@ -266,11 +259,7 @@ async fn hundreds_of_concurrent_controller_calls() {
         let id = hot_ids[n % HOT].clone();
         let mut c = controller(&ch, n);
         calls.push(spawn(Kind::Shared, format!("delete {id}"), async move {
-            c.delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
+            c.delete_volume(delete_request(&id)).await
         }));
     }
     let phase3 = gather(calls).await;
@@ -280,13 +269,7 @@ async fn hundreds_of_concurrent_controller_calls() {
         settle("delete", || {
             let mut c = controller(&ch, 0);
             let id = id.clone();
-            async move {
-                c.delete_volume(csi::DeleteVolumeRequest {
-                    volume_id: id,
-                    ..Default::default()
-                })
-                .await
-            }
+            async move { c.delete_volume(delete_request(&id)).await }
         })
         .await;
     }
@@ -328,7 +311,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
             .volume_id;
         let (staging, target) = kubelet_paths(&root, &format!("pv-n{v}"), &format!("pod-{v}"));
         cleanup.mounts.extend([staging.clone(), target.clone()]);
-        vols.push((id, staging.display().to_string(), target.display().to_string()));
+        vols.push((id, staging, target));
     }
     let mut total = 0;
     let mut aborted = 0;
@@ -343,62 +326,35 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
                 let what = format!("{phase} {id}");
                 let call: Call = match phase {
                     "stage" => spawn(Kind::Shared, what, async move {
-                        n.node_stage_volume(csi::NodeStageVolumeRequest {
-                            volume_id: id,
-                            staging_target_path: staging,
-                            volume_capability: Some(mount_capability()),
-                            ..Default::default()
-                        })
-                        .await
+                        n.node_stage_volume(stage_request(&id, &staging, &mount_capability()))
+                            .await
                     }),
                     "publish" => spawn(Kind::Shared, what, async move {
-                        n.node_publish_volume(csi::NodePublishVolumeRequest {
-                            volume_id: id,
-                            staging_target_path: staging,
-                            target_path: target,
-                            volume_capability: Some(mount_capability()),
-                            ..Default::default()
-                        })
-                        .await
+                        n.node_publish_volume(publish_request(&id, &staging, &target, &mount_capability()))
+                            .await
                     }),
                     "stats+expand" if k == 0 => spawn(Kind::Distinct, what, async move {
                         // ext4 online growth may be refused here (no CAP_SYS_RESOURCE);
                         // block-level growth is what this checks under load.
                         n.node_expand_volume(csi::NodeExpandVolumeRequest {
-                            volume_id: id,
-                            volume_path: target,
-                            staging_target_path: staging,
                             capacity_range: None,
-                            volume_capability: Some(mount_capability()),
-                            ..Default::default()
+                            ..node_expand_request(&id, &target, &staging, 0, &mount_capability())
                         })
                         .await
                     }),
                     "stats+expand" => spawn(Kind::Unlocked, what, async move {
                         let stats = n
-                            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-                                volume_id: id,
-                                volume_path: target,
-                                ..Default::default()
-                            })
+                            .node_get_volume_stats(stats_request(&id, &target))
                             .await?
                             .into_inner();
                         assert!(!stats.volume_condition.unwrap().abnormal);
                         Ok(())
                     }),
                     "unpublish" => spawn(Kind::Shared, what, async move {
-                        n.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                            volume_id: id,
-                            target_path: target,
-                        })
-                        .await
+                        n.node_unpublish_volume(unpublish_request(&id, &target)).await
                     }),
                     _ => spawn(Kind::Shared, what, async move {
-                        n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                            volume_id: id,
-                            staging_target_path: staging,
-                        })
-                        .await
+                        n.node_unstage_volume(unstage_request(&id, &staging)).await
                     }),
                 };
                 calls.push(call);
@@ -415,12 +371,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
                 "stage" => {
                     settle("stage", || {
                         let mut n = node(&ch, 0);
-                        let req = csi::NodeStageVolumeRequest {
-                            volume_id: id.clone(),
-                            staging_target_path: staging.clone(),
-                            volume_capability: Some(mount_capability()),
-                            ..Default::default()
-                        };
+                        let req = stage_request(&id, &staging, &mount_capability());
                         async move { n.node_stage_volume(req).await }
                     })
                     .await;
@@ -428,13 +379,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
                 "publish" => {
                     settle("publish", || {
                         let mut n = node(&ch, 0);
-                        let req = csi::NodePublishVolumeRequest {
-                            volume_id: id.clone(),
-                            staging_target_path: staging.clone(),
-                            target_path: target.clone(),
-                            volume_capability: Some(mount_capability()),
-                            ..Default::default()
-                        };
+                        let req = publish_request(&id, &staging, &target, &mount_capability());
                         async move { n.node_publish_volume(req).await }
                     })
                     .await;
@@ -442,10 +387,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
                 "unpublish" => {
                     settle("unpublish", || {
                         let mut n = node(&ch, 0);
-                        let req = csi::NodeUnpublishVolumeRequest {
-                            volume_id: id.clone(),
-                            target_path: target.clone(),
-                        };
+                        let req = unpublish_request(&id, &target);
                         async move { n.node_unpublish_volume(req).await }
                     })
                     .await;
@@ -453,10 +395,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
                 "unstage" => {
                     settle("unstage", || {
                         let mut n = node(&ch, 0);
-                        let req = csi::NodeUnstageVolumeRequest {
-                            volume_id: id.clone(),
-                            staging_target_path: staging.clone(),
-                        };
+                        let req = unstage_request(&id, &staging);
                         async move { n.node_unstage_volume(req).await }
                     })
                     .await;
@@ -477,10 +416,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
     );
     for (id, _, _) in &vols {
         controller(&ch, 0)
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.clone(),
-                ..Default::default()
-            })
+            .delete_volume(delete_request(&id))
             .await
             .unwrap();
     }

@@ -6,10 +6,9 @@
 
 mod common;
 
+use common::csi_client::{publish_request, stage_request};
 use common::{Cleanup, Daemon, create_request, kubelet_paths, mount_capability, privileged};
 use localvol::proto::csi::v1 as csi;
-use localvol::proto::csi::v1::controller_client::ControllerClient;
-use localvol::proto::csi::v1::node_client::NodeClient;
 
 fn count(text: &str, prefix: &str) -> Option<String> {
     text.lines()
@@ -29,15 +28,10 @@ async fn metrics_after_a_volume_lifecycle() {
         .wait_for_metric(r#"localvol_volumes{device_class="default"} 0"#)
         .await;
 
-    let channel = daemon.channel().await;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
-    let volume = controller
-        .create_volume(create_request("pvc-scrape", 64 << 20, ("apps", "data")))
+    let csi = daemon.client().await;
+    let volume = csi
+        .create(create_request("pvc-scrape", 64 << 20, ("apps", "data")))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
         .unwrap();
     let id = volume.volume_id.clone();
     daemon
@@ -53,47 +47,28 @@ async fn metrics_after_a_volume_lifecycle() {
             mounts: vec![staging.clone(), target.clone()],
             data: daemon.data_dir(),
         };
-        node.node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: Some(mount_capability()),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        node.node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.display().to_string(),
-            target_path: target.display().to_string(),
-            volume_capability: Some(mount_capability()),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: target.display().to_string(),
-        })
-        .await
-        .unwrap();
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await
-        .unwrap();
+        // With the volume context CreateVolume returned, as kubelet passes it on.
+        csi.node()
+            .node_stage_volume(csi::NodeStageVolumeRequest {
+                volume_context: volume.volume_context.clone(),
+                ..stage_request(&id, &staging, &mount_capability())
+            })
+            .await
+            .unwrap();
+        csi.node()
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_context: volume.volume_context.clone(),
+                ..publish_request(&id, &staging, &target, &mount_capability())
+            })
+            .await
+            .unwrap();
+        csi.unpublish(&id, &target).await.unwrap();
+        csi.unstage(&id, &staging).await.unwrap();
     }
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.delete(&id).await.unwrap();
     // A bad request is counted under its code.
-    let refused = node
+    let refused = csi
+        .node()
         .node_stage_volume(csi::NodeStageVolumeRequest::default())
         .await
         .unwrap_err();

@@ -6,6 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 
+use common::csi_client::{NewVolume, block_capability as block_cap, bytes_total, fs_capability};
 use common::{Daemon, loops_under, mounts_under, privileged};
 use localvol::proto::csi::v1 as csi;
 use tonic::Code;
@@ -13,62 +14,23 @@ use tonic::Code;
 const MIB: i64 = 1 << 20;
 
 fn mount_cap(fs: &str) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume {
-                fs_type: fs.to_string(),
-                mount_flags: vec!["noatime".to_string()],
-                volume_mount_group: String::new(),
-            },
-        )),
-    }
+    fs_capability(fs, &["noatime"])
 }
 
-fn block_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(csi::volume_capability::AccessType::Block(
-            csi::volume_capability::BlockVolume {},
-        )),
-    }
-}
+// The helpers below put the shared client (tests/common/csi_client.rs) on this file's
+// paths: one staging path, `stage`, and targets named by the test, in the daemon's dir.
 
 async fn create(d: &Daemon, name: &str, size: i64, cap: &csi::VolumeCapability) -> csi::Volume {
-    d.controller()
-        .await
-        .create_volume(csi::CreateVolumeRequest {
-            name: name.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: size,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap.clone()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
+    let volume = NewVolume {
+        capability: cap.clone(),
+        ..NewVolume::new(name, size)
+    };
+    d.client().await.create(volume.request()).await.unwrap()
 }
 
 async fn stage(d: &Daemon, id: &str, cap: &csi::VolumeCapability) -> Result<(), tonic::Status> {
     std::fs::create_dir_all(d.path("stage")).unwrap();
-    d.node()
-        .await
-        .node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: id.to_string(),
-            staging_target_path: d.path("stage").display().to_string(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .map(drop)
+    d.client().await.stage(id, &d.path("stage"), cap).await
 }
 
 async fn publish(
@@ -77,65 +39,21 @@ async fn publish(
     cap: &csi::VolumeCapability,
     target: &str,
 ) -> Result<(), tonic::Status> {
-    d.node()
+    d.client()
         .await
-        .node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: id.to_string(),
-            staging_target_path: d.path("stage").display().to_string(),
-            target_path: d.path(target).display().to_string(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
+        .publish(id, &d.path("stage"), &d.path(target), cap)
         .await
-        .map(drop)
 }
 
 async fn teardown(d: &Daemon, id: &str, target: &str) {
-    let mut node = d.node().await;
-    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-        volume_id: id.to_string(),
-        target_path: d.path(target).display().to_string(),
-    })
-    .await
-    .unwrap();
-    node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-        volume_id: id.to_string(),
-        staging_target_path: d.path("stage").display().to_string(),
-    })
-    .await
-    .unwrap();
-    d.controller()
-        .await
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id.to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let csi = d.client().await;
+    csi.unpublish(id, &d.path(target)).await.unwrap();
+    csi.unstage(id, &d.path("stage")).await.unwrap();
+    csi.delete(id).await.unwrap();
 }
 
 async fn stats(d: &Daemon, id: &str, path: &str) -> csi::NodeGetVolumeStatsResponse {
-    d.node()
-        .await
-        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
-            volume_id: id.to_string(),
-            volume_path: d.path(path).display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-/// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
-fn has_cap_sys_resource() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .unwrap()
-        .trim();
-    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
+    d.client().await.stats(id, &d.path(path)).await.unwrap()
 }
 
 async fn node_expand(
@@ -145,21 +63,10 @@ async fn node_expand(
     path: &str,
     cap: &csi::VolumeCapability,
 ) -> Result<i64, tonic::Status> {
-    d.node()
+    d.client()
         .await
-        .node_expand_volume(csi::NodeExpandVolumeRequest {
-            volume_id: id.to_string(),
-            volume_path: d.path(path).display().to_string(),
-            staging_target_path: d.path("stage").display().to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: size,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
+        .expand_node(id, &d.path(path), &d.path("stage"), size, cap)
         .await
-        .map(|r| r.into_inner().capacity_bytes)
 }
 
 async fn try_expand(
@@ -169,31 +76,10 @@ async fn try_expand(
     path: &str,
     cap: &csi::VolumeCapability,
 ) -> Result<i64, tonic::Status> {
-    let controller = d
-        .controller()
-        .await
-        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: id.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: size,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let controller = d.client().await.expand_controller(id, size).await.unwrap();
     assert_eq!(controller.capacity_bytes, size);
     assert!(controller.node_expansion_required);
     node_expand(d, id, size, path, cap).await
-}
-
-fn bytes_total(s: &csi::NodeGetVolumeStatsResponse) -> i64 {
-    s.usage
-        .iter()
-        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
-        .unwrap()
-        .total
 }
 
 async fn filesystem_lifecycle(fs: &str) {
@@ -217,7 +103,7 @@ async fn filesystem_lifecycle(fs: &str) {
             .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
     );
 
-    if fs == "ext4" && !has_cap_sys_resource() {
+    if fs == "ext4" && !common::has_cap_sys_resource() {
         // The kernel refuses ext4 online resize without CAP_SYS_RESOURCE, which some
         // sandboxes drop even for root. The VM suite runs this step with full
         // capabilities; here the refusal must surface as an error, never as success.

@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use common::csi_client::{NewVolume, block_capability, fs_capability};
 use common::{Daemon, connect, privileged};
 use localvol::proto::csi::v1 as csi;
 use localvol::proto::identity::{self as identity, identity_client::IdentityClient};
@@ -14,80 +15,30 @@ use localvol::proto::reclaimspace::{self as rs, reclaim_space_node_client::Recla
 
 const MIB: u64 = 1 << 20;
 
-fn capability(access: csi::volume_capability::AccessType) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(access),
-    }
-}
-
 fn ext4() -> csi::VolumeCapability {
-    capability(csi::volume_capability::AccessType::Mount(
-        csi::volume_capability::MountVolume {
-            fs_type: "ext4".to_string(),
-            ..Default::default()
-        },
-    ))
+    fs_capability("ext4", &[])
 }
 
 fn block() -> csi::VolumeCapability {
-    capability(csi::volume_capability::AccessType::Block(
-        csi::volume_capability::BlockVolume {},
-    ))
+    block_capability()
 }
 
 async fn create_and_stage(d: &Daemon, name: &str, size: u64, cap: &csi::VolumeCapability) -> String {
-    let id = d
-        .controller()
-        .await
-        .create_volume(csi::CreateVolumeRequest {
-            name: name.to_string(),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: size as i64,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap.clone()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let csi = d.client().await;
+    let volume = NewVolume {
+        capability: cap.clone(),
+        ..NewVolume::new(name, size as i64)
+    };
+    let id = csi.create_id(volume.request()).await;
     std::fs::create_dir_all(d.path("stage")).unwrap();
-    d.node()
-        .await
-        .node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: d.path("stage").display().to_string(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.stage(&id, &d.path("stage"), cap).await.unwrap();
     id
 }
 
 async fn unstage_and_delete(d: &Daemon, id: &str) {
-    d.node()
-        .await
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.to_string(),
-            staging_target_path: d.path("stage").display().to_string(),
-        })
-        .await
-        .unwrap();
-    d.controller()
-        .await
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id.to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let csi = d.client().await;
+    csi.unstage(id, &d.path("stage")).await.unwrap();
+    csi.delete(id).await.unwrap();
 }
 
 /// Bytes the loop image takes on the host's disk.
@@ -244,14 +195,7 @@ async fn fitrim_on_a_loop_volume_gives_the_deleted_space_back() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
 
     // Unstaged, a volume cannot be trimmed: FAILED_PRECONDITION.
-    d.node()
-        .await
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: d.path("stage").display().to_string(),
-        })
-        .await
-        .unwrap();
+    d.client().await.unstage(&id, &d.path("stage")).await.unwrap();
     let err = client
         .node_reclaim_space(rs::NodeReclaimSpaceRequest {
             volume_id: id.clone(),
@@ -260,14 +204,7 @@ async fn fitrim_on_a_loop_volume_gives_the_deleted_space_back() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{}", err.message());
-    d.controller()
-        .await
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    d.client().await.delete(&id).await.unwrap();
     d.stop().await;
 }
 

@@ -7,10 +7,9 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
+use common::csi_client::publish_request;
 use common::{Cleanup, Daemon, connect, create_request, kubelet_paths, mount_capability, privileged};
 use localvol::proto::csi::v1 as csi;
-use localvol::proto::csi::v1::controller_client::ControllerClient;
-use localvol::proto::csi::v1::node_client::NodeClient;
 use localvol::proto::reclaimspace::{self as rs, reclaim_space_node_client::ReclaimSpaceNodeClient};
 use serde_json::{Value, json};
 
@@ -29,28 +28,6 @@ fn publish_context() -> std::collections::HashMap<String, String> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
-}
-
-/// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
-fn has_cap_sys_resource() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .unwrap()
-        .trim();
-    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
-}
-
-fn expand_request(id: &str, bytes: u64) -> csi::ControllerExpandVolumeRequest {
-    csi::ControllerExpandVolumeRequest {
-        volume_id: id.to_string(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: bytes as i64,
-            limit_bytes: 0,
-        }),
-        ..Default::default()
-    }
 }
 
 /// `localvol status` with the daemon's flags, and none of the caller's LOCALVOL_*
@@ -85,19 +62,10 @@ fn stdout(output: &Output) -> String {
 async fn status_lists_volumes_as_table_and_json() {
     let staged_too = privileged();
     let daemon = Daemon::start(&[]).await;
-    let channel = daemon.channel().await;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    let csi = daemon.client().await;
     let mut ids = Vec::new();
     for (name, pvc) in [("pvc-status-1", "data"), ("pvc-status-2", "logs")] {
-        let volume = controller
-            .create_volume(create_request(name, 64 << 20, ("apps", pvc)))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
-        ids.push(volume.volume_id);
+        ids.push(csi.create_id(create_request(name, 64 << 20, ("apps", pvc))).await);
     }
     let mut node_grew = false;
     let (staging, target) = kubelet_paths(&daemon.dir.path().join("kubelet"), "pv-status-1", "pod-uid-1");
@@ -106,24 +74,14 @@ async fn status_lists_volumes_as_table_and_json() {
         data: daemon.data_dir(),
     };
     if staged_too {
-        node.node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: ids[0].clone(),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: Some(mount_capability()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        node.node_publish_volume(csi::NodePublishVolumeRequest {
-            volume_id: ids[0].clone(),
-            staging_target_path: staging.display().to_string(),
-            target_path: target.display().to_string(),
-            volume_capability: Some(mount_capability()),
-            volume_context: publish_context(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        csi.stage(&ids[0], &staging, &mount_capability()).await.unwrap();
+        csi.node()
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_context: publish_context(),
+                ..publish_request(&ids[0], &staging, &target, &mount_capability())
+            })
+            .await
+            .unwrap();
         // Written and deleted: the blocks a reclaim gives back.
         let scratch = target.join("scratch");
         std::fs::write(&scratch, vec![7u8; (8 * MIB) as usize]).unwrap();
@@ -143,33 +101,23 @@ async fn status_lists_volumes_as_table_and_json() {
         std::fs::write(target.join("payload"), vec![7u8; (4 * MIB) as usize]).unwrap();
         nix::unistd::sync();
         // Grown, as external-resizer and kubelet would: controller, then node.
-        controller
-            .controller_expand_volume(expand_request(&ids[0], 128 * MIB))
-            .await
-            .unwrap();
-        let grown = node
-            .node_expand_volume(csi::NodeExpandVolumeRequest {
-                volume_id: ids[0].clone(),
-                volume_path: target.display().to_string(),
-                staging_target_path: staging.display().to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: (128 * MIB) as i64,
-                    limit_bytes: 0,
-                }),
-                volume_capability: Some(mount_capability()),
-                ..Default::default()
-            })
+        csi.expand_controller(&ids[0], (128 * MIB) as i64).await.unwrap();
+        let grown = csi
+            .expand_node(
+                &ids[0],
+                &target,
+                &staging,
+                (128 * MIB) as i64,
+                &mount_capability(),
+            )
             .await;
         // Online ext4 growth needs CAP_SYS_RESOURCE; without it the failure is what
         // status must show.
-        assert_eq!(grown.is_ok(), has_cap_sys_resource(), "{grown:?}");
+        assert_eq!(grown.is_ok(), common::has_cap_sys_resource(), "{grown:?}");
         node_grew = grown.is_ok();
     }
     // Grown on the controller side only: its filesystem waits for the node.
-    controller
-        .controller_expand_volume(expand_request(&ids[1], 128 * MIB))
-        .await
-        .unwrap();
+    csi.expand_controller(&ids[1], (128 * MIB) as i64).await.unwrap();
     let first_size = if staged_too { 128 * MIB } else { 64 * MIB };
 
     let report: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();
@@ -304,33 +252,17 @@ async fn status_lists_volumes_as_table_and_json() {
             "failed to 128Mi (node, "
         };
         assert!(staged_row[9].starts_with(resize), "{table}");
-        node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-            volume_id: ids[0].clone(),
-            target_path: target.display().to_string(),
-        })
-        .await
-        .unwrap();
+        csi.unpublish(&ids[0], &target).await.unwrap();
         // The pod no longer uses it; the claim, reclaim and resize are still known.
         let after: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();
         let first = &after["volumes"][0];
         assert_eq!(first["pods"], json!([]), "{first:#}");
         assert_eq!(first["last_reclaim"]["result"], "trimmed");
         assert_eq!(first["resize_state"]["step"], "node");
-        node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: ids[0].clone(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await
-        .unwrap();
+        csi.unstage(&ids[0], &staging).await.unwrap();
     }
     for id in ids {
-        controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        csi.delete(&id).await.unwrap();
     }
     let empty: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();
     assert_eq!(empty["volumes"], json!([]));
@@ -365,25 +297,15 @@ async fn status_without_a_daemon_fails_and_says_where_it_looked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_snapshots_with_class_source_size_and_time() {
     let daemon = Daemon::start(&[]).await;
-    let mut controller = ControllerClient::new(daemon.channel().await);
-    let volume = controller
-        .create_volume(create_request("pvc-snapshot-source", 64 << 20, ("apps", "db")))
+    let csi = daemon.client().await;
+    let volume = csi
+        .create(create_request("pvc-snapshot-source", 64 << 20, ("apps", "db")))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
         .unwrap();
     let before = std::time::SystemTime::now();
-    let snapshot = controller
-        .create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: volume.volume_id.clone(),
-            name: "snapshot-status-1".into(),
-            ..Default::default()
-        })
+    let snapshot = csi
+        .snapshot("snapshot-status-1", &volume.volume_id)
         .await
-        .unwrap()
-        .into_inner()
-        .snapshot
         .unwrap();
 
     let output = status(&daemon, &["-o", "json"]).await;
@@ -427,22 +349,10 @@ async fn status_lists_snapshots_with_class_source_size_and_time() {
     );
     assert!(lines[at + 1].ends_with(" ago)"), "{table}");
 
-    controller
-        .delete_snapshot(csi::DeleteSnapshotRequest {
-            snapshot_id: snapshot.snapshot_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
     let after: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();
     assert_eq!(after["snapshots"], json!([]), "{after:#}");
     assert!(!stdout(&status(&daemon, &[]).await).contains("SNAPSHOT"));
-    controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: volume.volume_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.delete(&volume.volume_id).await.unwrap();
     daemon.stop().await;
 }

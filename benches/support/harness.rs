@@ -5,18 +5,24 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use localvol::proto::csi::v1 as csi;
 use nix::mount::{MntFlags, MsFlags};
 use tonic::transport::Channel;
+
+#[path = "../../tests/common/csi_client.rs"]
+pub mod csi_client;
+#[path = "../../tests/common/process.rs"]
+pub mod process;
+
+use csi_client::{CsiClient, NewVolume, mount_capability};
+use process::{DaemonProcess, Output, Spawn};
 
 pub const MIB: i64 = 1 << 20;
 pub const VOLUME_BYTES: i64 = 64 * MIB;
 
 pub struct Daemon {
-    pub child: tokio::process::Child,
+    process: DaemonProcess,
     pub socket: PathBuf,
     pub dir: PathBuf,
     /// Where the daemon logs each external command it runs, when asked to.
@@ -34,26 +40,15 @@ pub struct Launch<'a> {
 }
 
 impl Daemon {
-    /// Starts the release daemon as its own process; returns it and the time until its
-    /// socket accepted a connection.
+    /// Starts the release daemon as its own process (tests/common/process.rs); returns
+    /// it and the time until its socket accepted a connection.
     pub async fn start(dir: &Path, launch: Launch<'_>) -> (Self, Duration) {
         std::fs::create_dir_all(dir).unwrap();
-        let socket = dir.join("csi.sock");
         let command_log = launch.log_commands.then(|| dir.join("commands.log"));
-        let stderr = match &command_log {
-            Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
-            None => Stdio::inherit(),
-        };
+        let output = Output::StderrTo(command_log.clone());
         let started = Instant::now();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
-            .args(["serve", "--node-id", "bench", "--metrics-addr", "127.0.0.1:0"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", socket.display()))
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--kubelet-root-dir")
-            .arg(dir)
-            .args(launch.args)
+        let mut process = Spawn::new(dir, "bench")
+            .args(launch.args.iter().copied())
             .env(
                 "RUST_LOG",
                 if launch.log_commands {
@@ -67,26 +62,19 @@ impl Daemon {
                 "KUBECONFIG",
                 launch.kubeconfig.unwrap_or(Path::new("/nonexistent")),
             )
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("daemon starts");
-        loop {
-            if tokio::net::UnixStream::connect(&socket).await.is_ok() {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "daemon did not serve within 60 s"
-            );
-            tokio::time::sleep(Duration::from_micros(200)).await;
+            .output(output)
+            .spawn();
+        if let Err(e) = process
+            .wait_for_socket(Duration::from_secs(60), Duration::from_micros(200))
+            .await
+        {
+            panic!("{e}");
         }
         let elapsed = started.elapsed();
         (
             Self {
-                child,
-                socket,
+                socket: process.socket.clone(),
+                process,
                 dir: dir.to_path_buf(),
                 command_log,
             },
@@ -95,7 +83,7 @@ impl Daemon {
     }
 
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id().unwrap())).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid)).unwrap();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -116,14 +104,9 @@ impl Daemon {
             .collect()
     }
 
+    /// SIGTERM; the daemon must exit 0.
     pub async fn stop(mut self) {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id().unwrap() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let status = self.child.wait().await.unwrap();
-        assert!(status.success(), "SIGTERM exits 0: {status}");
+        self.process.terminate().await;
     }
 }
 
@@ -143,20 +126,6 @@ pub fn tally_line(programs: &[String]) -> String {
         .map(|(p, n)| if *n == 1 { p.clone() } else { format!("{p}×{n}") })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-pub fn cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(csi::volume_capability::AccessMode {
-            mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(csi::volume_capability::AccessType::Mount(
-            csi::volume_capability::MountVolume {
-                fs_type: "ext4".into(),
-                ..Default::default()
-            },
-        )),
-    }
 }
 
 /// The six steps of a lifecycle, in order: what each costs tells where the time goes.
@@ -186,113 +155,59 @@ impl StepClock {
     }
 }
 
-/// The CSI calls of a lifecycle, each of which must succeed.
-pub struct Csi {
-    controller: csi::controller_client::ControllerClient<Channel>,
-    node: csi::node_client::NodeClient<Channel>,
-}
+/// The CSI calls of a lifecycle, each of which must succeed: the shared test client
+/// (tests/common/csi_client.rs) in the benchmarks' words, ext4 volumes only.
+pub struct Csi(CsiClient);
 
 impl Csi {
     pub fn new(channel: Channel) -> Self {
-        Self {
-            controller: csi::controller_client::ControllerClient::new(channel.clone()),
-            node: csi::node_client::NodeClient::new(channel),
-        }
+        Self(CsiClient::new(channel))
     }
 
     /// Creates an ext4 volume of `bytes` in `class` (the default class if `None`);
     /// returns its id.
     pub async fn create(&mut self, name: &str, bytes: i64, class: Option<&str>) -> String {
-        let parameters = class
-            .map(|c| [("localvol.csi.dev/device-class".to_string(), c.to_string())].into())
-            .unwrap_or_default();
-        self.controller
-            .create_volume(csi::CreateVolumeRequest {
-                name: name.to_string(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: bytes,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![cap()],
-                parameters,
-                ..Default::default()
-            })
+        self.0
+            .create_id(
+                NewVolume {
+                    class,
+                    ..NewVolume::new(name, bytes)
+                }
+                .request(),
+            )
             .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id
     }
 
     pub async fn stage(&mut self, id: &str, stage: &Path) {
-        self.node
-            .node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_id: id.to_string(),
-                staging_target_path: stage.display().to_string(),
-                volume_capability: Some(cap()),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        self.0.stage(id, stage, &mount_capability()).await.unwrap();
     }
 
     pub async fn publish(&mut self, id: &str, stage: &Path, target: &Path) {
-        self.node
-            .node_publish_volume(csi::NodePublishVolumeRequest {
-                volume_id: id.to_string(),
-                staging_target_path: stage.display().to_string(),
-                target_path: target.display().to_string(),
-                volume_capability: Some(cap()),
-                ..Default::default()
-            })
+        self.0
+            .publish(id, stage, target, &mount_capability())
             .await
             .unwrap();
     }
 
     pub async fn unpublish(&mut self, id: &str, target: &Path) {
-        self.node
-            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: id.to_string(),
-                target_path: target.display().to_string(),
-            })
-            .await
-            .unwrap();
+        self.0.unpublish(id, target).await.unwrap();
     }
 
     pub async fn unstage(&mut self, id: &str, stage: &Path) {
-        self.node
-            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: id.to_string(),
-                staging_target_path: stage.display().to_string(),
-            })
-            .await
-            .unwrap();
+        self.0.unstage(id, stage).await.unwrap();
     }
 
     pub async fn delete(&mut self, id: &str) {
-        self.controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_string(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        self.0.delete(id).await.unwrap();
     }
 
     /// A call that does no work: one round trip of the transport.
     pub async fn nothing(&mut self) {
-        self.node
-            .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
-            .await
-            .unwrap();
+        self.0.node_capabilities().await.unwrap();
     }
 
     pub async fn list(&mut self) {
-        self.controller
-            .list_volumes(csi::ListVolumesRequest::default())
-            .await
-            .unwrap();
+        self.0.list().await.unwrap();
     }
 }
 

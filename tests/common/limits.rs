@@ -2,16 +2,14 @@
 //! way on every class (the loop class in tests/privileged.rs, LVM and PMEM in
 //! tests/vm_backends.rs).
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use localvol::proto::csi::v1 as csi;
 use tonic::Code;
-use tonic::transport::Channel;
 
-use super::{connect, mount_capability};
-
-type Controller = csi::controller_client::ControllerClient<Channel>;
+use super::csi_client::{
+    CsiClient, NewVolume, capacity_request, controller_expand_request, mount_capability,
+};
 
 /// One device class as the check sees it.
 pub struct Class<'a> {
@@ -25,14 +23,6 @@ pub struct Class<'a> {
     pub grows: bool,
 }
 
-fn parameters(class: &Class) -> HashMap<String, String> {
-    class
-        .name
-        .map(|c| ("localvol.csi.dev/device-class".to_string(), c.to_string()))
-        .into_iter()
-        .collect()
-}
-
 fn range(required: u64, limit: u64) -> Option<csi::CapacityRange> {
     Some(csi::CapacityRange {
         required_bytes: required as i64,
@@ -40,12 +30,12 @@ fn range(required: u64, limit: u64) -> Option<csi::CapacityRange> {
     })
 }
 
-async fn capacity(c: &mut Controller, class: &Class<'_>) -> (u64, u64) {
+async fn capacity(c: &CsiClient, class: &Class<'_>) -> (u64, u64) {
     let r = c
+        .controller()
         .get_capacity(csi::GetCapacityRequest {
             volume_capabilities: vec![mount_capability()],
-            parameters: parameters(class),
-            ..Default::default()
+            ..capacity_request(class.name)
         })
         .await
         .unwrap()
@@ -54,43 +44,36 @@ async fn capacity(c: &mut Controller, class: &Class<'_>) -> (u64, u64) {
 }
 
 async fn create(
-    c: &mut Controller,
+    c: &CsiClient,
     class: &Class<'_>,
     name: &str,
     required: u64,
     limit: u64,
 ) -> Result<(String, u64), tonic::Status> {
+    let volume = NewVolume {
+        class: class.name,
+        ..NewVolume::new(name, 0)
+    };
     let v = c
-        .create_volume(csi::CreateVolumeRequest {
-            name: name.to_string(),
+        .create(csi::CreateVolumeRequest {
             capacity_range: range(required, limit),
-            volume_capabilities: vec![mount_capability()],
-            parameters: parameters(class),
-            ..Default::default()
+            ..volume.request()
         })
-        .await?
-        .into_inner()
-        .volume
-        .unwrap();
+        .await?;
     Ok((v.volume_id, v.capacity_bytes as u64))
 }
 
-async fn delete(c: &mut Controller, id: &str) {
-    c.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: id.to_string(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+async fn delete(c: &CsiClient, id: &str) {
+    c.delete(id).await.unwrap();
 }
 
-async fn expand(c: &mut Controller, id: &str, required: u64, limit: u64) -> Result<u64, tonic::Status> {
+async fn expand(c: &CsiClient, id: &str, required: u64, limit: u64) -> Result<u64, tonic::Status> {
     let r = c
+        .controller()
         .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-            volume_id: id.to_string(),
             capacity_range: range(required, limit),
             volume_capability: Some(mount_capability()),
-            ..Default::default()
+            ..controller_expand_request(id, 0)
         })
         .await?
         .into_inner();
@@ -110,46 +93,44 @@ fn refused(r: Result<impl std::fmt::Debug, tonic::Status>, code: Code, what: &st
 /// RESOURCE_EXHAUSTED; the same for growing by what `available_capacity` says.
 pub async fn check(socket: &Path, class: Class<'_>) {
     let label = class.name.unwrap_or("default");
-    let mut c = Controller::new(connect(socket).await);
+    let c = CsiClient::connect(socket).await;
     let (small, large) = (class.small, class.large);
 
     // A range the class cannot hit exactly: refused, never rounded past the limit.
     refused(
-        create(&mut c, &class, "limits-inexact", small + 1, small + 4096).await,
+        create(&c, &class, "limits-inexact", small + 1, small + 4096).await,
         Code::OutOfRange,
         &format!("{label}: create in [{}, {}]", small + 1, small + 4096),
     );
     // Exact sizes are given exactly.
-    let (id, size) = create(&mut c, &class, "limits-small", small, small)
-        .await
-        .unwrap();
+    let (id, size) = create(&c, &class, "limits-small", small, small).await.unwrap();
     assert_eq!(size, small, "{label}: create of exactly {small}");
     // Below the current size: volumes never shrink, so no size fits the range.
     refused(
-        expand(&mut c, &id, small / 2, small / 2).await,
+        expand(&c, &id, small / 2, small / 2).await,
         Code::OutOfRange,
         &format!("{label}: expand a {small}-byte volume to at most {}", small / 2),
     );
     refused(
-        expand(&mut c, &id, large + 1, large + 4096).await,
+        expand(&c, &id, large + 1, large + 4096).await,
         Code::OutOfRange,
         &format!("{label}: expand in [{}, {}]", large + 1, large + 4096),
     );
     if class.grows {
         assert_eq!(
-            expand(&mut c, &id, large, large).await.unwrap(),
+            expand(&c, &id, large, large).await.unwrap(),
             large,
             "{label}: expand to exactly {large}"
         );
-        let (available, _) = capacity(&mut c, &class).await;
+        let (available, _) = capacity(&c, &class).await;
         refused(
-            expand(&mut c, &id, large + available + 1, 0).await,
+            expand(&c, &id, large + available + 1, 0).await,
             // CSI's "unsupported capacity": external-resizer ends it as infeasible
             // instead of retrying a size the node can never hold.
             Code::OutOfRange,
             &format!("{label}: grow by {available} available + 1 byte"),
         );
-        let grown = expand(&mut c, &id, large + available, large + available).await;
+        let grown = expand(&c, &id, large + available, large + available).await;
         assert_eq!(
             grown.unwrap(),
             large + available,
@@ -157,26 +138,26 @@ pub async fn check(socket: &Path, class: Class<'_>) {
         );
     } else {
         refused(
-            expand(&mut c, &id, large, large).await,
+            expand(&c, &id, large, large).await,
             Code::OutOfRange,
             &format!("{label}: this class cannot grow"),
         );
     }
-    delete(&mut c, &id).await;
+    delete(&c, &id).await;
 
     // The largest volume GetCapacity promises is made; one byte more is not.
-    let (available, max) = capacity(&mut c, &class).await;
+    let (available, max) = capacity(&c, &class).await;
     assert!(
         max > 0 && max <= available,
         "{label}: available {available}, max {max}"
     );
     refused(
-        create(&mut c, &class, "limits-max-plus-one", max + 1, 0).await,
+        create(&c, &class, "limits-max-plus-one", max + 1, 0).await,
         Code::ResourceExhausted,
         &format!("{label}: create of maximum_volume_size {max} + 1"),
     );
-    let (id, size) = create(&mut c, &class, "limits-max", max, max).await.unwrap();
+    let (id, size) = create(&c, &class, "limits-max", max, max).await.unwrap();
     assert_eq!(size, max, "{label}: create of exactly maximum_volume_size");
-    delete(&mut c, &id).await;
+    delete(&c, &id).await;
     eprintln!("limits {label}: sizes {small} and {large} exact, limits kept, largest volume {max} made");
 }

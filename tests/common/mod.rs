@@ -1,7 +1,13 @@
 //! An in-process localvol daemon on temporary paths, and what tests need to drive it.
 #![allow(dead_code)] // each test binary uses its own part of this module
 
+pub mod csi_client;
+pub mod guest;
 pub mod limits;
+pub mod process;
+
+#[allow(unused_imports)] // each test binary uses its own part of this module
+pub use csi_client::{CsiClient, create_request, mount_capability};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -29,6 +35,17 @@ pub fn privileged() -> bool {
         "this test stages and publishes a loop volume and must run as root; \
          set SKIP_PRIVILEGED=1 to run only its unprivileged part"
     );
+}
+
+/// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
+pub fn has_cap_sys_resource() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
 }
 
 /// A free port on 127.0.0.1 (bound, then released for the daemon to take).
@@ -164,6 +181,11 @@ impl Daemon {
         csi::identity_client::IdentityClient::new(self.channel().await)
     }
 
+    /// The one test client (tests/common/csi_client.rs) on the CSI socket.
+    pub async fn client(&self) -> CsiClient {
+        CsiClient::new(self.channel().await)
+    }
+
     pub async fn channel(&self) -> Channel {
         localvol::csi::socket::connect(&self.socket).await.unwrap()
     }
@@ -215,53 +237,6 @@ impl Daemon {
             .unwrap();
         self.dir
     }
-}
-
-pub fn mount_capability() -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
-pub fn create_request(name: &str, bytes: i64, pvc: (&str, &str)) -> csi::CreateVolumeRequest {
-    csi::CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: bytes,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_capability()],
-        parameters: [
-            ("csi.storage.k8s.io/pvc/namespace", pvc.0),
-            ("csi.storage.k8s.io/pvc/name", pvc.1),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
-        ..Default::default()
-    }
-}
-
-/// Creates a volume and returns its id; any error fails the test.
-pub async fn create_volume_id(
-    controller: &mut csi::controller_client::ControllerClient<Channel>,
-    req: csi::CreateVolumeRequest,
-) -> String {
-    controller
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id
 }
 
 /// kubelet's staging and publish paths for a volume, below `root`.

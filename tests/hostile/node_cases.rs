@@ -19,7 +19,8 @@ use localvol::proto::csi::v1 as csi;
 use localvol::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
 use tonic::Code;
 
-use super::common::{Daemon, connect, create_request, create_volume_id, mount_capability};
+use super::common::csi_client::NewVolume;
+use super::common::{CsiClient, Daemon, connect, create_request, mount_capability};
 use super::requests::{
     block_capability, publish, reclaim_req, s, stage, stats_req, unpublish_req, unstage_req,
 };
@@ -54,6 +55,7 @@ impl Backend {
 
 struct Suite {
     node: csi::node_client::NodeClient<tonic::transport::Channel>,
+    client: CsiClient,
     controller: csi::controller_client::ControllerClient<tonic::transport::Channel>,
     reclaim: ReclaimSpaceNodeClient<tonic::transport::Channel>,
     scratch: PathBuf,
@@ -106,9 +108,12 @@ impl Suite {
     }
 
     async fn create(&mut self, name: &str, cap: csi::VolumeCapability) -> String {
-        let mut req = create_request(name, 32 * MIB, ("ns", name));
-        req.volume_capabilities = vec![cap];
-        create_volume_id(&mut self.controller, req).await
+        let req = NewVolume {
+            capability: cap,
+            pvc: Some(("ns", name)),
+            ..NewVolume::new(name, 32 * MIB)
+        };
+        self.client.create_id(req.request()).await
     }
 }
 
@@ -122,6 +127,7 @@ pub async fn run(scratch: PathBuf, backend: Backend) {
     let keep_going = std::env::var("LOCALVOL_HOSTILE_KEEP_GOING").as_deref() == Ok("1");
     let mut t = Suite {
         node: d.node().await,
+        client: d.client().await,
         controller: d.controller().await,
         reclaim: ReclaimSpaceNodeClient::new(connect(&d.addons_socket).await),
         trees: vec![root.clone(), d.data_dir()],

@@ -1,0 +1,164 @@
+//! The tests/vm guest's storage fixtures, shared by tests/vm_backends, tests/hostile_vm.rs,
+//! tests/crash_vm.rs (through crash_guest.rs) and benches/backends.rs: the gate that
+//! fails loudly when a required VM suite runs outside the guest, the tools run directly,
+//! a VG and thin pool on the guest's disks, and the NVDIMM region's set-up and listing.
+//!
+//! Like csi_client.rs it uses nothing else of tests/common: the benchmarks include it
+//! with `#[path]`.
+#![allow(dead_code)] // each suite uses its own part of this
+
+use std::process::Command;
+
+/// The emulated NVDIMM's region and its one DIMM, as tests/vm/run.sh boots the guest.
+pub const REGION: &str = "region0";
+pub const NMEM: &str = "nmem0";
+
+/// True in the guest (`VMTEST_GUEST=1`). On the host the test did not run: that fails
+/// if `LOCALVOL_VM_SUITE=1` says the suite is required, else it is said and passes.
+/// `suite` names the test binary, `how` how to run it in the guest.
+pub fn in_guest(suite: &str, test: &str, how: &str) -> bool {
+    if std::env::var("VMTEST_GUEST").as_deref() == Ok("1") {
+        return true;
+    }
+    if std::env::var("LOCALVOL_VM_SUITE").as_deref() == Ok("1") {
+        panic!("{test}: LOCALVOL_VM_SUITE=1 but this is not the VM guest; {how}");
+    }
+    eprintln!("{suite}: {test} not run: {how}");
+    false
+}
+
+/// Runs a tool with `LC_ALL=C`; its stdout, or the failure with its stderr.
+pub fn try_sh(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
+        .args(args)
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(format!(
+            "{program} {args:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Runs a tool that must succeed; returns its stdout.
+pub fn sh(program: &str, args: &[&str]) -> String {
+    try_sh(program, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A string field of one JSON object that ndctl printed.
+pub fn json_field(json: &str, key: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    v[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{key} in {json}"))
+        .to_string()
+}
+
+/// ndctl prints one object or an array of them (or nothing).
+pub fn json_list(out: &str) -> Vec<serde_json::Value> {
+    if out.trim().is_empty() {
+        return Vec::new();
+    }
+    match serde_json::from_str(out).unwrap() {
+        serde_json::Value::Array(all) => all,
+        one => vec![one],
+    }
+}
+
+/// A VG on `disks` (made physical volumes first).
+pub fn volume_group(vg: &str, disks: &[&str]) {
+    let mut pvcreate = vec!["-q", "-y", "-ff"];
+    pvcreate.extend_from_slice(disks);
+    sh("pvcreate", &pvcreate);
+    let mut vgcreate = vec!["-q", vg];
+    vgcreate.extend_from_slice(disks);
+    sh("vgcreate", &vgcreate);
+}
+
+/// A thin pool `vg/pool` of `size` (lvcreate's `-L`), zeroing new chunks or not.
+pub fn thin_pool(vg: &str, pool: &str, size: &str, zeroing: bool) {
+    let zero = if zeroing { "-Zy" } else { "-Zn" };
+    sh(
+        "lvcreate",
+        &["-q", "-y", "-T", &format!("{vg}/{pool}"), "-L", size, zero],
+    );
+}
+
+/// Empties the region: its labels initialised, so it offers all its space to new
+/// namespaces (a region nobody labelled holds one label-less raw namespace).
+pub fn reset_region() {
+    sh("ndctl", &["disable-region", REGION]);
+    sh("ndctl", &["init-labels", "-f", NMEM]);
+    sh("ndctl", &["enable-region", REGION]);
+}
+
+/// The region as `ndctl list -R` describes it.
+pub fn region() -> serde_json::Value {
+    json_list(&sh("ndctl", &["list", "-R", "-r", REGION]))
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("ndctl lists no {REGION}"))
+}
+
+/// ndctl's arguments for an fsdax namespace of `size` named `name` in the region (for a
+/// caller that runs the tool itself, as a benchmark counting the tools it runs does).
+pub fn fsdax_namespace_args(size: &str, name: &str) -> Vec<String> {
+    [
+        "create-namespace",
+        "-r",
+        REGION,
+        "-m",
+        "fsdax",
+        "-M",
+        "dev",
+        "-s",
+        size,
+        "-n",
+        name,
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+/// Makes an fsdax namespace of `size` named `name`; returns what ndctl printed of it.
+pub fn fsdax_namespace(size: &str, name: &str) -> String {
+    let args = fsdax_namespace_args(size, name);
+    sh("ndctl", &args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The region's namespaces, disabled ones too (`-i`) or only enabled ones.
+pub fn namespaces(include_idle: bool) -> Vec<serde_json::Value> {
+    let mut args = vec!["list", "-N"];
+    if include_idle {
+        args.push("-i");
+    }
+    args.extend(["-r", REGION]);
+    json_list(&sh("ndctl", &args))
+}
+
+/// A VG on a new fsdax namespace of `size` named `namespace`; returns the namespace's
+/// (dev, block device path).
+pub fn volume_group_on_pmem(vg: &str, size: &str, namespace: &str) -> (String, String) {
+    let made = fsdax_namespace(size, namespace);
+    let pv = format!("/dev/{}", json_field(&made, "blockdev"));
+    volume_group(vg, &[&pv]);
+    (json_field(&made, "dev"), pv)
+}
+
+/// Writes `dir/<class>.yaml` for each (class, YAML flow mapping): a config of that class
+/// alone.
+pub fn single_class_configs(dir: &str, classes: &[(&str, &str)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (class, yaml) in classes {
+        std::fs::write(
+            std::path::Path::new(dir).join(format!("{class}.yaml")),
+            format!("device-classes:\n  - {yaml}\n"),
+        )
+        .unwrap();
+    }
+}
