@@ -13,6 +13,8 @@ use std::time::Duration;
 use localvol::backend::pmem::ndctl;
 use serde_json::json;
 
+#[path = "../tests/common/guest.rs"]
+mod guest;
 #[path = "support/harness.rs"]
 mod harness;
 
@@ -22,7 +24,6 @@ use harness::{
 
 const VG: &str = "benchvg";
 const POOL: &str = "pool0";
-const REGION: &str = "region0";
 
 const CONFIG: &str = "\
 device-classes:
@@ -44,26 +45,20 @@ device-classes:
 /// The device classes measured, as named in [`CONFIG`].
 const CLASSES: [&str; 3] = ["thick", "thin", "pmem"];
 
-/// Fresh storage: a VG on both disks with a zeroing thin pool, and region0 emptied.
-async fn prepare_storage() {
-    run("pvcreate", &["-q", "-y", "-ff", "/dev/vda", "/dev/vdb"]).await;
-    run("vgcreate", &["-q", VG, "/dev/vda", "/dev/vdb"]).await;
-    run(
-        "lvcreate",
-        &["-q", "-y", "-T", &format!("{VG}/{POOL}"), "-L", "1G", "-Zy"],
-    )
-    .await;
-    run("ndctl", &["disable-region", REGION]).await;
-    run("ndctl", &["init-labels", "-f", "nmem0"]).await;
-    run("ndctl", &["enable-region", REGION]).await;
+/// Fresh storage (tests/common/guest.rs): a VG on both disks with a zeroing thin pool,
+/// and region0 emptied.
+fn prepare_storage() {
+    guest::volume_group(VG, &["/dev/vda", "/dev/vdb"]);
+    guest::thin_pool(VG, POOL, "1G", true);
+    guest::reset_region();
 }
 
 /// The region's alignment as the daemon uses it: its `align`, at least fsdax's.
-async fn region_align() -> u64 {
-    let out = run("ndctl", &["list", "-R", "-r", REGION]).await;
-    let region: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let region = if region.is_array() { &region[0] } else { &region };
-    region["align"].as_u64().unwrap_or(0).max(ndctl::FSDAX_ALIGN)
+fn region_align() -> u64 {
+    guest::region()["align"]
+        .as_u64()
+        .unwrap_or(0)
+        .max(ndctl::FSDAX_ALIGN)
 }
 
 /// The tools a person would run for the same new volume, and nothing else (no blkid:
@@ -94,24 +89,9 @@ async fn raw_lifecycle(class: &str, base: &Path, name: &str) -> ([Duration; 6], 
             (format!("/dev/{lv}"), None)
         }
         "pmem" => {
-            let raw = ndctl::raw_for_usable(VOLUME_BYTES as u64, region_align().await).to_string();
-            let out = tool(
-                "ndctl",
-                &[
-                    "create-namespace",
-                    "-r",
-                    REGION,
-                    "-m",
-                    "fsdax",
-                    "-M",
-                    "dev",
-                    "-s",
-                    &raw,
-                    "-n",
-                    name,
-                ],
-            )
-            .await;
+            let raw = ndctl::raw_for_usable(VOLUME_BYTES as u64, region_align()).to_string();
+            let args = guest::fsdax_namespace_args(&raw, name);
+            let out = tool("ndctl", &args.iter().map(String::as_str).collect::<Vec<_>>()).await;
             let ns = ndctl::parse_namespace(out.as_bytes()).unwrap();
             (
                 format!("/dev/{}", ns.blockdev.expect("a block device")),
@@ -171,7 +151,7 @@ async fn main() {
     }
     let quick = std::env::args().any(|a| a == "--quick");
     let rounds = if quick { 2 } else { 5 };
-    prepare_storage().await;
+    prepare_storage();
     let base = tempfile::Builder::new()
         .prefix("localvol-bench-")
         .tempdir()

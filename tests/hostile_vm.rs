@@ -28,9 +28,9 @@ mod requests;
 mod sandbox;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
+use common::guest::{self, sh, try_sh};
 use node_cases::Backend;
 use sandbox::{PhysicalVolume, Sandbox, Storage};
 
@@ -38,8 +38,6 @@ const VG: &str = "hostilevg";
 const POOL: &str = "hostilepool";
 const PMEM_VG: &str = "hostilepmemvg";
 const PMEM_VG_NAMESPACE: &str = "hostile-pmemvg";
-const REGION: &str = "region0";
-const NMEM: &str = "nmem0";
 const CONFIG_DIR: &str = "/run/localvol-hostile-vm";
 const CLASS_ENV: &str = "LOCALVOL_HOSTILE_CLASS";
 const DISK_ENV: &str = "LOCALVOL_VM_DISK";
@@ -66,55 +64,10 @@ const CLASSES: &[(&str, &str)] = &[
     ),
 ];
 
-/// True in the guest. On the host: fails if the suite is required, else says so.
-fn in_guest(test: &str) -> bool {
-    if std::env::var("VMTEST_GUEST").as_deref() == Ok("1") {
-        return true;
-    }
-    if std::env::var("LOCALVOL_VM_SUITE").as_deref() == Ok("1") {
-        panic!("{test}: LOCALVOL_VM_SUITE=1 but this is not the VM guest; run it with tests/vm/run.sh");
-    }
-    eprintln!("hostile_vm: {test} not run: run it in the tests/vm guest (see this file's header)");
-    false
-}
-
-/// Runs a command; its stdout, or its stderr as the error.
-fn try_sh(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    if out.status.success() {
-        Ok(String::from_utf8(out.stdout).unwrap())
-    } else {
-        Err(format!(
-            "{program} {args:?}: {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-fn sh(program: &str, args: &[&str]) -> String {
-    try_sh(program, args).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// ndctl prints one object or an array of them.
-fn json_list(out: &str) -> Vec<serde_json::Value> {
-    if out.trim().is_empty() {
-        return Vec::new();
-    }
-    match serde_json::from_str(out).unwrap() {
-        serde_json::Value::Array(all) => all,
-        one => vec![one],
-    }
-}
-
 /// The namespaces of region0 that hold space, disabled ones too, as `dev name size
 /// mode` (a destroyed namespace leaves an idle seed of size 0 behind, which is no leak).
 fn namespaces() -> Vec<String> {
-    let mut all: Vec<String> = json_list(&sh("ndctl", &["list", "-N", "-i", "-r", REGION]))
+    let mut all: Vec<String> = guest::namespaces(true)
         .iter()
         .filter(|n| n["size"].as_u64().unwrap_or(0) > 0)
         .map(|n| format!("{} {} {} {}", n["dev"], n["name"], n["size"], n["mode"]))
@@ -162,50 +115,15 @@ impl GuestStorage {
             pmem_namespace: None,
         };
         sh("wipefs", &["-q", "-a", &disk]);
-        sh("pvcreate", &["-q", "-y", &disk]);
-        sh("vgcreate", &["-q", VG, &disk]);
-        sh(
-            "lvcreate",
-            &["-q", "-y", "-T", &format!("{VG}/{POOL}"), "-L", "512M", "-Zy"],
-        );
+        guest::volume_group(VG, &[&disk]);
+        guest::thin_pool(VG, POOL, "512M", true);
         // A region nobody labelled holds one label-less raw namespace and offers nothing.
-        let region = json_list(&sh("ndctl", &["list", "-R", "-r", REGION]));
-        if region.first().and_then(|r| r["available_size"].as_u64()) == Some(0) {
-            sh("ndctl", &["disable-region", REGION]);
-            sh("ndctl", &["init-labels", "-f", NMEM]);
-            sh("ndctl", &["enable-region", REGION]);
+        if guest::region()["available_size"].as_u64() == Some(0) {
+            guest::reset_region();
         }
-        let made = sh(
-            "ndctl",
-            &[
-                "create-namespace",
-                "-r",
-                REGION,
-                "-m",
-                "fsdax",
-                "-M",
-                "dev",
-                "-s",
-                "256M",
-                "-n",
-                PMEM_VG_NAMESPACE,
-            ],
-        );
-        let made: serde_json::Value = serde_json::from_str(&made).unwrap();
-        let field = |key: &str| {
-            made[key]
-                .as_str()
-                .unwrap_or_else(|| panic!("{key} in {made}"))
-                .to_string()
-        };
-        let pv = format!("/dev/{}", field("blockdev"));
-        storage.pmem_namespace = Some((field("dev"), pv.clone()));
-        sh("pvcreate", &["-q", "-y", &pv]);
-        sh("vgcreate", &["-q", PMEM_VG, &pv]);
-        std::fs::create_dir_all(CONFIG_DIR).unwrap();
-        for (class, yaml) in CLASSES {
-            std::fs::write(config_path(class), format!("device-classes:\n  - {yaml}\n")).unwrap();
-        }
+        let (namespace, pv) = guest::volume_group_on_pmem(PMEM_VG, "256M", PMEM_VG_NAMESPACE);
+        storage.pmem_namespace = Some((namespace, pv.clone()));
+        guest::single_class_configs(CONFIG_DIR, CLASSES);
         eprintln!(
             "hostile_vm: storage set up in {:.1}s (VG {VG} on {disk}, VG {PMEM_VG} on {pv})",
             started.elapsed().as_secs_f64()
@@ -325,7 +243,11 @@ fn node_calls_act_only_on_what_belongs_to_the_volume_on_lvm_and_pmem() {
             .block_on(node_cases::run(scratch, backend(&class)));
         return;
     }
-    if !in_guest(NAME) {
+    if !guest::in_guest(
+        "hostile_vm",
+        NAME,
+        "run it in the tests/vm guest with tests/vm/run.sh (see this file's header)",
+    ) {
         return;
     }
     let started = Instant::now();

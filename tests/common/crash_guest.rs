@@ -3,12 +3,13 @@
 //! of) a volume, read with the tools themselves rather than through the daemon.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Once;
+
+use super::common::guest::{self, sh};
 
 pub const VG: &str = "crashvg";
 pub const POOL: &str = "crashpool";
-pub const REGION: &str = "region0";
+pub use super::common::guest::REGION;
 pub const CONFIG_DIR: &str = "/run/localvol-crash-vm";
 /// The device classes under test; each test runs a daemon with only its own class.
 pub const CLASSES: &[(&str, &str)] = &[
@@ -25,19 +26,7 @@ pub const CLASSES: &[(&str, &str)] = &[
 
 /// Runs a command; its stdout, or `None` when it failed.
 pub fn try_sh(program: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    out.status
-        .success()
-        .then(|| String::from_utf8(out.stdout).unwrap())
-}
-
-/// Runs a command that must succeed; returns its stdout.
-pub fn sh(program: &str, args: &[&str]) -> String {
-    try_sh(program, args).unwrap_or_else(|| panic!("{program} {args:?} failed"))
+    guest::try_sh(program, args).ok()
 }
 
 static SETUP: Once = Once::new();
@@ -46,19 +35,10 @@ static SETUP: Once = Once::new();
 /// labels, and one config file per class.
 pub fn setup() {
     SETUP.call_once(|| {
-        sh("pvcreate", &["-q", "/dev/vda"]);
-        sh("vgcreate", &["-q", VG, "/dev/vda"]);
-        sh(
-            "lvcreate",
-            &["-q", "-y", "-T", &format!("{VG}/{POOL}"), "-L", "1G", "-Zy"],
-        );
-        sh("ndctl", &["disable-region", REGION]);
-        sh("ndctl", &["init-labels", "-f", "nmem0"]);
-        sh("ndctl", &["enable-region", REGION]);
-        std::fs::create_dir_all(CONFIG_DIR).unwrap();
-        for (class, yaml) in CLASSES {
-            std::fs::write(config_path(class), format!("device-classes:\n  - {yaml}\n")).unwrap();
-        }
+        guest::volume_group(VG, &["/dev/vda"]);
+        guest::thin_pool(VG, POOL, "1G", true);
+        guest::reset_region();
+        guest::single_class_configs(CONFIG_DIR, CLASSES);
     });
 }
 
@@ -97,16 +77,8 @@ pub fn is_lvm(class: &str) -> bool {
 
 /// The namespaces of region0, as (name, blockdev).
 pub fn namespaces() -> Vec<(String, String)> {
-    let out = sh("ndctl", &["list", "-N", "-r", REGION]);
-    if out.trim().is_empty() {
-        return Vec::new();
-    }
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let all = match v {
-        serde_json::Value::Array(a) => a,
-        one => vec![one],
-    };
-    all.iter()
+    guest::namespaces(false)
+        .iter()
         .map(|n| {
             (
                 n["name"].as_str().unwrap_or_default().to_string(),
