@@ -27,9 +27,9 @@ mod kit;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::process::{DaemonProcess, Output, Spawn};
 use common::{Cleanup, kubelet_paths, loops_under, mounts_under, privileged};
 use kit::{Endpoints, Rng, SOURCE, Step, Timings, Volume, env_or, files_below, on};
-use tonic::Code;
 use tonic::transport::Channel;
 
 const MIB: i64 = 1 << 20;
@@ -43,23 +43,6 @@ const COPY_EVERY: usize = 4;
 /// How long one step may keep failing with a retryable code before the test gives up.
 const STEP_DEADLINE: Duration = Duration::from_secs(90);
 
-/// Whether this process may grow ext4 online (CAP_SYS_RESOURCE, bit 24 of CapEff).
-fn has_cap_sys_resource() -> bool {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let hex = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .unwrap()
-        .trim();
-    u64::from_str_radix(hex, 16).unwrap() & (1 << 24) != 0
-}
-
-/// The daemon binary as a child process in its own process group.
-struct Process {
-    child: Option<tokio::process::Child>,
-    pgid: i32,
-}
-
 /// The daemon's log, outside the test directory so that it survives a failure.
 fn log_path(seed: u64) -> PathBuf {
     std::env::temp_dir().join(format!("localvol-crash-{seed:x}.log"))
@@ -71,94 +54,30 @@ fn log_tail(seed: u64) -> String {
     kit::log_tail(&log_path(seed), 40)
 }
 
-impl Process {
-    async fn start(dir: &Path, seed: u64) -> (Self, Channel) {
-        let socket = dir.join("csi.sock");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log_path(seed))
-            .unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"))
-            .args(["serve", "--node-id", "crash", "--kube", "off"])
-            .args(["--kubelet-registration", "external"])
-            .args(["--metrics-addr", "127.0.0.1:0", "--loop-capacity", "8Gi"])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", socket.display()))
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--kubelet-root-dir")
-            .arg(dir)
-            .env("RUST_LOG", "info")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let pgid = child.id().unwrap() as i32;
-        let mut process = Self {
-            child: Some(child),
-            pgid,
-        };
-        let started = Instant::now();
-        loop {
-            if let Ok(channel) = localvol::csi::socket::connect(&socket).await {
-                return (process, channel);
-            }
-            if let Some(status) = process.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "the daemon exited during start-up: {status}; see {}",
-                    log_path(seed).display()
-                );
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the daemon did not start within 30s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+/// The daemon binary (tests/common/process.rs) in its own process group, logging to
+/// [`log_path`]; returns it once its socket answers, and a channel to it.
+async fn start_daemon(dir: &Path, seed: u64) -> (DaemonProcess, Channel) {
+    let mut process = Spawn::new(dir, "crash")
+        .args([
+            "--kube",
+            "off",
+            "--kubelet-registration",
+            "external",
+            "--loop-capacity",
+            "8Gi",
+        ])
+        .env("RUST_LOG", "info")
+        .output(Output::AppendTo(log_path(seed)))
+        .own_group()
+        .spawn();
+    if let Err(e) = process
+        .wait_for_socket(Duration::from_secs(30), Duration::from_millis(20))
+        .await
+    {
+        panic!("{e}; see {}", log_path(seed).display());
     }
-
-    /// SIGKILL to the whole process group, then reap the daemon.
-    async fn kill(&mut self) {
-        self.kill_daemon(true).await;
-    }
-
-    /// SIGKILL to the daemon only (`whole_group` false): the tools it was running live
-    /// on as orphans while the next daemon starts, as after a crash of the process alone.
-    async fn kill_daemon(&mut self, whole_group: bool) {
-        let pid = nix::unistd::Pid::from_raw(self.pgid);
-        let _ = if whole_group {
-            nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL)
-        } else {
-            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
-        };
-        if let Some(mut child) = self.child.take() {
-            child.wait().await.unwrap();
-        }
-        if !whole_group {
-            return;
-        }
-        // The tools it ran were in the group too: wait until none is left.
-        for _ in 0..500 {
-            if nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pgid), None).is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("processes of group {} survived SIGKILL for 5s", self.pgid);
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(self.pgid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
+    let channel = process.channel().await;
+    (process, channel)
 }
 
 /// The UUID of the filesystem on the one loop device backed by `data`, read from the
@@ -200,7 +119,7 @@ struct Run {
     dir: PathBuf,
     seed: u64,
     rng: Rng,
-    process: Process,
+    process: DaemonProcess,
     channel: Channel,
     counts: Counts,
     timings: Timings,
@@ -229,61 +148,58 @@ impl Run {
             let inflight = tokio::spawn(async move { kit::call(&endpoints, step, &vol).await });
             tokio::time::sleep(delay).await;
             let was_running = !inflight.is_finished();
-            self.process.kill_daemon(self.kill_group).await;
+            if self.kill_group {
+                self.process.kill().await;
+                kit::wait_group_gone(self.process.pid).await;
+            } else {
+                self.process.kill_daemon_only().await;
+            }
             self.counts.kills += 1;
             if was_running {
                 self.counts.inside_call += 1;
             }
-            // The interrupted call ends one way or the other; its answer is not trusted.
-            let _ = tokio::time::timeout(Duration::from_secs(10), inflight)
-                .await
-                .expect("an interrupted call returns once the daemon is gone");
-            let (process, channel) = Process::start(&self.dir, self.seed).await;
+            kit::interrupted(inflight).await;
+            let (process, channel) = start_daemon(&self.dir, self.seed).await;
             self.process = process;
             self.channel = channel;
             self.counts.replays += 1;
         }
-        let started = Instant::now();
-        loop {
-            match kit::call(&self.endpoints(), step, v).await {
-                Ok(answer) => {
-                    if !kill {
-                        self.timings.record(step, started.elapsed());
-                    }
-                    match step {
-                        Step::Create | Step::Snapshot | Step::Restore | Step::Clone => {
-                            let id = answer.volume_id.unwrap();
-                            assert!(v.id.is_empty() || v.id == id, "{step:?} returned another id");
-                            v.id = id;
-                            assert_eq!(answer.capacity_bytes, Some(v.required_bytes), "{step:?}");
-                        }
-                        Step::ControllerExpand | Step::NodeExpand => {
-                            assert_eq!(answer.capacity_bytes, Some(GROWN), "{step:?}");
-                        }
-                        _ => {}
-                    }
-                    return;
-                }
-                Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable) => {
-                    self.counts.retryable_errors += 1;
-                    assert!(
-                        started.elapsed() < STEP_DEADLINE,
-                        "seed {:#x}: {step:?} of {} still failing after {STEP_DEADLINE:?}: {s:?}",
-                        self.seed,
-                        v.name
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(s) => panic!(
-                    "seed {:#x}: {step:?} of {} failed: {:?} {}; daemon log {}, last lines:\n{}",
-                    self.seed,
-                    v.name,
-                    s.code(),
-                    s.message(),
-                    log_path(self.seed).display(),
-                    log_tail(self.seed)
-                ),
+        let policy = kit::Replay {
+            deadline: STEP_DEADLINE,
+            pause: Duration::from_millis(50),
+        };
+        let who = format!("seed {:#x}", self.seed);
+        let details = || {
+            format!(
+                "daemon log {}, last lines:\n{}",
+                log_path(self.seed).display(),
+                log_tail(self.seed)
+            )
+        };
+        let (answer, took) = kit::replay(
+            &self.endpoints(),
+            step,
+            v,
+            &policy,
+            &mut self.counts.retryable_errors,
+            &who,
+            details,
+        )
+        .await;
+        if !kill {
+            self.timings.record(step, took);
+        }
+        match step {
+            Step::Create | Step::Snapshot | Step::Restore | Step::Clone => {
+                let id = answer.volume_id.unwrap();
+                assert!(v.id.is_empty() || v.id == id, "{step:?} returned another id");
+                v.id = id;
+                assert_eq!(answer.capacity_bytes, Some(v.required_bytes), "{step:?}");
             }
+            Step::ControllerExpand | Step::NodeExpand => {
+                assert_eq!(answer.capacity_bytes, Some(GROWN), "{step:?}");
+            }
+            _ => {}
         }
     }
 }
@@ -311,7 +227,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         log_path(seed).display()
     );
     let _ = std::fs::remove_file(log_path(seed));
-    let ext4_grows = has_cap_sys_resource();
+    let ext4_grows = common::has_cap_sys_resource();
     if !ext4_grows {
         eprintln!(
             "NOTE: no CAP_SYS_RESOURCE: ext4 volumes skip the node-expand step (the kernel refuses \
@@ -330,7 +246,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         mounts: Vec::new(),
         data: data.clone(),
     };
-    let (process, channel) = Process::start(&dir, seed).await;
+    let (process, channel) = start_daemon(&dir, seed).await;
     let mut run = Run {
         dir: dir.clone(),
         seed,
@@ -404,26 +320,8 @@ async fn sigkill_at_random_points_loses_nothing() {
                 }
                 Step::Publish => {
                     publishes += 1;
-                    let file = v.target.join("data");
-                    if publishes == 1 {
-                        std::fs::write(&file, &content).unwrap();
-                        std::fs::File::open(&file).unwrap().sync_all().unwrap();
-                        std::fs::File::open(&v.target).unwrap().sync_all().unwrap();
-                        std::fs::write(v.target.join(kit::UNSYNCED), &content[..4096]).unwrap();
-                    } else {
-                        let back = std::fs::read(&file).unwrap_or_else(|e| {
-                            panic!("seed {seed:#x}: {} lost its data (round {round}): {e}", v.name)
-                        });
-                        assert!(
-                            back == content,
-                            "seed {seed:#x}: {} data differs (round {round})",
-                            v.name
-                        );
-                    }
-                    if which != SOURCE
-                        && let Err(e) = kit::check_copy(&v.target, &content[..4096])
-                    {
-                        panic!("seed {seed:#x}: {} (round {round}): {e}", v.name);
+                    if let Err(e) = kit::after_publish(v, publishes == 1, which, &content) {
+                        panic!("seed {seed:#x} (round {round}): {e}");
                     }
                 }
                 Step::Snapshot | Step::Clone => {
@@ -449,6 +347,7 @@ async fn sigkill_at_random_points_loses_nothing() {
     }
     let elapsed = started.elapsed();
     run.process.kill().await;
+    kit::wait_group_gone(run.process.pid).await;
     let leftovers = files_below(&data);
     assert!(
         leftovers.is_empty(),

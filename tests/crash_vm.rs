@@ -41,10 +41,10 @@ mod kit;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::process::{DaemonProcess, Output, Spawn};
 use common::{Cleanup, kubelet_paths, mounts_under};
 use guest::{format_unfinished, is_lvm, leftovers, mounted_device, setup, signature, uuid, volume_device};
 use kit::{Endpoints, Rng, SOURCE, Step, Timings, Volume, on};
-use tonic::Code;
 
 const MIB: i64 = 1 << 20;
 /// Volume sizes (created, grown) per filesystem: small ext4 volumes keep mkfs, growth
@@ -69,127 +69,64 @@ fn snapshots(class: &str) -> bool {
     class == "thin"
 }
 
-/// True in the guest. On the host: fails if the suite is required, else says so.
+/// True in the guest (tests/common/guest.rs).
 fn in_guest(test: &str) -> bool {
-    if std::env::var("VMTEST_GUEST").as_deref() == Ok("1") {
-        return true;
-    }
-    if std::env::var("LOCALVOL_VM_SUITE").as_deref() == Ok("1") {
-        panic!("{test}: LOCALVOL_VM_SUITE=1 but this is not the VM guest; run it with tests/vm/run.sh");
-    }
-    eprintln!("crash_vm: {test} not run: run it in the guest (tests/vm/run.sh, see the file's header)");
-    false
+    common::guest::in_guest(
+        "crash_vm",
+        test,
+        "run it in the guest (tests/vm/run.sh, see the file's header)",
+    )
 }
 
-/// The daemon binary: `LOCALVOL_BIN` if set, else the one cargo built with this test.
-fn localvol_bin() -> PathBuf {
-    std::env::var_os("LOCALVOL_BIN")
-        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_localvol")), PathBuf::from)
-}
-
-/// The real daemon, in its own process group.
+/// The real daemon (tests/common/process.rs), in its own process group.
 struct Daemon {
-    child: Option<tokio::process::Child>,
-    pgid: i32,
+    process: DaemonProcess,
 }
 
 impl Daemon {
     /// Starts it and waits until it answers Probe ready (it has opened its class).
     async fn start(dir: &Path, class: &str, log_path: &Path) -> (Self, Endpoints) {
-        let socket = dir.join("csi.sock");
         let addons = dir.join("csi-addons.sock");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log_path)
-            .unwrap();
-        let child = tokio::process::Command::new(localvol_bin())
-            .args(["serve", "--node-id", "crash-vm", "--kube", "off"])
+        let mut process = Spawn::new(dir, "crash-vm")
+            .args(["--kube", "off", "--kubelet-registration", "external"])
             .args([
-                "--kubelet-registration",
-                "external",
-                "--metrics-addr",
-                "127.0.0.1:0",
+                "--csi-addons-endpoint".to_string(),
+                format!("unix://{}", addons.display()),
             ])
-            .arg("--endpoint")
-            .arg(format!("unix://{}", socket.display()))
-            .arg("--csi-addons-endpoint")
-            .arg(format!("unix://{}", addons.display()))
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--kubelet-root-dir")
-            .arg(dir)
-            .arg("--config")
-            .arg(guest::config_path(class))
+            .args(["--config".as_ref(), guest::config_path(class).as_os_str()])
             .env("RUST_LOG", "info")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let pgid = child.id().unwrap() as i32;
-        let mut daemon = Self {
-            child: Some(child),
-            pgid,
-        };
-        let started = Instant::now();
-        loop {
-            if let Some(status) = daemon.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "the daemon exited during start-up: {status}; its log ({} bytes), last lines:\n{}\nstorage now:\n{}",
-                    std::fs::metadata(log_path).map_or(0, |m| m.len()),
-                    kit::log_tail(log_path, 30),
-                    guest::storage_state()
-                );
-            }
-            if let Ok(channel) = localvol::csi::socket::connect(&socket).await {
-                let mut identity =
-                    localvol::proto::csi::v1::identity_client::IdentityClient::new(channel.clone());
-                if let Ok(probe) = identity.probe(localvol::proto::csi::v1::ProbeRequest {}).await
-                    && probe.into_inner().ready == Some(true)
-                {
-                    let addons = localvol::csi::socket::connect(&addons).await.unwrap();
-                    let endpoints = Endpoints {
-                        csi: channel,
-                        addons: Some(addons),
-                    };
-                    return (daemon, endpoints);
-                }
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "the daemon was not ready within 120s; its log's last lines:\n{}",
-                kit::log_tail(log_path, 30)
+            .output(Output::AppendTo(log_path.to_path_buf()))
+            .own_group()
+            .spawn();
+        if let Err(e) = process
+            .wait_ready(Duration::from_secs(120), Duration::from_millis(25))
+            .await
+        {
+            panic!(
+                "{e}; its log ({} bytes), last lines:\n{}\nstorage now:\n{}",
+                std::fs::metadata(log_path).map_or(0, |m| m.len()),
+                kit::log_tail(log_path, 30),
+                guest::storage_state()
             );
-            tokio::time::sleep(Duration::from_millis(25)).await;
         }
+        let endpoints = Endpoints {
+            csi: process.channel().await,
+            addons: Some(localvol::csi::socket::connect(&addons).await.unwrap()),
+        };
+        (Self { process }, endpoints)
     }
 
     /// SIGKILL to the daemon and everything it runs; returns once all are gone.
     async fn kill(&mut self) {
-        kit::kill_group(self.pgid);
-        if let Some(mut child) = self.child.take() {
-            child.wait().await.unwrap();
-        }
-        kit::wait_group_gone(self.pgid).await;
+        self.process.kill().await;
+        kit::wait_group_gone(self.process.pid).await;
     }
 
     /// Whether mkfs (mkfs.ext4 is mke2fs) is running in the daemon's group now.
     fn in_mkfs(&self) -> bool {
-        kit::group_members(self.pgid)
+        kit::group_members(self.process.pid)
             .iter()
             .any(|c| c.starts_with("mkfs") || c.starts_with("mke2fs"))
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(self.pgid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
     }
 }
 
@@ -278,10 +215,7 @@ impl Run {
             self.counts.kills += 1;
             self.counts.inside_call += usize::from(was_running);
             self.counts.inside_mkfs += usize::from(in_mkfs);
-            // The interrupted call ends one way or the other; its answer is not trusted.
-            let _ = tokio::time::timeout(Duration::from_secs(10), inflight)
-                .await
-                .expect("an interrupted call returns once the daemon is gone");
+            kit::interrupted(inflight).await;
             if step == Step::Stage {
                 self.observe_format_mark(v);
             }
@@ -291,42 +225,35 @@ impl Run {
             self.daemon = daemon;
             self.endpoints = endpoints;
         }
-        let started = Instant::now();
-        loop {
-            match kit::call(&self.endpoints, step, v).await {
-                Ok(answer) => {
-                    if kill.is_some() {
-                        self.counts.recovered += 1;
-                    } else {
-                        self.timings.record(step, started.elapsed());
-                    }
-                    self.check_answer(step, v, answer);
-                    return;
-                }
-                Err(s) if matches!(s.code(), Code::Aborted | Code::Unavailable) => {
-                    self.counts.retryable_errors += 1;
-                    assert!(
-                        started.elapsed() < STEP_DEADLINE,
-                        "seed {:#x} class {}: {step:?} of {} still failing after {STEP_DEADLINE:?}: {s:?}",
-                        self.seed,
-                        self.class,
-                        v.name
-                    );
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(s) => panic!(
-                    "seed {:#x} class {}: {step:?} of {} failed: {:?} {}; daemon log {}, last lines:\n{}\nstorage now:\n{}",
-                    self.seed,
-                    self.class,
-                    v.name,
-                    s.code(),
-                    s.message(),
-                    self.log.display(),
-                    kit::log_tail(&self.log, 40),
-                    guest::storage_state()
-                ),
-            }
+        let policy = kit::Replay {
+            deadline: STEP_DEADLINE,
+            pause: Duration::from_millis(200),
+        };
+        let who = format!("seed {:#x} class {}", self.seed, self.class);
+        let details = || {
+            format!(
+                "daemon log {}, last lines:\n{}\nstorage now:\n{}",
+                self.log.display(),
+                kit::log_tail(&self.log, 40),
+                guest::storage_state()
+            )
+        };
+        let (answer, took) = kit::replay(
+            &self.endpoints,
+            step,
+            v,
+            &policy,
+            &mut self.counts.retryable_errors,
+            &who,
+            details,
+        )
+        .await;
+        if kill.is_some() {
+            self.counts.recovered += 1;
+        } else {
+            self.timings.record(step, took);
         }
+        self.check_answer(step, v, answer);
     }
 
     fn check_answer(&self, step: Step, v: &mut Volume, answer: kit::Answer) {
@@ -497,31 +424,8 @@ async fn crash_class(class: &'static str) {
                 }
                 Step::Publish => {
                     publishes += 1;
-                    let file = v.target.join("data");
-                    if publishes == 1 {
-                        std::fs::write(&file, &content).unwrap();
-                        std::fs::File::open(&file).unwrap().sync_all().unwrap();
-                        std::fs::File::open(&v.target).unwrap().sync_all().unwrap();
-                        // Not synced: in a snapshot only if the snapshot froze (flushed)
-                        // the filesystem.
-                        std::fs::write(v.target.join(kit::UNSYNCED), &content[..4096]).unwrap();
-                    } else {
-                        let back = std::fs::read(&file).unwrap_or_else(|e| {
-                            panic!(
-                                "seed {seed:#x}: {class} {} lost its data (round {round}): {e}",
-                                v.name
-                            )
-                        });
-                        assert!(
-                            back == content,
-                            "seed {seed:#x}: {class} {} data differs (round {round})",
-                            v.name
-                        );
-                    }
-                    if which != SOURCE
-                        && let Err(e) = kit::check_copy(&v.target, &content[..4096])
-                    {
-                        panic!("seed {seed:#x}: {class} {}: {e}", v.name);
+                    if let Err(e) = kit::after_publish(v, publishes == 1, which, &content) {
+                        panic!("seed {seed:#x}: {class} (round {round}): {e}");
                     }
                 }
                 Step::Snapshot | Step::Clone => {

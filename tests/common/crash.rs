@@ -287,6 +287,83 @@ pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answe
     Ok(answer)
 }
 
+/// The data checks after a publish in a crash lifecycle: the round's first publish
+/// writes `content` (synced) and the unsynced file; every later one must read `content`
+/// back, and a copy (`which` not SOURCE) must hold what [`check_copy`] says.
+pub fn after_publish(v: &Volume, first: bool, which: usize, content: &[u8]) -> Result<(), String> {
+    let file = v.target.join("data");
+    if first {
+        std::fs::write(&file, content).unwrap();
+        std::fs::File::open(&file).unwrap().sync_all().unwrap();
+        std::fs::File::open(&v.target).unwrap().sync_all().unwrap();
+        // Not synced: in a snapshot only if the snapshot froze (flushed) the filesystem.
+        std::fs::write(v.target.join(UNSYNCED), &content[..4096]).unwrap();
+    } else {
+        let back = std::fs::read(&file).map_err(|e| format!("{} lost its data: {e}", v.name))?;
+        if back != content {
+            return Err(format!("{} data differs", v.name));
+        }
+    }
+    if which != SOURCE {
+        check_copy(&v.target, &content[..4096]).map_err(|e| format!("{}: {e}", v.name))?;
+    }
+    Ok(())
+}
+
+/// How a step's call is replayed after a kill: the codes kubelet and the sidecars retry
+/// (ABORTED, UNAVAILABLE), every `pause`, for at most `deadline`.
+pub struct Replay {
+    pub deadline: Duration,
+    pub pause: Duration,
+}
+
+/// The one replay loop of tests/crash.rs and tests/crash_vm.rs: sends the step's call
+/// until it succeeds, as kubelet and external-provisioner would. A retryable code is
+/// counted in `retryable` and tried again until the deadline; any other error fails the
+/// test, named by `who` (seed, class) and explained by `details` (the daemon's log).
+/// Returns the answer and the time from the first try.
+pub async fn replay(
+    endpoints: &Endpoints,
+    step: Step,
+    v: &Volume,
+    policy: &Replay,
+    retryable: &mut usize,
+    who: &str,
+    details: impl Fn() -> String,
+) -> (Answer, Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        match call(endpoints, step, v).await {
+            Ok(answer) => return (answer, started.elapsed()),
+            Err(s) if matches!(s.code(), tonic::Code::Aborted | tonic::Code::Unavailable) => {
+                *retryable += 1;
+                assert!(
+                    started.elapsed() < policy.deadline,
+                    "{who}: {step:?} of {} still failing after {:?}: {s:?}",
+                    v.name,
+                    policy.deadline
+                );
+                tokio::time::sleep(policy.pause).await;
+            }
+            Err(s) => panic!(
+                "{who}: {step:?} of {} failed: {:?} {}; {}",
+                v.name,
+                s.code(),
+                s.message(),
+                details()
+            ),
+        }
+    }
+}
+
+/// Waits for a call the daemon was killed under: it ends one way or the other, and its
+/// answer is not trusted.
+pub async fn interrupted(inflight: tokio::task::JoinHandle<Result<Answer, tonic::Status>>) {
+    let _ = tokio::time::timeout(Duration::from_secs(10), inflight)
+        .await
+        .expect("an interrupted call returns once the daemon is gone");
+}
+
 /// How long each step took when it was not interrupted (a running average), so that a
 /// kill can be aimed inside it.
 pub struct Timings {
