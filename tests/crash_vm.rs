@@ -88,7 +88,7 @@ impl Daemon {
     async fn start(dir: &Path, class: &str, log_path: &Path) -> (Self, Endpoints) {
         let addons = dir.join("csi-addons.sock");
         let mut process = Spawn::new(dir, "crash-vm")
-            .args(["--kube", "off", "--kubelet-registration", "external"])
+            .standalone()
             .args([
                 "--csi-addons-endpoint".to_string(),
                 format!("unix://{}", addons.display()),
@@ -422,19 +422,11 @@ async fn crash_class(class: &'static str) {
                         ),
                     }
                 }
-                Step::Publish => {
-                    publishes += 1;
-                    if let Err(e) = kit::after_publish(v, publishes == 1, which, &content) {
+                _ => {
+                    if let Err(e) = kit::after_step(step, &vols, which, &mut publishes, &content) {
                         panic!("seed {seed:#x}: {class} (round {round}): {e}");
                     }
                 }
-                Step::Snapshot | Step::Clone => {
-                    if let Err(e) = kit::after_copy(step, &vols[SOURCE].target) {
-                        panic!("seed {seed:#x}: {class}: {e}");
-                    }
-                }
-                Step::Unpublish => assert!(!v.target.exists(), "unpublish removes the target"),
-                _ => {}
             }
         }
         assert!(

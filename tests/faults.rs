@@ -135,14 +135,8 @@ async fn full_capacity_is_resource_exhausted_and_leaves_nothing() {
 async fn start_with_fake_tools(dir: &Path) -> DaemonProcess {
     let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap());
     let mut daemon = Spawn::new(dir, "faults")
-        .args([
-            "--kube",
-            "off",
-            "--kubelet-registration",
-            "external",
-            "--loop-capacity",
-            "1Gi",
-        ])
+        .standalone()
+        .args(["--loop-capacity", "1Gi"])
         .env("PATH", path)
         .env("RUST_LOG", "warn")
         .spawn();

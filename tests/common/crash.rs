@@ -310,6 +310,29 @@ pub fn after_publish(v: &Volume, first: bool, which: usize, content: &[u8]) -> R
     Ok(())
 }
 
+/// The checks every crash lifecycle makes after a step succeeded, but the stage's
+/// (each test reads the filesystem's identity its own way): a publish writes or reads
+/// back the data ([`after_publish`]; `publishes` counts them), a snapshot or clone
+/// leaves the source as [`after_copy`] says, an unpublish removes the target.
+pub fn after_step(
+    step: Step,
+    vols: &[Volume],
+    which: usize,
+    publishes: &mut usize,
+    content: &[u8],
+) -> Result<(), String> {
+    let v = &vols[which];
+    match step {
+        Step::Publish => {
+            *publishes += 1;
+            after_publish(v, *publishes == 1, which, content)
+        }
+        Step::Snapshot | Step::Clone => after_copy(step, &vols[SOURCE].target),
+        Step::Unpublish if v.target.exists() => Err(format!("unpublish leaves the target of {}", v.name)),
+        _ => Ok(()),
+    }
+}
+
 /// How a step's call is replayed after a kill: the codes kubelet and the sidecars retry
 /// (ABORTED, UNAVAILABLE), every `pause`, for at most `deadline`.
 pub struct Replay {

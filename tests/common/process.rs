@@ -63,6 +63,12 @@ impl<'a> Spawn<'a> {
         self
     }
 
+    /// Standalone, as the crash and fault tests run it: no Kubernetes API, and kubelet
+    /// registration left to a sidecar (none).
+    pub fn standalone(self) -> Self {
+        self.args(["--kube", "off", "--kubelet-registration", "external"])
+    }
+
     pub fn env(mut self, name: &'a str, value: impl Into<OsString>) -> Self {
         self.env.push((name, value.into()));
         self
