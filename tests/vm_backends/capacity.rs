@@ -6,12 +6,7 @@ use crate::common::limits::{self, Class};
 
 /// What the tools say a class can still hold: (available, largest volume).
 fn tool_capacity(class: &str) -> (u64, u64) {
-    let vg_free = |vg: &str| {
-        numbers(
-            "vgs",
-            &["--noheadings", "--units", "b", "--nosuffix", "-o", "vg_free", vg],
-        )[0]
-    };
+    let vg_free = |vg: &str| lvm_bytes("vgs", "vg_free", vg);
     let align = |bytes: u64, to: u64| bytes / to * to;
     match class {
         "thick" => {
@@ -23,34 +18,12 @@ fn tool_capacity(class: &str) -> (u64, u64) {
             (a, a)
         }
         "thin" => {
-            let pool = numbers(
-                "lvs",
-                &[
-                    "--noheadings",
-                    "--units",
-                    "b",
-                    "--nosuffix",
-                    "-o",
-                    "lv_size",
-                    "vmvg/pool0",
-                ],
-            )[0];
-            let thin: u64 = sh(
-                "lvs",
-                &[
-                    "--noheadings",
-                    "--units",
-                    "b",
-                    "--nosuffix",
-                    "-o",
-                    "lv_size,pool_lv",
-                    VG,
-                ],
-            )
-            .lines()
-            .filter(|l| l.split_whitespace().nth(1) == Some("pool0"))
-            .map(|l| l.split_whitespace().next().unwrap().parse::<u64>().unwrap())
-            .sum();
+            let pool = lvm_bytes("lvs", "lv_size", "vmvg/pool0");
+            let thin: u64 = lvm_report("lvs", "lv_size,pool_lv", VG)
+                .lines()
+                .filter(|l| l.split_whitespace().nth(1) == Some("pool0"))
+                .map(|l| l.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+                .sum();
             let a = align((2 * pool).saturating_sub(thin), 4 * MIB);
             (a, a)
         }
@@ -81,22 +54,6 @@ fn storage_snapshot() -> String {
         sh("lvs", &["--noheadings", "-o", "lv_name,lv_size,lv_tags", PMEM_VG]),
         sh("ndctl", &["list", "-N", "-i", "-r", REGION]),
     )
-}
-
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                out.extend(files_under(&path));
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 pub async fn capacity_matches_the_tools_and_too_big_leaves_nothing() {
@@ -151,20 +108,7 @@ pub async fn capacity_matches_the_tools_and_too_big_leaves_nothing() {
 /// tests/common/limits.rs): whole extents of the VG, usable sizes of fsdax namespaces.
 pub async fn limits_are_kept_and_the_largest_volume_fits() {
     let d = daemon().await;
-    let extent = |vg: &str| {
-        numbers(
-            "vgs",
-            &[
-                "--noheadings",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                "vg_extent_size",
-                vg,
-            ],
-        )[0]
-    };
+    let extent = |vg: &str| lvm_bytes("vgs", "vg_extent_size", vg);
     let lvm = |name, vg| Class {
         name: Some(name),
         small: 16 * extent(vg),

@@ -231,11 +231,20 @@ fn fsdax_usable(raw: u64) -> u64 {
     raw.saturating_sub(reserve)
 }
 
-fn numbers(program: &str, args: &[&str]) -> Vec<u64> {
-    sh(program, args)
-        .split_whitespace()
-        .map(|n| n.parse().unwrap_or_else(|_| panic!("{program} {args:?}: {n:?}")))
-        .collect()
+/// LVM's report of `fields` of `what` (a VG, or `vg/lv`) in bytes, without headings.
+fn lvm_report(program: &str, fields: &str, what: &str) -> String {
+    sh(
+        program,
+        &["--noheadings", "--units", "b", "--nosuffix", "-o", fields, what],
+    )
+}
+
+/// One field in bytes of a VG (`vgs`) or LV (`lvs`).
+fn lvm_bytes(program: &str, field: &str, what: &str) -> u64 {
+    let out = lvm_report(program, field, what);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{program} -o {field} {what}: {out:?}"))
 }
 
 fn mount_cap(fs: &str) -> csi::VolumeCapability {

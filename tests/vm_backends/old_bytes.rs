@@ -140,18 +140,7 @@ async fn block_over_old_bytes(c: &Csi, class: &str) {
 }
 
 fn chunk_size(pool: &str) -> u64 {
-    numbers(
-        "lvs",
-        &[
-            "--noheadings",
-            "--units",
-            "b",
-            "--nosuffix",
-            "-o",
-            "chunk_size",
-            &format!("{VG}/{pool}"),
-        ],
-    )[0]
+    lvm_bytes("lvs", "chunk_size", &format!("{VG}/{pool}"))
 }
 
 /// Writes 4 KiB at the start of every pool chunk of a new 16 MiB thin device, then
@@ -181,20 +170,7 @@ fn unwritten_after_small_writes(dev: &Path, chunk: u64) -> Vec<u8> {
 /// same on the pool without zeroing, with plain lvm, is the control: old bytes show.
 async fn thin_zeroing(c: &Csi) {
     let mut t = Steps::new("thin");
-    let fill = |pool: &str| {
-        numbers(
-            "lvs",
-            &[
-                "--noheadings",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                "lv_size",
-                &format!("{VG}/{pool}"),
-            ],
-        )[0] - 4 * MIB
-    };
+    let fill = |pool: &str| lvm_bytes("lvs", "lv_size", &format!("{VG}/{pool}")) - 4 * MIB;
     let chunk = chunk_size("pool1");
     let a = fill("pool1");
     sh(
