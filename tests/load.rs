@@ -416,7 +416,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
     );
     for (id, _, _) in &vols {
         controller(&ch, 0)
-            .delete_volume(delete_request(&id))
+            .delete_volume(delete_request(id))
             .await
             .unwrap();
     }

@@ -145,8 +145,22 @@ impl Daemon {
             panic!("the daemon exited during start-up: {:?}", task.await);
         }
         assert!(socket.exists(), "daemon did not create its socket");
+        // Builtin registration binds its socket just after the CSI socket: a loaded
+        // host showed a test the daemon in between (tests/metrics_scrape.rs, 1 run in
+        // 4). Wait for it too, for at most 5s; a test asserting it still fails if it
+        // never comes.
+        let registration_socket = registry.join("localvol.csi.dev-reg.sock");
+        let external = extra_args
+            .windows(2)
+            .any(|w| w == ["--kubelet-registration", "external"]);
+        for _ in 0..200 {
+            if external || registration_socket.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
         Self {
-            registration_socket: registry.join("localvol.csi.dev-reg.sock"),
+            registration_socket,
             addons_socket,
             dir,
             socket,
