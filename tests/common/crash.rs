@@ -12,6 +12,8 @@ use localvol::proto::csi::v1 as csi;
 use localvol::proto::reclaimspace as rs;
 use tonic::transport::Channel;
 
+use crate::common::csi_client as req;
+
 /// xorshift64*: tiny, deterministic, good enough to pick steps and delays.
 pub struct Rng(u64);
 
@@ -119,16 +121,7 @@ pub struct Endpoints {
 }
 
 pub fn mount_cap(fs: &str) -> csi::VolumeCapability {
-    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-    csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
+    crate::common::csi_client::fs_capability(fs, &[])
 }
 
 /// What a step's call answered that the test checks: the new volume of a create, the
@@ -144,14 +137,6 @@ pub struct Answer {
 pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answer, tonic::Status> {
     let mut controller = csi::controller_client::ControllerClient::new(endpoints.csi.clone());
     let mut node = csi::node_client::NodeClient::new(endpoints.csi.clone());
-    let staging = v.staging.display().to_string();
-    let target = v.target.display().to_string();
-    let capacity = |bytes| {
-        Some(csi::CapacityRange {
-            required_bytes: bytes,
-            limit_bytes: 0,
-        })
-    };
     let mut answer = Answer::default();
     match step {
         Step::Create | Step::Restore | Step::Clone => {
@@ -167,14 +152,13 @@ pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answe
                 Step::Clone => source(|volume_id| Type::Volume(VolumeSource { volume_id })),
                 _ => None,
             };
+            let new = req::NewVolume {
+                capability: v.cap.clone(),
+                source: volume_content_source,
+                ..req::NewVolume::new(&v.name, v.required_bytes)
+            };
             let volume = controller
-                .create_volume(csi::CreateVolumeRequest {
-                    name: v.name.clone(),
-                    capacity_range: capacity(v.required_bytes),
-                    volume_capabilities: vec![v.cap.clone()],
-                    volume_content_source,
-                    ..Default::default()
-                })
+                .create_volume(new.request())
                 .await?
                 .into_inner()
                 .volume
@@ -183,23 +167,12 @@ pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answe
             answer.capacity_bytes = Some(volume.capacity_bytes);
         }
         Step::Stage => {
-            node.node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: staging,
-                volume_capability: Some(v.cap.clone()),
-                ..Default::default()
-            })
-            .await?;
+            node.node_stage_volume(req::stage_request(&v.id, &v.staging, &v.cap))
+                .await?;
         }
         Step::Publish => {
-            node.node_publish_volume(csi::NodePublishVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: staging,
-                target_path: target,
-                volume_capability: Some(v.cap.clone()),
-                ..Default::default()
-            })
-            .await?;
+            node.node_publish_volume(req::publish_request(&v.id, &v.staging, &v.target, &v.cap))
+                .await?;
         }
         Step::Reclaim => {
             let addons = endpoints
@@ -209,65 +182,46 @@ pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answe
             rs::reclaim_space_node_client::ReclaimSpaceNodeClient::new(addons)
                 .node_reclaim_space(rs::NodeReclaimSpaceRequest {
                     volume_id: v.id.clone(),
-                    staging_target_path: staging,
+                    staging_target_path: v.staging.display().to_string(),
                     ..Default::default()
                 })
                 .await?;
         }
         Step::ControllerExpand => {
             let grown = controller
-                .controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                    volume_id: v.id.clone(),
-                    capacity_range: capacity(v.grown_bytes),
-                    ..Default::default()
-                })
+                .controller_expand_volume(req::controller_expand_request(&v.id, v.grown_bytes))
                 .await?
                 .into_inner();
             answer.capacity_bytes = Some(grown.capacity_bytes);
         }
         Step::NodeExpand => {
             let grown = node
-                .node_expand_volume(csi::NodeExpandVolumeRequest {
-                    volume_id: v.id.clone(),
-                    volume_path: target,
-                    staging_target_path: staging,
-                    capacity_range: capacity(v.grown_bytes),
-                    volume_capability: Some(v.cap.clone()),
-                    ..Default::default()
-                })
+                .node_expand_volume(req::node_expand_request(
+                    &v.id,
+                    &v.target,
+                    &v.staging,
+                    v.grown_bytes,
+                    &v.cap,
+                ))
                 .await?
                 .into_inner();
             answer.capacity_bytes = Some(grown.capacity_bytes);
         }
         Step::Unpublish => {
-            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                volume_id: v.id.clone(),
-                target_path: target,
-            })
-            .await?;
-        }
-        Step::Unstage => {
-            node.node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: v.id.clone(),
-                staging_target_path: staging,
-            })
-            .await?;
-        }
-        Step::Delete => {
-            controller
-                .delete_volume(csi::DeleteVolumeRequest {
-                    volume_id: v.id.clone(),
-                    ..Default::default()
-                })
+            node.node_unpublish_volume(req::unpublish_request(&v.id, &v.target))
                 .await?;
         }
+        Step::Unstage => {
+            node.node_unstage_volume(req::unstage_request(&v.id, &v.staging))
+                .await?;
+        }
+        Step::Delete => {
+            controller.delete_volume(req::delete_request(&v.id)).await?;
+        }
         Step::Snapshot => {
+            let source = v.source.as_deref().expect("a snapshot names its source");
             let snapshot = controller
-                .create_snapshot(csi::CreateSnapshotRequest {
-                    name: v.name.clone(),
-                    source_volume_id: v.source.clone().expect("a snapshot names its source"),
-                    ..Default::default()
-                })
+                .create_snapshot(req::snapshot_request(&v.name, source))
                 .await?
                 .into_inner()
                 .snapshot
@@ -277,114 +231,11 @@ pub async fn call(endpoints: &Endpoints, step: Step, v: &Volume) -> Result<Answe
         }
         Step::DeleteSnapshot => {
             controller
-                .delete_snapshot(csi::DeleteSnapshotRequest {
-                    snapshot_id: v.id.clone(),
-                    ..Default::default()
-                })
+                .delete_snapshot(req::delete_snapshot_request(&v.id))
                 .await?;
         }
     }
     Ok(answer)
-}
-
-/// The data checks after a publish in a crash lifecycle: the round's first publish
-/// writes `content` (synced) and the unsynced file; every later one must read `content`
-/// back, and a copy (`which` not SOURCE) must hold what [`check_copy`] says.
-pub fn after_publish(v: &Volume, first: bool, which: usize, content: &[u8]) -> Result<(), String> {
-    let file = v.target.join("data");
-    if first {
-        std::fs::write(&file, content).unwrap();
-        std::fs::File::open(&file).unwrap().sync_all().unwrap();
-        std::fs::File::open(&v.target).unwrap().sync_all().unwrap();
-        // Not synced: in a snapshot only if the snapshot froze (flushed) the filesystem.
-        std::fs::write(v.target.join(UNSYNCED), &content[..4096]).unwrap();
-    } else {
-        let back = std::fs::read(&file).map_err(|e| format!("{} lost its data: {e}", v.name))?;
-        if back != content {
-            return Err(format!("{} data differs", v.name));
-        }
-    }
-    if which != SOURCE {
-        check_copy(&v.target, &content[..4096]).map_err(|e| format!("{}: {e}", v.name))?;
-    }
-    Ok(())
-}
-
-/// The checks every crash lifecycle makes after a step succeeded, but the stage's
-/// (each test reads the filesystem's identity its own way): a publish writes or reads
-/// back the data ([`after_publish`]; `publishes` counts them), a snapshot or clone
-/// leaves the source as [`after_copy`] says, an unpublish removes the target.
-pub fn after_step(
-    step: Step,
-    vols: &[Volume],
-    which: usize,
-    publishes: &mut usize,
-    content: &[u8],
-) -> Result<(), String> {
-    let v = &vols[which];
-    match step {
-        Step::Publish => {
-            *publishes += 1;
-            after_publish(v, *publishes == 1, which, content)
-        }
-        Step::Snapshot | Step::Clone => after_copy(step, &vols[SOURCE].target),
-        Step::Unpublish if v.target.exists() => Err(format!("unpublish leaves the target of {}", v.name)),
-        _ => Ok(()),
-    }
-}
-
-/// How a step's call is replayed after a kill: the codes kubelet and the sidecars retry
-/// (ABORTED, UNAVAILABLE), every `pause`, for at most `deadline`.
-pub struct Replay {
-    pub deadline: Duration,
-    pub pause: Duration,
-}
-
-/// The one replay loop of tests/crash.rs and tests/crash_vm.rs: sends the step's call
-/// until it succeeds, as kubelet and external-provisioner would. A retryable code is
-/// counted in `retryable` and tried again until the deadline; any other error fails the
-/// test, named by `who` (seed, class) and explained by `details` (the daemon's log).
-/// Returns the answer and the time from the first try.
-pub async fn replay(
-    endpoints: &Endpoints,
-    step: Step,
-    v: &Volume,
-    policy: &Replay,
-    retryable: &mut usize,
-    who: &str,
-    details: impl Fn() -> String,
-) -> (Answer, Duration) {
-    let started = std::time::Instant::now();
-    loop {
-        match call(endpoints, step, v).await {
-            Ok(answer) => return (answer, started.elapsed()),
-            Err(s) if matches!(s.code(), tonic::Code::Aborted | tonic::Code::Unavailable) => {
-                *retryable += 1;
-                assert!(
-                    started.elapsed() < policy.deadline,
-                    "{who}: {step:?} of {} still failing after {:?}: {s:?}",
-                    v.name,
-                    policy.deadline
-                );
-                tokio::time::sleep(policy.pause).await;
-            }
-            Err(s) => panic!(
-                "{who}: {step:?} of {} failed: {:?} {}; {}",
-                v.name,
-                s.code(),
-                s.message(),
-                details()
-            ),
-        }
-    }
-}
-
-/// Waits for a call the daemon was killed under: it ends one way or the other, and its
-/// answer is not trusted.
-pub async fn interrupted(inflight: tokio::task::JoinHandle<Result<Answer, tonic::Status>>) {
-    let _ = tokio::time::timeout(Duration::from_secs(10), inflight)
-        .await
-        .expect("an interrupted call returns once the daemon is gone");
 }
 
 /// How long each step took when it was not interrupted (a running average), so that a
@@ -527,6 +378,10 @@ pub fn writable_within(dir: &Path, limit: Duration) -> bool {
     wait.recv_timeout(limit).unwrap_or(false)
 }
 
+#[path = "crash_checks.rs"]
+mod checks;
+pub use checks::*;
+
 /// The volumes of a lifecycle with copies, by index: the source, its snapshot, the
 /// restore of the snapshot and the clone of the source.
 pub const SOURCE: usize = 0;
@@ -610,36 +465,4 @@ pub fn name_source(vols: &mut [Volume], step: Step, which: usize) {
         Step::Restore => Some(vols[SNAP].id.clone()),
         _ => vols[which].source.take(),
     };
-}
-
-/// Written to the source at its first publish and not synced: a copy holds it only if
-/// the copy froze (flushed) the filesystem first.
-pub const UNSYNCED: &str = "unsynced";
-/// Written to the source after the snapshot and the clone: no copy may hold it.
-pub const AFTER: &str = "after";
-
-/// After a snapshot or a clone of the published source at `target`: the filesystem
-/// takes writes (it was thawed), and after the clone, [`AFTER`] is written.
-pub fn after_copy(step: Step, target: &Path) -> Result<(), String> {
-    if !writable_within(target, Duration::from_secs(20)) {
-        return Err(format!("the source's filesystem stays frozen after {step:?}"));
-    }
-    if step == Step::Clone {
-        std::fs::write(target.join(AFTER), b"after").map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
-
-/// What a published copy must hold: the source's [`UNSYNCED`] bytes, and no [`AFTER`].
-pub fn check_copy(target: &Path, unsynced: &[u8]) -> Result<(), String> {
-    if std::fs::read(target.join(UNSYNCED)).unwrap_or_default() != unsynced {
-        return Err(
-            "what was written but not synced before the copy is missing: the filesystem was not frozen"
-                .into(),
-        );
-    }
-    if target.join(AFTER).exists() {
-        return Err("it holds a file written after the copy".into());
-    }
-    Ok(())
 }
