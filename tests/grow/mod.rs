@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use localvol::proto::csi::v1 as csi;
 
-use crate::common::{Cleanup, Daemon, create_volume_id, kubelet_paths, mount_capability};
+use crate::common::csi_client::CsiClient;
+use crate::common::{Cleanup, Daemon, kubelet_paths, mount_capability};
 
 const MIB: u64 = 1 << 20;
 /// xfs needs 300 MB at least.
@@ -55,30 +56,10 @@ fn filesystem(path: &Path) -> (u64, String) {
     (size, fs_type)
 }
 
-async fn stage(daemon: &Daemon, id: &str, staging: &Path, fs: &str) {
-    daemon
-        .node()
-        .await
-        .node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.display().to_string(),
-            volume_capability: Some(capability(fs)),
-            ..Default::default()
-        })
+async fn stage(csi: &CsiClient, id: &str, staging: &Path, fs: &str) {
+    csi.stage(id, staging, &capability(fs))
         .await
         .unwrap_or_else(|e| panic!("stage {id}: {e}"));
-}
-
-async fn unstage(daemon: &Daemon, id: &str, staging: &Path) {
-    daemon
-        .node()
-        .await
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: id.into(),
-            staging_target_path: staging.display().to_string(),
-        })
-        .await
-        .unwrap();
 }
 
 /// Whether the class's storage marks the volume named so as waiting for its
@@ -97,9 +78,11 @@ pub async fn restore_and_clone_grow(daemon: &Daemon, fs: &str, marked: MarkProbe
         mounts: paths.clone(),
         data: daemon.data_dir(),
     };
-    let mut controller = daemon.controller().await;
-    let source = create_volume_id(&mut controller, create(&format!("src-{fs}"), fs, SOURCE, None)).await;
-    stage(daemon, &source, &paths[0], fs).await;
+    let csi = daemon.client().await;
+    let source = csi
+        .create_id(create(&format!("src-{fs}"), fs, SOURCE, None))
+        .await;
+    stage(&csi, &source, &paths[0], fs).await;
     let (source_size, source_fs) = filesystem(&paths[0]);
     assert_eq!(source_fs, fs);
     assert!(source_size <= SOURCE, "{source_size}");
@@ -110,44 +93,33 @@ pub async fn restore_and_clone_grow(daemon: &Daemon, fs: &str, marked: MarkProbe
         .sync_all()
         .unwrap();
 
-    let snapshot = controller
-        .create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: source.clone(),
-            name: format!("snap-{fs}"),
-            ..Default::default()
-        })
+    let snapshot = csi
+        .snapshot(&format!("snap-{fs}"), &source)
         .await
-        .unwrap()
-        .into_inner()
-        .snapshot
         .unwrap()
         .snapshot_id;
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
-    let restore = create_volume_id(
-        &mut controller,
-        create(
+    let restore = csi
+        .create_id(create(
             &format!("restore-{fs}"),
             fs,
             LARGER,
             Some(Type::Snapshot(SnapshotSource {
                 snapshot_id: snapshot.clone(),
             })),
-        ),
-    )
-    .await;
+        ))
+        .await;
     // A clone of the staged source (frozen around its copy).
-    let clone = create_volume_id(
-        &mut controller,
-        create(
+    let clone = csi
+        .create_id(create(
             &format!("clone-{fs}"),
             fs,
             LARGER,
             Some(Type::Volume(VolumeSource {
                 volume_id: source.clone(),
             })),
-        ),
-    )
-    .await;
+        ))
+        .await;
     let copies = [format!("restore-{fs}"), format!("clone-{fs}")];
     for name in &copies {
         assert!(
@@ -161,7 +133,7 @@ pub async fn restore_and_clone_grow(daemon: &Daemon, fs: &str, marked: MarkProbe
         .into_iter()
         .zip(&copies)
     {
-        stage(daemon, id, staging, fs).await;
+        stage(&csi, id, staging, fs).await;
         assert!(!marked(name), "{name}: the mark is cleared once grown");
         let (size, found_fs) = filesystem(staging);
         eprintln!("{fs}: source filesystem {source_size} bytes, {id} after stage {size} bytes");
@@ -185,29 +157,17 @@ pub async fn restore_and_clone_grow(daemon: &Daemon, fs: &str, marked: MarkProbe
         drop(big);
         std::fs::remove_file(staging.join("big")).unwrap();
         // A repeated stage changes nothing.
-        stage(daemon, id, staging, fs).await;
+        stage(&csi, id, staging, fs).await;
         assert_eq!(filesystem(staging).0, size);
     }
     // A second stage after an unstage finds nothing to grow and keeps the data.
-    unstage(daemon, &restore, &paths[1]).await;
-    stage(daemon, &restore, &paths[1], fs).await;
+    csi.unstage(&restore, &paths[1]).await.unwrap();
+    stage(&csi, &restore, &paths[1], fs).await;
     assert!(std::fs::read(paths[1].join("data")).unwrap() == data);
 
-    controller
-        .delete_snapshot(csi::DeleteSnapshotRequest {
-            snapshot_id: snapshot,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    csi.delete_snapshot(&snapshot).await.unwrap();
     for (id, staging) in [(&source, &paths[0]), (&restore, &paths[1]), (&clone, &paths[2])] {
-        unstage(daemon, id, staging).await;
-        controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: id.to_string(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        csi.unstage(id, staging).await.unwrap();
+        csi.delete(id).await.unwrap();
     }
 }
