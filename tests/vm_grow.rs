@@ -1,7 +1,8 @@
 //! A restore and a clone larger than their source on lvm-thin, in the tests/vm guest
 //! (device-mapper): the scenario of tests/grow/mod.rs, with the LV tag
-//! `localvol.csi.dev/grow=filesystem` as the mark. Needs one scratch disk (/dev/vda,
-//! 4G) and no NVDIMM:
+//! `localvol.csi.dev/grow=filesystem` as the mark. Needs one scratch disk of 4G, the one
+//! `LOCALVOL_VM_DISK` names (default /dev/vda; wiped), and no NVDIMM. `tests/vm/suite.sh
+//! grow` runs it; by hand:
 //!
 //!   cargo test --no-run --test vm_grow
 //!   tests/vm/run.sh --disks 1 --disk-size 4G --pmem-size 0 -- <exe> --test-threads=1
@@ -12,9 +13,8 @@
 mod common;
 mod grow;
 
-use std::process::Command;
-
 use common::Daemon;
+use common::guest::{in_guest, sh, thin_pool, volume_group};
 
 const VG: &str = "growvg";
 const CONFIG: &str = "\
@@ -25,32 +25,6 @@ device-classes:
     thin-pool: {name: pool0, overprovision-ratio: 4.0}
     default: true
 ";
-
-fn in_guest(test: &str) -> bool {
-    if std::env::var("VMTEST_GUEST").as_deref() == Ok("1") {
-        return true;
-    }
-    if std::env::var("LOCALVOL_VM_SUITE").as_deref() == Ok("1") {
-        panic!("{test}: LOCALVOL_VM_SUITE=1 but this is not the VM guest; run it through tests/vm/run.sh");
-    }
-    eprintln!("vm_grow: {test} not run: run it through tests/vm/run.sh");
-    false
-}
-
-fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// Whether the LV whose name tag is `name` carries the grow mark.
 fn lv_marked(name: &str) -> bool {
@@ -67,12 +41,14 @@ fn lv_marked(name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lvm_thin_restore_and_clone_larger_than_the_source_are_grown_at_stage() {
-    if !in_guest("lvm_thin_restore_and_clone_larger_than_the_source_are_grown_at_stage") {
+    let test = "lvm_thin_restore_and_clone_larger_than_the_source_are_grown_at_stage";
+    if !in_guest("vm_grow", test, "run it through tests/vm/suite.sh grow") {
         return;
     }
-    sh("pvcreate", &["-q", "/dev/vda"]);
-    sh("vgcreate", &["-q", VG, "/dev/vda"]);
-    sh("lvcreate", &["-q", "-y", "-T", "growvg/pool0", "-L", "2G", "-Zy"]);
+    let disk = std::env::var("LOCALVOL_VM_DISK").unwrap_or_else(|_| "/dev/vda".to_owned());
+    sh("wipefs", &["-q", "-a", &disk]);
+    volume_group(VG, &[&disk]);
+    thin_pool(VG, "pool0", "2G", true);
     let dir = tempfile::Builder::new()
         .prefix("localvol-grow-")
         .tempdir()

@@ -7,13 +7,15 @@
 #   tests/vm/suite.sh [-v] [PART...] [-- VM_BACKENDS_FILTER...]
 #
 # Parts, in the order each guest runs them (all by default; a part's storage is its own):
-#   guest A (three 4G disks, a 2G NVDIMM):
+#   guest A (four 4G disks, a 2G NVDIMM):
 #     smoke       tests/vm/smoke.sh's guest steps (LVM thick/thin, PMEM labels, fsdax, dax)
 #                 on /dev/vda and region0, after its host steps (exit codes, parallel runs)
 #     privileged  tests/privileged.rs (loop backend, all capabilities), TMPDIR on /dev/vdc
 #     backends    tests/vm_backends.rs on /dev/vda, /dev/vdb and the NVDIMM
 #     hostile-lvm tests/hostile_vm.rs on lvm and lvm-thin (/dev/vdc)
-#   guest B (three 4G disks, a 2G NVDIMM):
+#     grow        tests/vm_grow.rs: lvm-thin restores and clones larger than their
+#                 source, grown at stage (/dev/vdd)
+#   guest B (four 4G disks, a 2G NVDIMM; the fourth unused):
 #     crash       tests/crash_vm.rs: random SIGKILLs on lvm, lvm-thin, pmem (/dev/vda, NVDIMM)
 #     reclaim     tests/reclaim_privileged.rs lvm_thin on /dev/vdb
 #     hostile-pmem tests/hostile_vm.rs on pmem and pmem-lvm (/dev/vdb, the NVDIMM)
@@ -29,7 +31,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cd "$HERE/../.."
 
-LANE_A=(smoke privileged backends hostile-lvm)
+LANE_A=(smoke privileged backends hostile-lvm grow)
 LANE_B=(crash reclaim hostile-pmem sanity)
 VERBOSE=()
 parts=() filter=()
@@ -37,7 +39,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
     --) shift; filter=("$@"); break ;;
-    smoke|privileged|backends|hostile-lvm|crash|reclaim|hostile-pmem|sanity) parts+=("$1") ;;
+    smoke|privileged|backends|hostile-lvm|grow|crash|reclaim|hostile-pmem|sanity) parts+=("$1") ;;
     *) echo "tests/vm/suite.sh: unknown part $1 (${LANE_A[*]} ${LANE_B[*]})" >&2; exit 2 ;;
   esac
   shift
@@ -54,7 +56,7 @@ mkdir -p "$target"
 run_dir=$(mktemp -d "$(realpath "$target")/vm-suite.XXXXXX")
 trap 'rm -rf "$run_dir"' EXIT
 if ! cargo test --locked --no-run --test vm_backends --test privileged --test crash_vm \
-    --test reclaim_privileged --test hostile_vm --message-format=json-render-diagnostics \
+    --test reclaim_privileged --test hostile_vm --test vm_grow --message-format=json-render-diagnostics \
     >"$run_dir/build.json" 2>"$run_dir/build.log"; then
   cat "$run_dir/build.log" >&2
   echo "tests/vm/suite.sh: FAIL: cannot build the test binaries" >&2
@@ -64,7 +66,7 @@ artifact() {  # artifact KIND NAME: the executable cargo reported for that targe
   grep -o "\"kind\":\[\"$1\"\],[^}]*\"name\":\"$2\".*\"executable\":\"[^\"]*\"" "$run_dir/build.json" |
     sed 's/.*"executable":"\([^"]*\)"/\1/' | tail -n 1
 }
-for a in test:vm_backends test:privileged test:crash_vm test:reclaim_privileged test:hostile_vm bin:localvol; do
+for a in test:vm_backends test:privileged test:crash_vm test:reclaim_privileged test:hostile_vm test:vm_grow bin:localvol; do
   exe=$(artifact "${a%:*}" "${a#*:}")
   [ -x "$exe" ] || { cat "$run_dir/build.log" >&2; echo "tests/vm/suite.sh: FAIL: no executable for $a" >&2; exit 1; }
   cp "$exe" "$run_dir/${a#*:}"
@@ -87,6 +89,7 @@ part_cmd() {
     privileged) echo "bash -c 'mkfs.ext4 -q -F /dev/vdc && mkdir -p /mnt/scratch && mount /dev/vdc /mnt/scratch && rc=0 && { TMPDIR=/mnt/scratch $r/privileged --test-threads=1 || rc=\$?; } && umount /mnt/scratch && exit \$rc'" ;;
     backends) echo "$r/vm_backends --test-threads=1 --nocapture ${filter[*]:-}" ;;
     hostile-lvm) echo "env LOCALVOL_VM_DISK=/dev/vdc LOCALVOL_HOSTILE_CLASSES=lvm,lvm-thin $r/hostile_vm --test-threads=1 --nocapture" ;;
+    grow) echo "env LOCALVOL_VM_DISK=/dev/vdd $r/vm_grow --test-threads=1 --nocapture" ;;
     crash) echo "$r/crash_vm --test-threads=1 --nocapture" ;;
     hostile-pmem) echo "env LOCALVOL_VM_DISK=/dev/vdb LOCALVOL_HOSTILE_CLASSES=pmem,pmem-lvm $r/hostile_vm --test-threads=1 --nocapture" ;;
     reclaim) echo "env LOCALVOL_VM_DISK=/dev/vdb $r/reclaim_privileged lvm_thin --test-threads=1" ;;
@@ -130,7 +133,7 @@ pids=()
 for lane in "${lanes[@]}"; do
   LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} \
     nice -n "${LOCALVOL_VM_NICE:-0}" "$HERE/run.sh" "${VERBOSE[@]}" \
-    --disks 3 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3600 \
+    --disks 4 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3600 \
     -- bash "$run_dir/$lane.sh" > >(sed -u "s/^/[guest $lane] /") 2>&1 &
   pids+=($!)
 done
@@ -148,7 +151,7 @@ verdict() {  # verdict PART: PASS when the part's own evidence says so
   set -- $line
   [ "$2" = 0 ] || { echo "exit $2 (${3}s)"; return 1; }
   case $p in
-    privileged|backends|hostile-*|crash|reclaim)
+    privileged|backends|hostile-*|grow|crash|reclaim)
       if ! grep -q '^test result: ok\. [1-9]' "$log" || grep -q '^test result: FAILED' "$log"; then
         echo "no passing test result (${3}s)"; return 1
       fi ;;
