@@ -1,0 +1,100 @@
+//! What the backends record and are asked for: volume and snapshot records, the specs
+//! of a create, a snapshot and a copy, and what a class reports of its capacity.
+
+use std::path::PathBuf;
+
+use crate::fs::FsType;
+use crate::model::{ClaimRef, SnapshotId, Token, VolumeId, VolumeMode};
+
+/// A volume as its backend records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRecord {
+    pub id: VolumeId,
+    /// The CreateVolume name.
+    pub name: String,
+    pub size_bytes: u64,
+    pub mode: VolumeMode,
+    pub fs_type: Option<FsType>,
+    pub claim: ClaimRef,
+}
+
+/// A snapshot as its backend records it: found again after a restart from the storage
+/// alone, like a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub id: SnapshotId,
+    /// The CreateSnapshot name.
+    pub name: String,
+    /// The volume it was taken of (which may have been deleted since).
+    pub source: VolumeId,
+    /// The source volume's size when the snapshot was taken: a restore is at least this.
+    pub size_bytes: u64,
+    pub created: std::time::SystemTime,
+    /// The source's mode and filesystem, so a restore knows what it holds.
+    pub mode: VolumeMode,
+    pub fs_type: Option<FsType>,
+}
+
+/// What CreateSnapshot asks a backend for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotSpec {
+    pub token: Token,
+    pub name: String,
+    pub source: Token,
+    /// Where the source's filesystem is mounted (staged), to freeze around the copy;
+    /// `None`: not mounted on this node, nothing writes through a filesystem.
+    pub freeze: Option<PathBuf>,
+}
+
+/// Where a new volume's contents come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopySource {
+    Snapshot(Token),
+    /// A clone: the volume's token, and where it is mounted, to freeze as for a snapshot.
+    Volume {
+        token: Token,
+        freeze: Option<PathBuf>,
+    },
+}
+
+/// What CreateVolume asks a backend for, already sized and aligned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateSpec {
+    pub token: Token,
+    pub name: String,
+    pub size_bytes: u64,
+    pub mode: VolumeMode,
+    pub fs_type: Option<FsType>,
+    pub claim: ClaimRef,
+}
+
+/// Space in a device class, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassCapacity {
+    /// What a new volume can get now.
+    pub available: u64,
+    /// The class's whole size (for metrics).
+    pub total: u64,
+    /// The largest single volume the class can hold now.
+    pub max_volume: u64,
+}
+
+/// The storage under a device class, as its own tools count it: the VG (kind `lvm`,
+/// `pmem` in lvm mode), the thin pool (`lvm-thin`), the region (`pmem` direct), the
+/// filesystem holding the loop files (`loop`). Classes sharing a VG report the same VG.
+/// For metrics only; [`ClassCapacity`] is what provisioning decides by.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StoreUsage {
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    /// `lvm-thin`: how full the pool's data and metadata are.
+    pub thin_pool: Option<ThinPoolFill>,
+}
+
+/// A thin pool's fill as lvm reports it, in percent (0-100).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ThinPoolFill {
+    pub data_percent: f64,
+    pub metadata_percent: f64,
+}
