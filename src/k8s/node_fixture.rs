@@ -3,7 +3,7 @@
 //! seams, with the owner check a test gives. Calls go through request conversion, the
 //! owner check, the volume lock and the volume layer exactly as on a node.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,14 +13,12 @@ use tower::util::BoxCloneService;
 
 use super::OwnerCheck;
 use super::fixtures::{NODE, NS};
-use crate::backend::{Backend, LoopBackend};
 use crate::csi::Driver;
 use crate::health::Health;
 use crate::host::Host;
 use crate::host::fake::{FakeSyscalls, loop_machine};
 use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
-use crate::model::ClassName;
 use crate::proto::csi::v1::{self as csi, controller_client::ControllerClient, node_client::NodeClient};
 use crate::volume::Volumes;
 
@@ -53,17 +51,7 @@ impl Node {
             commands,
             syscalls: Arc::new(syscalls.clone()),
         };
-        let class = ClassName::parse("default").unwrap();
-        let loop_dir = dir.path().join("loop");
-        std::fs::create_dir_all(&loop_dir).unwrap();
-        let backend = LoopBackend::new(class.clone(), loop_dir, 10 << 30, host.clone());
-        let volumes = Arc::new(Volumes::new(
-            vec![Backend::Loop(backend)],
-            class,
-            BTreeMap::new(),
-            host,
-            NODE.to_string(),
-        ));
+        let volumes = Arc::new(Volumes::one_loop_class(dir.path(), host, NODE));
         let health = Arc::new(Health::new(Arc::clone(&volumes)));
         let driver = Arc::new(Driver {
             volumes,

@@ -8,14 +8,14 @@ use std::time::Duration;
 use nix::mount::MsFlags;
 
 use super::run::Runner;
-use crate::backend::{Backend, CreateSpec, LoopBackend};
+use crate::backend::CreateSpec;
 use crate::fs::FsType;
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{FsUsage, Host, MountCall, Syscalls};
 use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
 use crate::model::ClaimRef;
-use crate::model::{ClassName, Token, VolumeId, VolumeMode};
+use crate::model::{Token, VolumeId, VolumeMode};
 use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 
@@ -45,16 +45,7 @@ impl Fixture {
             commands: Arc::new(FakeCommands::default()),
             syscalls: Arc::new(syscalls.clone()),
         };
-        let class = ClassName::parse("default").unwrap();
-        std::fs::create_dir_all(dir.path().join("loop")).unwrap();
-        let backend = LoopBackend::new(class.clone(), dir.path().join("loop"), 10 << 30, host.clone());
-        let volumes = Arc::new(Volumes::new(
-            vec![Backend::Loop(backend)],
-            class,
-            Default::default(),
-            host,
-            "node-a".to_string(),
-        ));
+        let volumes = Arc::new(Volumes::one_loop_class(dir.path(), host, "node-a"));
         let locks = VolumeLocks::default();
         let metrics = Metrics::new();
         let states = VolumeStates::new();

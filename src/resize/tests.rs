@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use super::node_resizer::{NodeResizer, Outcome};
 use super::report::{NodeReporter, NodeReporting};
 use super::{FailureValue, ReportResizeStatus, ResizeArgs};
-use crate::backend::{Backend, BackendError, LoopBackend};
+use crate::backend::BackendError;
 use crate::error::Error;
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandError, FsUsage, Host};

@@ -300,5 +300,24 @@ fn guard_matches(guard: &VolumeGuard, id: &VolumeId) {
 }
 
 #[cfg(test)]
+impl Volumes {
+    /// The unit tests' usual node: one loop class `default` of 10 GiB in
+    /// `dir/loop` (made here), on `host`, as node `node`.
+    pub(crate) fn one_loop_class(dir: &Path, host: Host, node: &str) -> Self {
+        let class = ClassName::parse("default").unwrap();
+        let loop_dir = dir.join("loop");
+        std::fs::create_dir_all(&loop_dir).unwrap();
+        let backend = crate::backend::LoopBackend::new(class.clone(), loop_dir, 10 << 30, host.clone());
+        Volumes::new(
+            vec![Backend::Loop(backend)],
+            class,
+            BTreeMap::new(),
+            host,
+            node.to_string(),
+        )
+    }
+}
+
+#[cfg(test)]
 #[path = "tests.rs"]
 mod tests;

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::*;
-use crate::backend::LoopBackend;
 use crate::host::Syscalls;
 use crate::host::fake::{FakeCommands, FakeSyscalls, loop_machine};
 use crate::locks::VolumeLocks;
@@ -40,16 +39,7 @@ impl Fixture {
             commands: commands.clone(),
             syscalls: Arc::new(syscalls.clone()),
         };
-        let class = ClassName::parse("default").unwrap();
-        let backend = LoopBackend::new(class.clone(), dir.path().join("loop"), 10 << 30, host.clone());
-        std::fs::create_dir_all(dir.path().join("loop")).unwrap();
-        let volumes = Volumes::new(
-            vec![Backend::Loop(backend)],
-            class,
-            Default::default(),
-            host,
-            "node-a".to_string(),
-        );
+        let volumes = Volumes::one_loop_class(dir.path(), host, "node-a");
         Self {
             volumes,
             locks: VolumeLocks::default(),

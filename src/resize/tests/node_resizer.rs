@@ -23,16 +23,7 @@ impl Node {
             commands: Arc::new(FakeCommands::default()),
             syscalls: Arc::new(syscalls),
         };
-        let class = ClassName::parse("default").unwrap();
-        std::fs::create_dir_all(dir.path().join("loop")).unwrap();
-        let backend = LoopBackend::new(class.clone(), dir.path().join("loop"), 10 << 30, host.clone());
-        let volumes = Volumes::new(
-            vec![Backend::Loop(backend)],
-            class,
-            Default::default(),
-            host,
-            "node-a".to_string(),
-        );
+        let volumes = Volumes::one_loop_class(dir.path(), host, "node-a");
         Self {
             volumes: Arc::new(volumes),
             locks: VolumeLocks::default(),

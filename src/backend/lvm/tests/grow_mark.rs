@@ -79,19 +79,7 @@ async fn a_copy_killed_after_lvextend_is_made_again_with_the_mark() {
     let clone = spec("pvc-2", 128 * MIB, VolumeMode::Filesystem);
     // What a daemon killed between lvextend and the lvchange that ends the create left:
     // grown, still pending, marked (lvcreate wrote the mark).
-    let mut tags = tags::volume_tags(&ClassName::parse("thin").unwrap(), &clone);
-    tags.push(tags::PENDING.to_string());
-    tags.push(tags::GROW_FILESYSTEM.to_string());
-    f.vg.lock().unwrap().lvs.push(FakeLv {
-        name: "pvc-2".into(),
-        size: 128 * MIB,
-        tags,
-        pool: Some("pool0".into()),
-        thin_pool: false,
-        zeroing: false,
-        in_use: false,
-    });
-    f.group.invalidate();
+    f.plant_pending_copy(&clone, 128 * MIB, &[tags::GROW_FILESYSTEM]);
     assert!(
         !b.filesystem_grow_pending(&clone.token).await.unwrap(),
         "a pending copy is not a volume yet"

@@ -191,18 +191,7 @@ async fn a_copy_left_pending_by_a_kill_is_removed_and_made_again() {
     let b = thin_with_volume(&f).await;
     let clone = spec("pvc-2", 96 * MIB, VolumeMode::Filesystem);
     // What a daemon killed between lvcreate and the lvchange left.
-    let mut tags = tags::volume_tags(&ClassName::parse("thin").unwrap(), &clone);
-    tags.push(tags::PENDING.to_string());
-    f.vg.lock().unwrap().lvs.push(FakeLv {
-        name: "pvc-2".into(),
-        size: 64 * MIB,
-        tags,
-        pool: Some("pool0".into()),
-        thin_pool: false,
-        zeroing: false,
-        in_use: false,
-    });
-    f.group.invalidate();
+    f.plant_pending_copy(&clone, 64 * MIB, &[]);
     assert_eq!(
         b.get(&clone.token).await.unwrap(),
         None,
