@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::process::{DaemonProcess, Output, Spawn};
-use common::{Cleanup, kubelet_paths, loops_under, mounts_under, privileged};
+use common::{Cleanup, assert_released, kubelet_paths, loops_under, privileged};
 use kit::{Endpoints, Rng, SOURCE, Step, Timings, Volume, env_or, files_below, on};
 use tonic::transport::Channel;
 
@@ -302,14 +302,8 @@ async fn sigkill_at_random_points_loses_nothing() {
             match step {
                 Step::Stage => {
                     // A copy holds its source's filesystem: the same UUID.
-                    let now = filesystem_uuid(&data);
-                    match &uuid {
-                        None => uuid = Some(now),
-                        Some(first) => assert_eq!(
-                            first, &now,
-                            "seed {seed:#x}: {} was formatted again (round {round}, {fs})",
-                            v.name
-                        ),
+                    if let Err(e) = kit::formatted_once(&mut uuid, filesystem_uuid(&data), &v.name) {
+                        panic!("seed {seed:#x} (round {round}, {fs}): {e}");
                     }
                 }
                 _ => {
@@ -319,16 +313,7 @@ async fn sigkill_at_random_points_loses_nothing() {
                 }
             }
         }
-        assert!(
-            mounts_under(&dir).is_empty(),
-            "round {round}: {:?}",
-            mounts_under(&dir)
-        );
-        assert!(
-            loops_under(&data).is_empty(),
-            "round {round}: {:?}",
-            loops_under(&data)
-        );
+        assert_released(&dir, &data, &format!("seed {seed:#x} round {round}"));
         run.counts.lifecycles += 1;
     }
     let elapsed = started.elapsed();
@@ -339,8 +324,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         leftovers.is_empty(),
         "seed {seed:#x}: files left behind: {leftovers:?}"
     );
-    assert!(mounts_under(&dir).is_empty(), "{:?}", mounts_under(&dir));
-    assert!(loops_under(&data).is_empty(), "{:?}", loops_under(&data));
+    assert_released(&dir, &data, &format!("seed {seed:#x}, at the end"));
     let c = &run.counts;
     eprintln!(
         "crash test: seed {seed:#x}: {} lifecycles, {} SIGKILLs ({} inside a running call), \

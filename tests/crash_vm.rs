@@ -407,19 +407,14 @@ async fn crash_class(class: &'static str) {
                 ),
                 Step::Stage => {
                     let now = uuid(&mounted_device(&v.staging));
-                    match &first_uuid {
-                        None => {
-                            assert_eq!(
-                                format_unfinished(class, &dir.join("data"), &name),
-                                Some(false),
-                                "seed {seed:#x}: {name}: the format mark says finished after the stage"
-                            );
-                            first_uuid = Some(now);
-                        }
-                        Some(first) => assert_eq!(
-                            first, &now,
-                            "seed {seed:#x}: {class} {name} was formatted again (round {round}, {fs})"
+                    match kit::formatted_once(&mut first_uuid, now, &format!("{class} {name}")) {
+                        Ok(true) => assert_eq!(
+                            format_unfinished(class, &dir.join("data"), &name),
+                            Some(false),
+                            "seed {seed:#x}: {name}: the format mark says finished after the stage"
                         ),
+                        Ok(false) => {}
+                        Err(e) => panic!("seed {seed:#x} (round {round}, {fs}): {e}"),
                     }
                 }
                 _ => {

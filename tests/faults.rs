@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::process::{DaemonProcess, Spawn};
 use common::{
-    Cleanup, CsiClient, Daemon, create_request, kubelet_paths, loops_under, mount_capability, mounts_under,
-    privileged,
+    Cleanup, CsiClient, Daemon, assert_released, create_request, kubelet_paths, loops_under,
+    mount_capability, privileged,
 };
 use tonic::Code;
 
@@ -73,16 +73,7 @@ async fn backing_file_deleted_under_a_mounted_volume() {
 
     csi.unpublish(&id, &target).await.unwrap();
     csi.unstage(&id, &staging).await.unwrap();
-    assert!(
-        mounts_under(d.dir.path()).is_empty(),
-        "{:?}",
-        mounts_under(d.dir.path())
-    );
-    assert!(
-        loops_under(&d.data_dir()).is_empty(),
-        "unstage leaves no loop device behind: {:?}",
-        loops_under(&d.data_dir())
-    );
+    assert_released(d.dir.path(), &d.data_dir(), "after unpublish and unstage");
     csi.delete(&id).await.unwrap();
     assert!(
         files_below(&d.data_dir()).is_empty(),

@@ -14,7 +14,7 @@ use common::csi_client::{
     controller_expand_request, delete_request, node_expand_request, publish_request, stage_request,
     stats_request, unpublish_request, unstage_request,
 };
-use common::{Cleanup, Daemon, kubelet_paths, loops_under, mount_capability, mounts_under, privileged};
+use common::{Cleanup, Daemon, assert_released, kubelet_paths, mount_capability, privileged};
 use localvol::proto::csi::v1 as csi;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -404,16 +404,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
             }
         }
     }
-    assert!(
-        mounts_under(d.dir.path()).is_empty(),
-        "{:?}",
-        mounts_under(d.dir.path())
-    );
-    assert!(
-        loops_under(&d.data_dir()).is_empty(),
-        "{:?}",
-        loops_under(&d.data_dir())
-    );
+    assert_released(d.dir.path(), &d.data_dir(), "after the concurrent calls");
     for (id, _, _) in &vols {
         controller(&ch, 0)
             .delete_volume(delete_request(id))

@@ -60,6 +60,14 @@ fn write_and_delete(path: &Path, size: u64) {
     nix::unistd::sync();
 }
 
+/// NodeReclaimSpace of volume `id` by id alone, as the csi-addons sidecar asks.
+fn reclaim_request(id: &str) -> rs::NodeReclaimSpaceRequest {
+    rs::NodeReclaimSpaceRequest {
+        volume_id: id.to_string(),
+        ..Default::default()
+    }
+}
+
 async fn reclaim(d: &Daemon, request: rs::NodeReclaimSpaceRequest) -> (rs::NodeReclaimSpaceResponse, String) {
     let response = ReclaimSpaceNodeClient::new(connect(&d.addons_socket).await)
         .node_reclaim_space(request)
@@ -196,13 +204,7 @@ async fn fitrim_on_a_loop_volume_gives_the_deleted_space_back() {
 
     // Unstaged, a volume cannot be trimmed: FAILED_PRECONDITION.
     d.client().await.unstage(&id, &d.path("stage")).await.unwrap();
-    let err = client
-        .node_reclaim_space(rs::NodeReclaimSpaceRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
+    let err = client.node_reclaim_space(reclaim_request(&id)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{}", err.message());
     d.client().await.delete(&id).await.unwrap();
     d.stop().await;
@@ -233,14 +235,7 @@ async fn a_raw_block_volume_is_not_discarded() {
     }
     let before = allocated(&image);
 
-    let (reply, header) = reclaim(
-        &d,
-        rs::NodeReclaimSpaceRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let (reply, header) = reclaim(&d, reclaim_request(&id)).await;
     assert_eq!(
         reply,
         rs::NodeReclaimSpaceResponse::default(),
@@ -331,14 +326,7 @@ async fn fitrim_on_an_lvm_thin_volume_gives_the_pool_its_space_back() {
     let id = create_and_stage(&d, "pvc-thin", 256 * MIB, &ext4()).await;
     write_and_delete(&d.path("stage/big"), 64 * MIB);
     let before = pool_data_bytes("vg-reclaim/pool0");
-    let (reply, header) = reclaim(
-        &d,
-        rs::NodeReclaimSpaceRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let (reply, header) = reclaim(&d, reclaim_request(&id)).await;
     let after = pool_data_bytes("vg-reclaim/pool0");
     let dropped = before.saturating_sub(after);
     eprintln!(

@@ -29,6 +29,22 @@ pub fn after_publish(v: &Volume, first: bool, which: usize, content: &[u8]) -> R
     Ok(())
 }
 
+/// A volume is formatted once, whatever was killed: the first filesystem UUID seen at
+/// a stage is kept in `first`, and every later one must be the same. `Ok(true)` the
+/// first time.
+pub fn formatted_once(first: &mut Option<String>, now: String, name: &str) -> Result<bool, String> {
+    match first {
+        None => {
+            *first = Some(now);
+            Ok(true)
+        }
+        Some(seen) if *seen == now => Ok(false),
+        Some(seen) => Err(format!(
+            "{name} was formatted again: filesystem {seen}, now {now}"
+        )),
+    }
+}
+
 /// The checks every crash lifecycle makes after a step succeeded, but the stage's
 /// (each test reads the filesystem's identity its own way): a publish writes or reads
 /// back the data ([`after_publish`]; `publishes` counts them), a snapshot or clone

@@ -80,6 +80,18 @@ pub fn volume_group(vg: &str, disks: &[&str]) {
     sh("vgcreate", &vgcreate);
 }
 
+/// A plain LV `vg/name` of `size` (lvcreate's `-L`) with `tags`, made as a test plants
+/// state by hand: no signature wiping, no zeroing, so it shows whatever the extents
+/// held.
+pub fn plain_lv(vg: &str, name: &str, size: &str, tags: &[&str]) {
+    let mut args = vec!["-q", "-y", "-Wn", "-Zn", "-n", name, "-L", size];
+    for tag in tags {
+        args.extend(["--addtag", tag]);
+    }
+    args.push(vg);
+    sh("lvcreate", &args);
+}
+
 /// A thin pool `vg/pool` of `size` (lvcreate's `-L`), zeroing new chunks or not.
 pub fn thin_pool(vg: &str, pool: &str, size: &str, zeroing: bool) {
     let zero = if zeroing { "-Zy" } else { "-Zn" };

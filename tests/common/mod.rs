@@ -314,6 +314,15 @@ pub fn loops_under(dir: &Path) -> Vec<String> {
     found
 }
 
+/// Nothing left attached: no mount under `dir`, no loop device on a file under `data`.
+/// `when` says after what, for the failure message.
+pub fn assert_released(dir: &Path, data: &Path, when: &str) {
+    let mounts = mounts_under(dir);
+    assert!(mounts.is_empty(), "{when}: still mounted: {mounts:?}");
+    let loops = loops_under(data);
+    assert!(loops.is_empty(), "{when}: loop devices still attached: {loops:?}");
+}
+
 /// A client channel to a unix socket.
 pub async fn connect(socket: &Path) -> Channel {
     localvol::csi::socket::connect(socket).await.unwrap()

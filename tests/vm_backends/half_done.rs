@@ -8,26 +8,15 @@ pub async fn half_done_creates_are_finished_on_retry() {
     let cap = block_cap();
     // Thick: lvcreate done, zeroing not: the LV still has its state=zeroing tag.
     let thick = "crash-thick";
-    sh(
-        "lvcreate",
+    guest::plain_lv(
+        VG,
+        thick,
+        "16M",
         &[
-            "-q",
-            "-y",
-            "-Wn",
-            "-Zn",
-            "-n",
-            thick,
-            "-L",
-            "16M",
-            "--addtag",
             "localvol.csi.dev/class=thick",
-            "--addtag",
             "localvol.csi.dev/name=crash-thick",
-            "--addtag",
             "localvol.csi.dev/mode=block",
-            "--addtag",
             "localvol.csi.dev/state=zeroing",
-            VG,
         ],
     );
     write_at(

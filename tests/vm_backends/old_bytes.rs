@@ -46,20 +46,7 @@ pub(crate) fn dirty(class: &str, bytes: u64) -> Dirt {
         return Dirt::Namespace(resource);
     }
     let vg = if class == "pmem-lvm" { PMEM_VG } else { VG };
-    sh(
-        "lvcreate",
-        &[
-            "-q",
-            "-y",
-            "-Wn",
-            "-Zn",
-            "-n",
-            "dirt",
-            "-L",
-            &format!("{bytes}b"),
-            vg,
-        ],
-    );
+    guest::plain_lv(vg, "dirt", &format!("{bytes}b"), &[]);
     fill(&format!("/dev/{vg}/dirt"), bytes);
     let ranges = pe_ranges(vg, "dirt");
     sh("lvremove", &["-q", "-y", &format!("{vg}/dirt")]);
