@@ -29,8 +29,12 @@ else
 fi
 build_start=$SECONDS
 cargo fuzz build "${build_flags[@]}"
-# The build's CPU time: `times` sums the children this shell waited for (cargo, rustc).
-cpu=$(times | tail -n 1 | awk '{print $1 " user, " $2 " system"}')
+# The build's CPU time: `times` sums the children this shell waited for (cargo, rustc);
+# to a file, since in a pipe or $(...) it would run in a subshell that has no children.
+times_out=$(mktemp)
+times >"$times_out"
+cpu=$(tail -n 1 "$times_out" | awk '{print $1 " user, " $2 " system"}')
+rm -f "$times_out"
 echo "fuzz/run.sh: built $(echo "$targets" | wc -w) targets in $((SECONDS - build_start))s (CPU: $cpu)"
 [ "$seconds" != --build-only ] || exit 0
 total=0
