@@ -15,6 +15,8 @@ use crate::model::VolumeMode;
 
 /// Capacity per layout, and what open and create refuse.
 mod capacity;
+/// What the copy tests start from: a formatted thin volume, a copy left half made.
+mod copies;
 /// Creation: tags and the commit mark, zeroing block volumes, the container config, a
 /// pending LV left by a crash.
 mod create;
@@ -375,24 +377,6 @@ impl Fixture {
             group,
             host,
         }
-    }
-
-    /// What a daemon killed inside a thin copy's create left in `pool0`: an LV named
-    /// after `spec`, of `size` bytes, with its volume tags, the pending tag and `extra`.
-    fn plant_pending_copy(&self, spec: &CreateSpec, size: u64, extra: &[&str]) {
-        let mut tags = tags::volume_tags(&ClassName::parse("thin").unwrap(), spec);
-        tags.push(tags::PENDING.to_string());
-        tags.extend(extra.iter().map(|t| t.to_string()));
-        self.vg.lock().unwrap().lvs.push(FakeLv {
-            name: spec.name.clone(),
-            size,
-            tags,
-            pool: Some("pool0".into()),
-            thin_pool: false,
-            zeroing: false,
-            in_use: false,
-        });
-        self.group.invalidate();
     }
 
     /// A thick class holding volume `pvc-1` of 64 MiB, made with `mode`.

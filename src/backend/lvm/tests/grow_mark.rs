@@ -2,6 +2,7 @@
 //! committed by the lvcreate that makes the copy, so no kill can leave a grown copy
 //! without it, and dropped only by [`LvmBackend::filesystem_grown`].
 
+use super::copies::thin_with_formatted;
 use super::*;
 use crate::backend::CopySource;
 
@@ -10,18 +11,6 @@ fn clone_of_pvc_1() -> CopySource {
         token: Token::for_name("pvc-1"),
         freeze: None,
     }
-}
-
-/// A thin class with a formatted 64 MiB filesystem volume `pvc-1`.
-async fn thin_with_formatted(f: &Fixture) -> LvmBackend {
-    let b = f.thin(4.0).await;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    b.begin_format(&token).await.unwrap();
-    b.mark_formatted(&token).await.unwrap();
-    b
 }
 
 #[tokio::test]

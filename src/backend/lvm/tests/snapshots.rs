@@ -1,5 +1,6 @@
 //! Thin snapshots, restores and clones (see `lvm/snapshots.rs`).
 
+use super::copies::thin_with_formatted;
 use super::*;
 use crate::backend::{CopySource, SnapshotSpec};
 
@@ -28,22 +29,10 @@ fn changes_without_time(f: &Fixture, seen: usize) -> Vec<String> {
         .collect()
 }
 
-/// A thin class with a 64 MiB formatted filesystem volume `pvc-1`.
-async fn thin_with_volume(f: &Fixture) -> LvmBackend {
-    let b = f.thin(4.0).await;
-    let token = Token::for_name("pvc-1");
-    b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    b.begin_format(&token).await.unwrap();
-    b.mark_formatted(&token).await.unwrap();
-    b
-}
-
 #[tokio::test]
 async fn a_snapshot_is_one_tagged_read_only_skipped_thin_snapshot_found_after_a_restart() {
     let f = Fixture::new(Some(true));
-    let b = thin_with_volume(&f).await;
+    let b = thin_with_formatted(&f).await;
     assert!(b.snapshots());
     let seen = f.changes().len();
     let record = b.create_snapshot(&snap("snap-1", "pvc-1")).await.unwrap();
@@ -88,7 +77,7 @@ async fn a_snapshot_is_one_tagged_read_only_skipped_thin_snapshot_found_after_a_
 #[tokio::test]
 async fn a_snapshot_of_a_missing_volume_is_refused_and_snapshots_promise_no_room() {
     let f = Fixture::new(Some(true));
-    let b = thin_with_volume(&f).await;
+    let b = thin_with_formatted(&f).await;
     let missing = b.create_snapshot(&snap("s", "nope")).await.unwrap_err();
     assert!(matches!(missing, BackendError::NotFound { .. }), "{missing}");
     // Pool 256 MiB × 0.5: 128 MiB promised at most; pvc-1 holds 64. Its snapshots
@@ -111,7 +100,7 @@ async fn a_snapshot_of_a_missing_volume_is_refused_and_snapshots_promise_no_room
 #[tokio::test]
 async fn a_restore_is_a_writable_thin_snapshot_grown_then_committed() {
     let f = Fixture::new(Some(true));
-    let b = thin_with_volume(&f).await;
+    let b = thin_with_formatted(&f).await;
     b.create_snapshot(&snap("snap-1", "pvc-1")).await.unwrap();
     let seen = f.changes().len();
     let mut restore = spec("pvc-2", 96 * MIB, VolumeMode::Filesystem);
@@ -153,7 +142,7 @@ async fn a_restore_is_a_writable_thin_snapshot_grown_then_committed() {
 #[tokio::test]
 async fn a_clone_of_the_same_size_is_not_extended_and_a_block_copy_takes_no_format_mark() {
     let f = Fixture::new(Some(true));
-    let b = thin_with_volume(&f).await;
+    let b = thin_with_formatted(&f).await;
     let clone = spec("pvc-2", 64 * MIB, VolumeMode::Filesystem);
     let source = CopySource::Volume {
         token: Token::for_name("pvc-1"),
@@ -188,7 +177,7 @@ async fn a_clone_of_the_same_size_is_not_extended_and_a_block_copy_takes_no_form
 #[tokio::test]
 async fn a_copy_left_pending_by_a_kill_is_removed_and_made_again() {
     let f = Fixture::new(Some(true));
-    let b = thin_with_volume(&f).await;
+    let b = thin_with_formatted(&f).await;
     let clone = spec("pvc-2", 96 * MIB, VolumeMode::Filesystem);
     // What a daemon killed between lvcreate and the lvchange left.
     f.plant_pending_copy(&clone, 64 * MIB, &[]);
@@ -213,7 +202,7 @@ async fn a_copy_left_pending_by_a_kill_is_removed_and_made_again() {
 #[tokio::test]
 async fn snapshots_and_volumes_are_deleted_independently() {
     let f = Fixture::new(Some(true));
-    let b = thin_with_volume(&f).await;
+    let b = thin_with_formatted(&f).await;
     b.create_snapshot(&snap("snap-1", "pvc-1")).await.unwrap();
     b.delete(&Token::for_name("pvc-1")).await.unwrap();
     assert_eq!(
