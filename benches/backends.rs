@@ -18,9 +18,7 @@ mod guest;
 #[path = "support/harness.rs"]
 mod harness;
 
-use harness::{
-    Daemon, Launch, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, run, step_p50,
-};
+use harness::{Daemon, Launch, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, step_p50};
 
 const VG: &str = "benchvg";
 const POOL: &str = "pool0";
@@ -67,31 +65,32 @@ async fn raw_lifecycle(class: &str, base: &Path, name: &str) -> ([Duration; 6], 
     let stage = base.join(format!("{name}-stage"));
     let target = base.join(format!("{name}-target"));
     std::fs::create_dir_all(&stage).unwrap();
-    let mut programs = Vec::new();
-    let mut tool = async |program: &'static str, args: &[&str]| {
-        programs.push(program.to_string());
-        run(program, args).await
-    };
+    let mut tools = harness::RawTools::default();
     let size = format!("{VOLUME_BYTES}b");
     let lv = format!("{VG}/{name}");
     let mut clock = StepClock::start();
     let (device, namespace) = match class {
         "thick" => {
-            tool("lvcreate", &["-y", "-n", name, "-L", &size, "-Wy", "-Zy", VG]).await;
+            tools
+                .run("lvcreate", &["-y", "-n", name, "-L", &size, "-Wy", "-Zy", VG])
+                .await;
             (format!("/dev/{lv}"), None)
         }
         "thin" => {
-            tool(
-                "lvcreate",
-                &["-y", "-n", name, "-V", &size, "--thinpool", POOL, VG],
-            )
-            .await;
+            tools
+                .run(
+                    "lvcreate",
+                    &["-y", "-n", name, "-V", &size, "--thinpool", POOL, VG],
+                )
+                .await;
             (format!("/dev/{lv}"), None)
         }
         "pmem" => {
             let raw = ndctl::raw_for_usable(VOLUME_BYTES as u64, region_align()).to_string();
             let args = guest::fsdax_namespace_args(&raw, name);
-            let out = tool("ndctl", &args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+            let out = tools
+                .run("ndctl", &args.iter().map(String::as_str).collect::<Vec<_>>())
+                .await;
             let ns = ndctl::parse_namespace(out.as_bytes()).unwrap();
             (
                 format!("/dev/{}", ns.blockdev.expect("a block device")),
@@ -111,17 +110,17 @@ async fn raw_lifecycle(class: &str, base: &Path, name: &str) -> ([Duration; 6], 
         mkfs.extend(["-b", "4096"]);
     }
     mkfs.push(&device);
-    tool("mkfs.ext4", &mkfs).await;
+    tools.run("mkfs.ext4", &mkfs).await;
     let dax = namespace.is_some().then_some("dax");
     raw_mounts(&mut clock, &device, &stage, &target, dax).await;
     clock.lap();
     match namespace {
-        Some(ns) => tool("ndctl", &["destroy-namespace", "-f", &ns]).await,
-        None => tool("lvremove", &["-y", &lv]).await,
+        Some(ns) => tools.run("ndctl", &["destroy-namespace", "-f", &ns]).await,
+        None => tools.run("lvremove", &["-y", &lv]).await,
     };
     clock.lap();
     std::fs::remove_dir(&stage).unwrap();
-    (clock.steps, programs)
+    (clock.steps, tools.programs)
 }
 
 /// One class's results.

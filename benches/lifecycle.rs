@@ -31,11 +31,7 @@ async fn raw_lifecycle(base: &Path, name: &str) -> ([Duration; 6], Vec<String>) 
     let stage = base.join(format!("{name}-stage"));
     let target = base.join(format!("{name}-target"));
     std::fs::create_dir_all(&stage).unwrap();
-    let mut programs = Vec::new();
-    let mut tool = async |program: &'static str, args: &[&str]| {
-        programs.push(program.to_string());
-        run(program, args).await
-    };
+    let mut tools = harness::RawTools::default();
     let mut clock = StepClock::start();
     std::fs::File::create(&image)
         .unwrap()
@@ -43,25 +39,26 @@ async fn raw_lifecycle(base: &Path, name: &str) -> ([Duration; 6], Vec<String>) 
         .unwrap();
     clock.lap();
     let image_arg = image.to_str().unwrap();
-    let device = tool("losetup", &["--find", "--show", image_arg]).await;
-    tool(
-        "mkfs.ext4",
-        &[
-            "-F",
-            "-q",
-            "-E",
-            "lazy_itable_init=1,lazy_journal_init=1",
-            &device,
-        ],
-    )
-    .await;
+    let device = tools.run("losetup", &["--find", "--show", image_arg]).await;
+    tools
+        .run(
+            "mkfs.ext4",
+            &[
+                "-F",
+                "-q",
+                "-E",
+                "lazy_itable_init=1,lazy_journal_init=1",
+                &device,
+            ],
+        )
+        .await;
     raw_mounts(&mut clock, &device, &stage, &target, None).await;
-    tool("losetup", &["--detach", &device]).await;
+    tools.run("losetup", &["--detach", &device]).await;
     clock.lap();
     std::fs::remove_file(&image).unwrap();
     clock.lap();
     std::fs::remove_dir(&stage).unwrap();
-    (clock.steps, programs)
+    (clock.steps, tools.programs)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -243,6 +243,21 @@ pub fn write_report(file: &str, report: serde_json::Map<String, serde_json::Valu
     println!("\nwritten: target/bench/{file}");
 }
 
+/// The raw tools a benchmark's baseline runs, in order, by program name: the other side
+/// of `Daemon::commands_run`.
+#[derive(Default)]
+pub struct RawTools {
+    pub programs: Vec<String>,
+}
+
+impl RawTools {
+    /// Runs `program` as [`run`] does, and records it.
+    pub async fn run(&mut self, program: &'static str, args: &[&str]) -> String {
+        self.programs.push(program.to_string());
+        run(program, args).await
+    }
+}
+
 /// Runs a tool directly; it must succeed; returns stdout.
 pub async fn run(program: &str, args: &[&str]) -> String {
     let out = tokio::process::Command::new(program)
