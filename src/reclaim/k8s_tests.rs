@@ -145,12 +145,7 @@ fn pvc(annotations: &[(&str, &str)], resource_version: &str) -> Value {
             namespace: Some("apps".to_string()),
             uid: Some(UID.to_string()),
             resource_version: Some(resource_version.to_string()),
-            annotations: Some(
-                annotations
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
+            annotations: crate::reclaim_policy::annotations(annotations),
             ..ObjectMeta::default()
         },
         spec: Some(PersistentVolumeClaimSpec {

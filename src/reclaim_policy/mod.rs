@@ -243,5 +243,16 @@ pub fn resolve(objects: &ClaimObjects<'_>, cluster: &ClusterSettings, node: &Nod
     }
 }
 
+/// Test objects' annotations, written as pairs.
+#[cfg(test)]
+pub(crate) fn annotations(pairs: &[(&str, &str)]) -> Option<std::collections::BTreeMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests;

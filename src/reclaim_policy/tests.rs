@@ -5,12 +5,7 @@ use super::*;
 
 fn meta(annotations: &[(&str, &str)]) -> ObjectMeta {
     ObjectMeta {
-        annotations: Some(
-            annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ),
+        annotations: super::annotations(annotations),
         ..ObjectMeta::default()
     }
 }
