@@ -402,8 +402,10 @@ impl LoopBackend {
         self.commit_record(spec, formatted, grow_filesystem).await
     }
 
+    /// The volume's [`VolumeRecord::filesystem_grow_pending`](crate::backend::VolumeRecord).
+    #[cfg(test)]
     pub async fn filesystem_grow_pending(&self, token: &Token) -> Result<bool, BackendError> {
-        Ok(self.read_record(token).await?.is_some_and(|r| r.grow_filesystem))
+        Ok(self.get(token).await?.is_some_and(|r| r.filesystem_grow_pending))
     }
 
     pub async fn filesystem_grown(&self, token: &Token) -> Result<(), BackendError> {

@@ -102,6 +102,7 @@ impl LoopBackend {
             size_bytes: file.size_bytes,
             mode: file.mode,
             fs_type: file.fs_type,
+            filesystem_grow_pending: file.grow_filesystem,
             claim: ClaimRef {
                 pvc_name: file.pvc_name,
                 pvc_namespace: file.pvc_namespace,

@@ -323,20 +323,7 @@ impl Backend {
         }
     }
 
-    /// True while a copy made larger than its source (a restore or clone) still holds
-    /// the source's smaller filesystem: set with the copy, in the same commit that makes
-    /// it a volume, and cleared by [`Backend::filesystem_grown`] once stage has grown
-    /// the filesystem to the device.
-    pub async fn filesystem_grow_pending(&self, token: &Token) -> Result<bool, BackendError> {
-        match self {
-            Backend::Loop(b) => b.filesystem_grow_pending(token).await,
-            Backend::Lvm(b) => b.filesystem_grow_pending(token).await,
-            // Namespaces are never copies.
-            Backend::Pmem(_) => Ok(false),
-        }
-    }
-
-    /// Clears the mark of [`Backend::filesystem_grow_pending`]; idempotent.
+    /// Clears [`VolumeRecord::filesystem_grow_pending`]; idempotent.
     pub async fn filesystem_grown(&self, token: &Token) -> Result<(), BackendError> {
         match self {
             Backend::Loop(b) => b.filesystem_grown(token).await,
@@ -404,7 +391,7 @@ impl Backend {
 
     /// Creates a volume holding a copy of a snapshot or a volume, grown to the spec's
     /// size. A filesystem copy made larger than its source is marked
-    /// [`Backend::filesystem_grow_pending`] in the same commit.
+    /// [`VolumeRecord::filesystem_grow_pending`] in the same commit.
     pub async fn create_from(
         &self,
         spec: &CreateSpec,

@@ -16,6 +16,11 @@ pub struct VolumeRecord {
     pub mode: VolumeMode,
     pub fs_type: Option<FsType>,
     pub claim: ClaimRef,
+    /// A copy made larger than its source (a restore or clone) that still holds the
+    /// source's smaller filesystem: set with the copy, in the same commit that makes it
+    /// a volume, and cleared by [`super::Backend::filesystem_grown`] once stage has grown
+    /// the filesystem to the device. Never set on pmem: namespaces are never copies.
+    pub filesystem_grow_pending: bool,
 }
 
 /// A snapshot as its backend records it: found again after a restart from the storage

@@ -1,8 +1,8 @@
 //! Growing the filesystem of a restore or clone made larger than its source.
 //!
 //! Such a copy's device has the requested size, but the filesystem in it still has the
-//! source's: the backend marks it ([`Backend::filesystem_grow_pending`]) in the commit
-//! that makes the copy a volume, and its first stage grows the filesystem to the device
+//! source's: the backend marks it in its record
+//! ([`VolumeRecord::filesystem_grow_pending`]) in the commit that makes the copy a volume, and its first stage grows the filesystem to the device
 //! before clearing the mark. ext4 grows unmounted, before the mount (e2fsck, then
 //! resize2fs: no CAP_SYS_RESOURCE needed, unlike an online ext4 grow); xfs grows only
 //! mounted, after it. The mark is cleared last, so a failure or a kill anywhere leaves
@@ -14,7 +14,7 @@ use std::path::Path;
 use tracing::{info, warn};
 
 use super::{VolumeError, Volumes};
-use crate::backend::Backend;
+use crate::backend::{Backend, VolumeRecord};
 use crate::fs::{self, FsType};
 use crate::model::VolumeId;
 use crate::mount::MountEntry;
@@ -33,13 +33,14 @@ impl Volumes {
     pub(super) async fn grow_unmounted(
         &self,
         backend: &Backend,
-        id: &VolumeId,
+        record: &VolumeRecord,
         fs_type: FsType,
         device: &Path,
     ) -> Result<GrowAfterMount, VolumeError> {
-        if !backend.filesystem_grow_pending(&id.token).await? {
+        if !record.filesystem_grow_pending {
             return Ok(GrowAfterMount::Nothing);
         }
+        let id = &record.id;
         match fs_type {
             FsType::Ext4 => {
                 info!(volume.id = %id, device = %device.display(), "growing the copied ext4 to its device");
@@ -78,14 +79,14 @@ impl Volumes {
     pub(super) async fn grow_if_pending(
         &self,
         backend: &Backend,
-        id: &VolumeId,
+        record: &VolumeRecord,
         mount: &MountEntry,
     ) -> Result<(), VolumeError> {
-        if !backend.filesystem_grow_pending(&id.token).await? {
+        if !record.filesystem_grow_pending {
             return Ok(());
         }
-        let device = backend.attach(&id.token).await?;
-        self.grow_mounted(backend, id, &device, mount).await
+        let device = backend.attach(&record.id.token).await?;
+        self.grow_mounted(backend, &record.id, &device, mount).await
     }
 }
 

@@ -91,7 +91,7 @@ impl Volumes {
         };
         match held {
             Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
-                self.grow_if_pending(backend, &req.id, e).await?;
+                self.grow_if_pending(backend, &record, e).await?;
                 info!(volume.id = %req.id, path = %staging.display(), "already staged");
                 return Ok(());
             }
@@ -126,11 +126,13 @@ impl Volumes {
                 fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;
                 // A new filesystem fills its device: nothing left to grow.
-                backend.filesystem_grown(&req.id.token).await?;
+                if record.filesystem_grow_pending {
+                    backend.filesystem_grown(&req.id.token).await?;
+                }
                 GrowAfterMount::Nothing
             }
             Signature::Filesystem(found) if found == fs_type.as_str() => {
-                self.grow_unmounted(backend, &req.id, fs_type, &device).await?
+                self.grow_unmounted(backend, &record, fs_type, &device).await?
             }
             Signature::Filesystem(found) | Signature::Other(found) => {
                 return Err(VolumeError::WrongFilesystem {

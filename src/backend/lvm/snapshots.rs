@@ -329,13 +329,11 @@ impl LvmBackend {
             .map_err(|e| self.failed("lvchange --deltag", lv, e))
     }
 
-    /// True while the LV carries [`tags::GROW_FILESYSTEM`].
+    /// The volume's [`VolumeRecord::filesystem_grow_pending`](crate::backend::VolumeRecord)
+    /// (the LV's [`tags::GROW_FILESYSTEM`]).
+    #[cfg(test)]
     pub async fn filesystem_grow_pending(&self, token: &Token) -> Result<bool, BackendError> {
-        let state = self.vg.known_state().await?;
-        Ok(match self.lookup(&state, token)? {
-            Lookup::Ready(lv, _) => lv.has_tag(tags::GROW_FILESYSTEM),
-            _ => false,
-        })
+        Ok(self.get(token).await?.is_some_and(|r| r.filesystem_grow_pending))
     }
 
     /// Drops [`tags::GROW_FILESYSTEM`]; nothing to do without it.

@@ -183,6 +183,7 @@ pub fn ownership(class: &ClassName, vg: &str, lv: &Lv) -> Ownership {
             size_bytes: lv.size,
             mode,
             fs_type,
+            filesystem_grow_pending: lv.has_tag(GROW_FILESYSTEM),
             claim: ClaimRef {
                 pvc_name: decoded(PVC)?,
                 pvc_namespace: decoded(NAMESPACE)?,

@@ -299,6 +299,7 @@ impl PmemBackend {
             size_bytes,
             mode: file.mode,
             fs_type: file.fs_type,
+            filesystem_grow_pending: false,
             claim: ClaimRef {
                 pvc_name: file.pvc_name,
                 pvc_namespace: file.pvc_namespace,
