@@ -41,14 +41,17 @@ declare -A pids started
 background() {  # background NAME NICE COMMAND...
   local name=$1 level=$2; shift 2
   started[$name]=$SECONDS
-  ( renice -n "$level" -p "$BASHPID" >/dev/null; "$@" ) > >(sed -u "s/^/[$name] /") 2>&1 &
+  # The job reports its own duration: it may end long before `finish` waits for it.
+  ( renice -n "$level" -p "$BASHPID" >/dev/null; rc=0; "$@" || rc=$?
+    echo "==== $name: exit $rc after $((SECONDS - started[$name]))s ($(date +%T))"; exit "$rc"
+  ) > >(sed -u "s/^/[$name] /") 2>&1 &
   pids[$name]=$!
 }
 finish() {  # finish NAME...: wait for each; the names that failed go to $failed
   local name rc
   for name in "$@"; do
     rc=0; wait "${pids[$name]}" || rc=$?
-    echo "==== $name: exit $rc, finished $((SECONDS - started[$name]))s after its start ($(date +%T))"
+    echo "==== $name: exit $rc, waited for at $((SECONDS - started[$name]))s after its start"
     [ "$rc" = 0 ] || failed+=("$name")
   done
 }
