@@ -64,6 +64,12 @@ impl Syscalls for HeldCopies {
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
         self.real.loop_devices().await
     }
+    async fn loop_backing_inode(&self, device: &Path) -> Result<Option<(u64, u64)>, SyscallError> {
+        self.real.loop_backing_inode(device).await
+    }
+    async fn loop_backing_file(&self, device: &Path) -> Result<Option<PathBuf>, SyscallError> {
+        self.real.loop_backing_file(device).await
+    }
     async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError> {
         self.real.loop_attach(image).await
     }

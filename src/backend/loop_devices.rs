@@ -1,6 +1,7 @@
 //! The loop backend's devices: finding the loop devices on a volume's image, attaching,
 //! detaching (and waiting until the kernel really let go) and resizing them.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -17,12 +18,21 @@ impl LoopBackend {
     /// kernel reports `<path> (deleted)`): nothing else would ever detach those. With
     /// `first`, only one: the first found by path if any, without the image's inode
     /// (one call fewer on every lookup of a device this daemon attached).
+    ///
+    /// Only devices whose shown path ends in the image's file name are asked for their
+    /// inode: the kernel prints a path relative to a vanished mount, but still the
+    /// file's own name (images are never renamed). So a lookup reads sysfs and opens at
+    /// most the image's own devices, not every loop device of the node: with hundreds of
+    /// volumes, stats and stage calls would otherwise open them all each time.
     async fn devices_on(
         &self,
         token: &Token,
         deleted: bool,
         first: bool,
     ) -> Result<Vec<PathBuf>, BackendError> {
+        if first && let Some(device) = self.remembered(token, deleted).await? {
+            return Ok(vec![device]);
+        }
         let image = self.image_path(token);
         let mut deleted_name = image.clone().into_os_string();
         deleted_name.push(" (deleted)");
@@ -30,16 +40,60 @@ impl LoopBackend {
         let by_path = |d: &LoopDevice| {
             d.backing_file == image || (deleted && d.backing_file.as_os_str() == deleted_name)
         };
-        if first && let Some(found) = devices.iter().find(|d| by_path(d)) {
-            return Ok(vec![found.device.clone()]);
+        let file_name = image.file_name().unwrap_or_default();
+        let named_like_image = |d: &LoopDevice| {
+            let shown = d.backing_file.as_os_str().as_encoded_bytes();
+            let shown = shown.strip_suffix(b" (deleted)").unwrap_or(shown);
+            shown.ends_with(file_name.as_encoded_bytes())
+        };
+        let mut found: Vec<LoopDevice> = Vec::new();
+        if first && let Some(d) = devices.iter().find(|d| by_path(d)) {
+            found.push(d.clone());
+        } else {
+            let mut inode = None;
+            for device in devices {
+                if first && !found.is_empty() {
+                    break;
+                }
+                if by_path(&device) {
+                    found.push(device);
+                } else if named_like_image(&device) {
+                    if inode.is_none() {
+                        inode = Some(image_inode(&image).await);
+                    }
+                    let Some(Some(image_inode)) = inode else { continue };
+                    if self.host.syscalls.loop_backing_inode(&device.device).await? == Some(image_inode) {
+                        found.push(device);
+                    }
+                }
+            }
         }
-        let inode = image_inode(&image).await;
-        Ok(devices
-            .into_iter()
-            .filter(|d| by_path(d) || (inode.is_some() && d.backing_inode == inode))
-            .map(|d| d.device)
-            .take(if first { 1 } else { usize::MAX })
-            .collect())
+        if first && let Some(d) = found.first() {
+            self.found_lock()
+                .insert(token.clone(), (d.device.clone(), d.backing_file.clone()));
+        }
+        Ok(found.into_iter().map(|d| d.device).collect())
+    }
+
+    fn found_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Token, (PathBuf, PathBuf)>> {
+        self.found.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The device the image was last found on, if sysfs still shows the same backing
+    /// file for it: the same string is the same file (a path of ours names the image; a
+    /// path the kernel prints relative to a vanished mount was checked by inode, and no
+    /// new attach can print it again), and a file deleted since shows ` (deleted)`.
+    async fn remembered(&self, token: &Token, deleted: bool) -> Result<Option<PathBuf>, BackendError> {
+        let Some((device, shown)) = self.found_lock().get(token).cloned() else {
+            return Ok(None);
+        };
+        let now = self.host.syscalls.loop_backing_file(&device).await?;
+        if now.as_ref() != Some(&shown) {
+            self.found_lock().remove(token);
+            return Ok(None);
+        }
+        let shown_deleted = shown.as_os_str().as_encoded_bytes().ends_with(b" (deleted)");
+        Ok((deleted || !shown_deleted).then_some(device))
     }
 
     async fn devices_of(&self, token: &Token) -> Result<Vec<PathBuf>, BackendError> {

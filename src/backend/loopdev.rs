@@ -59,6 +59,10 @@ pub struct LoopBackend {
     /// Serialises the space check and the allocation of creates and expands in this
     /// class (milliseconds of work), so two of them cannot both take the last bytes.
     allocation: Mutex<()>,
+    /// The device each volume's image was last found on, and its backing file as sysfs
+    /// showed it then (see `devices_on`): one sysfs read confirms it, instead of a walk
+    /// over every loop device of the node.
+    found: std::sync::Mutex<std::collections::HashMap<Token, (PathBuf, PathBuf)>>,
 }
 
 impl LoopBackend {
@@ -69,6 +73,7 @@ impl LoopBackend {
             capacity_limit,
             host,
             allocation: Mutex::new(()),
+            found: std::sync::Mutex::default(),
         }
     }
 

@@ -208,6 +208,51 @@ async fn devices_attached_by_a_previous_container_are_found_by_inode() {
     );
 }
 
+/// Lookups cost what a node with hundreds of volumes can pay on every stats call: only
+/// devices named like the image are opened for their inode, and a device once found is
+/// confirmed by one sysfs read, without listing the loop devices again. A device that
+/// shows another file since is looked up afresh.
+#[tokio::test]
+async fn lookups_open_only_the_image_own_devices_and_remember_them() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let commands = Arc::new(FakeCommands::default());
+    let syscalls = Arc::new(FakeSyscalls::default());
+    syscalls.set_usage(FsUsage {
+        total_bytes: 1 << 41,
+        available_bytes: 1 << 40,
+        ..FsUsage::default()
+    });
+    let b = backend_with(dir.path(), commands.clone(), syscalls.clone());
+    b.prepare().await.unwrap();
+    b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
+    let meta = std::fs::metadata(b.directory().join("pvc-a.img")).unwrap();
+    for n in 0..50 {
+        syscalls.attach_loop_by_inode(format!("/dev/loop{n}"), format!("/c/pvc-other-{n}.img"), (9, n));
+    }
+    syscalls.attach_loop_by_inode("/dev/loop77", "/c/pvc-a.img", (meta.dev(), meta.ino()));
+    let a = Token::for_name("pvc-a");
+    let count = |call: &str| syscalls.calls().iter().filter(|c| c.starts_with(call)).count();
+
+    assert_eq!(b.device(&a).await.unwrap(), Some(PathBuf::from("/dev/loop77")));
+    assert_eq!(
+        count("LOOP_GET_STATUS64"),
+        1,
+        "only the device named like the image is opened"
+    );
+    assert_eq!(count("list loop devices"), 1);
+
+    assert_eq!(b.device(&a).await.unwrap(), Some(PathBuf::from("/dev/loop77")));
+    assert_eq!(count("list loop devices"), 1, "the second lookup lists nothing");
+    assert_eq!(count("read backing_file /dev/loop77"), 1);
+
+    // Detached and the number reused for another file: found again, not believed.
+    syscalls.detach_loop(Path::new("/dev/loop77"));
+    syscalls.attach_loop("/dev/loop77", "/elsewhere/x.img");
+    assert_eq!(b.device(&a).await.unwrap(), None);
+    assert_eq!(count("list loop devices"), 2);
+}
+
 /// The LOOP_CLR_FD calls the fake syscalls saw.
 fn loop_clr_fd_calls(syscalls: &FakeSyscalls) -> Vec<String> {
     syscalls

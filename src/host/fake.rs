@@ -155,6 +155,8 @@ struct SyscallState {
     devices: HashMap<PathBuf, (u32, u32)>,
     sizes: HashMap<PathBuf, u64>,
     loops: Vec<LoopDevice>,
+    /// Backing inodes of loop devices attached "by inode" (see attach_loop_by_inode).
+    loop_inodes: HashMap<PathBuf, (u64, u64)>,
     /// Loop devices `loop_attach` hands out, first first.
     free_loops: Vec<PathBuf>,
     /// When set, `loop_detach` only marks the device (another opener holds it) and it
@@ -202,7 +204,6 @@ impl FakeSyscalls {
         self.state.lock().unwrap().loops.push(LoopDevice {
             device: device.into(),
             backing_file: backing_file.into(),
-            backing_inode: None,
         });
     }
 
@@ -214,10 +215,12 @@ impl FakeSyscalls {
         shown_path: impl Into<PathBuf>,
         inode: (u64, u64),
     ) {
-        self.state.lock().unwrap().loops.push(LoopDevice {
-            device: device.into(),
+        let device = device.into();
+        let mut s = self.state.lock().unwrap();
+        s.loop_inodes.insert(device.clone(), inode);
+        s.loops.push(LoopDevice {
+            device,
             backing_file: shown_path.into(),
-            backing_inode: Some(inode),
         });
     }
 
@@ -394,7 +397,24 @@ impl Syscalls for FakeSyscalls {
     }
 
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
+        self.record("list loop devices", Path::new("/sys/block"))?;
         Ok(self.state.lock().unwrap().loops.clone())
+    }
+
+    async fn loop_backing_file(&self, device: &Path) -> Result<Option<PathBuf>, SyscallError> {
+        self.record("read backing_file", device)?;
+        let s = self.state.lock().unwrap();
+        Ok(s.loops
+            .iter()
+            .find(|l| l.device == device)
+            .map(|l| l.backing_file.clone()))
+    }
+
+    async fn loop_backing_inode(&self, device: &Path) -> Result<Option<(u64, u64)>, SyscallError> {
+        self.record("LOOP_GET_STATUS64", device)?;
+        let s = self.state.lock().unwrap();
+        let attached = s.loops.iter().any(|l| l.device == device);
+        Ok(s.loop_inodes.get(device).copied().filter(|_| attached))
     }
 
     async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError> {
@@ -411,7 +431,6 @@ impl Syscalls for FakeSyscalls {
         s.loops.push(LoopDevice {
             device: device.clone(),
             backing_file: image.to_path_buf(),
-            backing_inode: None,
         });
         Ok(device)
     }

@@ -40,9 +40,6 @@ pub struct LoopDevice {
     /// when the mount the file was opened through is gone (a restarted container's
     /// bind mount), with ` (deleted)` after an unlinked file.
     pub backing_file: PathBuf,
-    /// The backing file's identity, `(st_dev, st_ino)`, whatever its path: the one
-    /// name that holds across mount namespaces. `None` when the status cannot be read.
-    pub backing_inode: Option<(u64, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,8 +121,16 @@ pub trait Syscalls: Send + Sync + 'static {
     /// Discards unused blocks of the filesystem mounted at `path` (FITRIM); returns the
     /// number of bytes the filesystem reports as trimmed.
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError>;
-    /// Every attached loop device and its backing file.
+    /// Every attached loop device and its backing file, from sysfs alone (no device is
+    /// opened: a node with hundreds of volumes looks devices up on every call).
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError>;
+    /// The backing file's identity, `(st_dev, st_ino)`, of the loop device at `device`,
+    /// whatever its path: the one name that holds across mount namespaces. `None` when
+    /// the device's status cannot be read (not attached, gone).
+    async fn loop_backing_inode(&self, device: &Path) -> Result<Option<(u64, u64)>, SyscallError>;
+    /// The backing file of one loop device as [`loop_devices`](Self::loop_devices)
+    /// shows it; `None` when nothing is attached to it.
+    async fn loop_backing_file(&self, device: &Path) -> Result<Option<PathBuf>, SyscallError>;
     /// Attaches `image` (read-write) to a free loop device; returns the device.
     async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError>;
     /// Detaches the loop device (LOOP_CLR_FD). ENXIO ([`SyscallError::is_not_attached`])
@@ -371,6 +376,17 @@ impl Syscalls for SystemSyscalls {
             loop_ioctl::loop_devices_blocking,
         )
         .await
+    }
+
+    async fn loop_backing_inode(&self, device: &Path) -> Result<Option<(u64, u64)>, SyscallError> {
+        blocking("LOOP_GET_STATUS64", device, |d| {
+            Ok(loop_ioctl::loop_backing_inode(d))
+        })
+        .await
+    }
+
+    async fn loop_backing_file(&self, device: &Path) -> Result<Option<PathBuf>, SyscallError> {
+        blocking("read", device, |d| Ok(loop_ioctl::loop_backing_file(d))).await
     }
 
     async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError> {

@@ -109,7 +109,7 @@ pub(super) fn loop_detach_blocking(device: &Path) -> Result<(), SyscallError> {
 }
 
 /// The backing file's `(st_dev, st_ino)` of the loop device at `device`.
-fn loop_backing_inode(device: &Path) -> Option<(u64, u64)> {
+pub(super) fn loop_backing_inode(device: &Path) -> Option<(u64, u64)> {
     use std::os::fd::AsRawFd;
     let file = std::fs::File::open(device).ok()?;
     let mut info = std::mem::MaybeUninit::<LoopInfo64>::zeroed();
@@ -119,6 +119,14 @@ fn loop_backing_inode(device: &Path) -> Option<(u64, u64)> {
     // SAFETY: all-zero bytes are a valid LoopInfo64, and the kernel wrote the rest.
     let info = unsafe { info.assume_init() };
     Some((info.lo_device, info.lo_inode))
+}
+
+/// The backing file sysfs shows for the loop device at `device` (`/dev/loopN`); `None`
+/// when nothing is attached (no `backing_file` attribute) or it is no loop device.
+pub(super) fn loop_backing_file(device: &Path) -> Option<PathBuf> {
+    let name = device.file_name()?.to_str().filter(|n| n.starts_with("loop"))?;
+    let shown = std::fs::read_to_string(Path::new("/sys/block").join(name).join("loop/backing_file")).ok()?;
+    Some(PathBuf::from(shown.trim_end_matches('\n')))
 }
 
 /// The blocking body of [`Syscalls::loop_devices`](super::Syscalls::loop_devices): the
@@ -137,7 +145,6 @@ pub(super) fn loop_devices_blocking(sys: &Path) -> Result<Vec<LoopDevice>, Sysca
         };
         let device = PathBuf::from("/dev").join(name);
         found.push(LoopDevice {
-            backing_inode: loop_backing_inode(&device),
             device,
             backing_file: PathBuf::from(backing.trim_end_matches('\n')),
         });
