@@ -10,6 +10,12 @@
 # (the loop-registrar overlay). Leaves nothing behind: the node is stopped with
 # `stop-node.sh --purge`, and the run fails if a mount or loop device of it is left.
 # Logs are kept in a /tmp directory (printed) only when something failed.
+#
+# For bench/cluster/run.sh (not set by the tests): LOCALVOL_CLUSTER_BINARY (a built
+# localvol for the image instead of the debug build), LOCALVOL_CLUSTER_MAX_PODS
+# (kubelet's maxPods instead of the kit's 50), LOCALVOL_CLUSTER_EXTRA (a file of more
+# scenario functions, selectable by name) and LOCALVOL_CLUSTER_AUDIT_USERS (more
+# service accounts in the audit log).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -29,12 +35,14 @@ case $REGISTRATION in
 esac
 source "$HERE/lib.sh"
 for f in "$HERE"/scenarios/*.sh; do source "$f"; done
+EXTRA_SCENARIOS=()
+if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi   # sets EXTRA_SCENARIOS
 
 ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots)
 selected=()
 for arg in "$@"; do
   match=""
-  for s in "${ALL[@]}"; do case $s in "s${arg}_"*|"$arg"|"s$arg") match=$s ;; esac; done
+  for s in "${ALL[@]}" "${EXTRA_SCENARIOS[@]}"; do case $s in "s${arg}_"*|"$arg"|"s$arg") match=$s ;; esac; done
   [ -n "$match" ] || { echo "unknown scenario $arg (one of ${ALL[*]})" >&2; exit 2; }
   selected+=("$match")
 done
@@ -47,6 +55,15 @@ exec 9>/run/localvol-cluster.lock
 flock -n 9 || { echo "tests/cluster/run.sh: waiting for another cluster run to finish"; flock 9; }
 
 LOGS=$(mktemp -d /tmp/localvol-cluster.XXXXXX)
+# The kit's recipe, or a copy of it with another maxPods (the kit itself is read-only).
+RECIPE=$KIT/recipe
+if [ -n "${LOCALVOL_CLUSTER_MAX_PODS:-}" ]; then
+  cp -r "$KIT/recipe" "$LOGS/recipe"
+  sed -i "s/^maxPods: .*/maxPods: $LOCALVOL_CLUSTER_MAX_PODS/" "$LOGS/recipe/kubelet-config.yaml.in"
+  grep -qx "maxPods: $LOCALVOL_CLUSTER_MAX_PODS" "$LOGS/recipe/kubelet-config.yaml.in" ||
+    { echo "kit's kubelet config has no maxPods line" >&2; exit 1; }
+  RECIPE=$LOGS/recipe
+fi
 T0=$SECONDS
 phase() { printf '==== cluster: %s (%ss)\n' "$1" "$((SECONDS - T0))"; }
 failed=0
@@ -88,7 +105,7 @@ cleanup() {
   fi
   [ -n "$SNAPSHOT_CONTROLLER_PID" ] && { kill "$SNAPSHOT_CONTROLLER_PID"; wait "$SNAPSHOT_CONTROLLER_PID"; }
   cp "$KUBE_KIT_STATE"/logs/*.log "$LOGS/" 2>/dev/null
-  "$KIT/recipe/stop-node.sh" --purge >"$LOGS/stop-node.log" 2>&1 || { echo "cleanup: stop-node.sh --purge failed (see $LOGS/stop-node.log)"; rc=1; }
+  "$RECIPE/stop-node.sh" --purge >"$LOGS/stop-node.log" 2>&1 || { echo "cleanup: stop-node.sh --purge failed (see $LOGS/stop-node.log)"; rc=1; }
   local left; left=$(leftovers)
   if [ -n "$left" ]; then
     echo "cleanup: FAIL, left on the host:"; echo "$left"; rc=1
@@ -116,7 +133,11 @@ trap 'exit 130' INT TERM
 
 phase "kit and binary"
 "$KIT/install.sh" /var/cache/kube-kit >"$LOGS/install.log"
-cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
+BINARY=${LOCALVOL_CLUSTER_BINARY:-${CARGO_TARGET_DIR:-target}/debug/localvol}
+if [ -z "${LOCALVOL_CLUSTER_BINARY:-}" ]; then
+  cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
+fi
+[ -x "$BINARY" ] || { echo "tests/cluster/run.sh: no localvol binary at $BINARY" >&2; exit 1; }
 
 # The runtime stage's root filesystem (packages, lvm.conf), cached under a name that
 # depends only on the Dockerfile and on how runtime-stage.sh exports it (tests/all.sh
@@ -135,31 +156,33 @@ phase "node"
 # ones start-node.sh would pass.
 AUDIT_LOG=$KUBE_KIT_STATE/logs/localvol-audit.log
 mkdir -p "$KUBE_KIT_STATE/logs"
-cat >"$LOGS/audit-policy.yaml" <<'YAML'
+audit_users='"system:serviceaccount:localvol-system:localvol-node"'
+for user in ${LOCALVOL_CLUSTER_AUDIT_USERS:-}; do audit_users+=", \"$user\""; done
+cat >"$LOGS/audit-policy.yaml" <<YAML
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
   - level: Metadata
-    users: ["system:serviceaccount:localvol-system:localvol-node"]
+    users: [$audit_users]
   - level: None
 YAML
-"$KIT/recipe/start-kube.sh" --kcm -- \
+"$RECIPE/start-kube.sh" --kcm -- \
   --kubelet-client-certificate="$KUBE_KIT_STATE/pki/admin.crt" --kubelet-client-key="$KUBE_KIT_STATE/pki/admin.key" \
   --kubelet-preferred-address-types=InternalIP,Hostname \
   --audit-policy-file="$LOGS/audit-policy.yaml" --audit-log-path="$AUDIT_LOG" --audit-log-format=json \
   --audit-log-mode=batch --audit-log-batch-max-wait=1s >"$LOGS/start-kube.log" 2>&1 ||
   { tail -20 "$LOGS/start-kube.log"; exit 1; }
-"$KIT/recipe/start-node.sh" >"$LOGS/start-node.log" 2>&1 || { tail -20 "$LOGS/start-node.log"; exit 1; }
+"$RECIPE/start-node.sh" >"$LOGS/start-node.log" 2>&1 || { tail -20 "$LOGS/start-node.log"; exit 1; }
 
 phase "images"
 WORK=$(mktemp -d /tmp/localvol-cluster-images.XXXXXX)
-mk() { python3 "$KIT/recipe/mkimage.py" "$@" >/dev/null; }
+mk() { python3 "$RECIPE/mkimage.py" "$@" >/dev/null; }
 entry=$(sed -n 's/^ENTRYPOINT \["\([^"]*\)"\]$/\1/p' Dockerfile)
 [ -n "$entry" ] || { echo "Dockerfile: no ENTRYPOINT [\"...\"]" >&2; exit 1; }
 # Without its debug info (275 MB -> 60 MB): the image is written, compressed and unpacked
 # on every run.
-objcopy --strip-debug "${CARGO_TARGET_DIR:-target}/debug/localvol" "$WORK/localvol"
+objcopy --strip-debug "$BINARY" "$WORK/localvol"
 mk --name localhost/localvol:cluster-test --out "$WORK/localvol.tar" --base-tar "$rootfs" \
   --add "$WORK/localvol:$entry" --entrypoint "[\"$entry\"]" --cmd '["serve"]'
 sidecar() { # NAME TAG
