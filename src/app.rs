@@ -115,7 +115,13 @@ pub async fn serve(
         );
     }
     let resize = crate::resize::reporting(&config.resize, kube.as_ref(), &config.node_id).await?;
-    let owner_check = crate::k8s::owner_check(kube.clone(), &config, Arc::clone(&health));
+    // One set of labelled claims for the owner check, the node resizer and the reclaim
+    // scheduler: each claim is labelled once (see k8s::claim_label).
+    let claim_labels = kube
+        .as_ref()
+        .map(|client| crate::k8s::claim_label::ClaimLabels::new(client.clone(), &config.node_id));
+    let owner_check =
+        crate::k8s::owner_check(kube.clone(), &config, Arc::clone(&health), claim_labels.clone());
     let locks = VolumeLocks::default();
     let states = VolumeStates::new();
     let driver = Arc::new(Driver {
@@ -134,13 +140,15 @@ pub async fn serve(
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    if let Some(client) = kube.clone().filter(|_| config.resize.node_resizer) {
+    if let (Some(client), Some(labels)) = (kube.clone().filter(|_| config.resize.node_resizer), &claim_labels)
+    {
         crate::resize::spawn_node_resizer(
             &config.resize,
             client,
             &config.node_id,
             Arc::clone(&volumes),
             driver.locks.clone(),
+            labels.clone(),
             stopped(stop_rx.clone()),
         );
     }
@@ -187,13 +195,14 @@ pub async fn serve(
     };
     // With Kubernetes, schedules come from annotations and the csi-addons ConfigMap,
     // and results are written back to the claims; without it, from the file alone.
-    let cluster: Arc<dyn reclaim::scheduler::Cluster> = match &kube {
-        Some(client) => reclaim::k8s::KubeCluster::start(
+    let cluster: Arc<dyn reclaim::scheduler::Cluster> = match (&kube, claim_labels) {
+        (Some(client), Some(labels)) => reclaim::k8s::KubeCluster::start_with_labels(
             client.clone(),
             &config.reclaim.policy.csi_addons_namespace,
             &config.node_id,
+            labels,
         ),
-        None => Arc::new(NoCluster),
+        _ => Arc::new(NoCluster),
     };
     let scheduler = config.reclaim.policy.enabled.then(|| {
         let scheduler = Scheduler::new(

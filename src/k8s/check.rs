@@ -13,6 +13,7 @@ use kube::Client;
 use kube::runtime::reflector::Store;
 use tracing::{debug, warn};
 
+use super::claim_label::ClaimLabels;
 use super::events::Events;
 use super::lookup::{Lookup, Read, Source};
 use super::owner::{self, ClaimView, Decision, ObjectId, PodView};
@@ -55,6 +56,13 @@ impl Checker {
             synced,
             node,
         }
+    }
+
+    /// Labels the claims it reads with this node, sharing `labels` with the daemon's
+    /// other users of the label (see `claim_label`).
+    pub fn with_labels(mut self, labels: ClaimLabels) -> Self {
+        self.lookup.set_labels(labels);
+        self
     }
 
     pub async fn stage(&self, volume: &str, context: &VolumeContext) -> Result<(), OwnerError> {

@@ -12,11 +12,17 @@
 //!
 //! The claims come from the node's own volume records (each volume records the claim it
 //! was created for, `--extra-create-metadata`), never from the API. A claim is labelled
-//! at most once per process, even by concurrent calls; one that is gone (404) is not
+//! at most once per process, even by concurrent calls and by the several users of one
+//! `ClaimLabels` (its clones share what is labelled: the daemon makes one, for the node
+//! resizer, the reclaim scheduler and the owner check); one that is gone (404) is not
 //! tried again, other failures are retried at the next call.
+//!
+//! The owner check labels the claim it must read anyway ([`ClaimLabels::label`]): the
+//! PATCH answers the claim as the API server has it, so the first stage of a volume
+//! costs one request, which both reads and labels its claim.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Client;
@@ -46,10 +52,11 @@ pub fn selector(node: &str) -> String {
 }
 
 /// Puts [`NODE_LABEL`] on the claims of this node's volumes.
+#[derive(Clone)]
 pub struct ClaimLabels {
     client: Client,
     value: String,
-    labelled: Mutex<HashSet<(String, String)>>,
+    labelled: Arc<Mutex<HashSet<(String, String)>>>,
 }
 
 impl std::fmt::Debug for ClaimLabels {
@@ -65,36 +72,63 @@ impl ClaimLabels {
         Self {
             client,
             value: node_value(node),
-            labelled: Mutex::default(),
+            labelled: Arc::default(),
+        }
+    }
+
+    fn labelled(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String)>> {
+        self.labelled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the claim for labelling: true if no one has labelled it or is labelling it,
+    /// and the caller now must ([`label`](Self::label), then
+    /// [`give_back`](Self::give_back) if that failed).
+    pub fn take(&self, namespace: &str, name: &str) -> bool {
+        self.labelled().insert((namespace.to_string(), name.to_string()))
+    }
+
+    /// Gives back a claim whose labelling failed, so that a later call tries again.
+    pub fn give_back(&self, namespace: &str, name: &str) {
+        self.labelled().remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    /// Labels a claim taken with [`take`](Self::take) (one merge PATCH) and returns it as
+    /// the API server then has it; `None` when it does not exist.
+    pub async fn label(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<PersistentVolumeClaim>, kube::Error> {
+        let patch = serde_json::json!({"metadata": {"labels": {NODE_LABEL: self.value}}});
+        let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(claim) => {
+                debug!(pvc.namespace = %namespace, pvc.name = %name, "labelled claim with this node");
+                Ok(Some(claim))
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                debug!(pvc.namespace = %namespace, pvc.name = %name, "claim is gone; not labelled");
+                Ok(None)
+            }
+            Err(e) => Err(e),
         }
     }
 
     /// Labels each of `claims` (namespace, name) not labelled by this process yet.
     pub async fn ensure(&self, claims: impl IntoIterator<Item = (String, String)>) {
-        // Claimed before the PATCH, so that concurrent calls (the reclaim scheduler
-        // calls on every refresh) never label one claim twice; given back on failure.
-        let todo: Vec<(String, String)> = {
-            let mut done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
-            claims.into_iter().filter(|c| done.insert(c.clone())).collect()
-        };
-        let patch = serde_json::json!({"metadata": {"labels": {NODE_LABEL: self.value}}});
+        // Taken before the PATCH, so that concurrent calls (the reclaim scheduler calls
+        // on every refresh) never label one claim twice; given back on failure.
+        let todo: Vec<(String, String)> = claims
+            .into_iter()
+            .filter(|(ns, name)| self.take(ns, name))
+            .collect();
         for (namespace, name) in todo {
-            let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &namespace);
-            match api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    debug!(pvc.namespace = %namespace, pvc.name = %name, "labelled claim with this node");
-                }
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    debug!(pvc.namespace = %namespace, pvc.name = %name, "claim is gone; not labelled");
-                }
-                Err(e) => {
-                    warn!(pvc.namespace = %namespace, pvc.name = %name, error = %e, "cannot label claim with this node; retrying later");
-                    let mut done = self.labelled.lock().unwrap_or_else(|p| p.into_inner());
-                    done.remove(&(namespace, name));
-                }
+            if let Err(e) = self.label(&namespace, &name).await {
+                warn!(pvc.namespace = %namespace, pvc.name = %name, error = %e, "cannot label claim with this node; retrying later");
+                self.give_back(&namespace, &name);
             }
         }
     }

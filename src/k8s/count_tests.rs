@@ -193,3 +193,49 @@ async fn publish_after_the_claim_expired_reads_it_once() {
     node.publish(&volume, "target", &web0).await.unwrap();
     assert_eq!(api.take_requests(), NONE, "NodePublishVolume, warm again");
 }
+
+/// As the daemon wires it, the owner check labels the claims it reads with this node
+/// (shared with the node resizer and the reclaim scheduler): the first read of a claim
+/// is the label's PATCH, whose answer is the claim, so a stage still costs one request,
+/// and the label costs none of its own. A later cold read is a plain GET.
+#[tokio::test]
+async fn the_first_read_of_a_claim_is_the_node_label_patch() {
+    let (client, api) = FakeApi::start();
+    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
+    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
+    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    let ttl = Duration::from_secs(2);
+    let labels = super::claim_label::ClaimLabels::new(client.clone(), NODE);
+    let mut node = Node::new(|health| {
+        OwnerCheck::On(Arc::new(
+            start_checker(client, NODE, health, timings(ttl)).with_labels(labels.clone()),
+        ))
+    });
+    synced(&node, &api).await;
+    let volume = node.create("data-web-0", "pv-1").await;
+
+    node.stage(&volume).await.unwrap();
+    let requests = api.take_requests();
+    assert_eq!(requests.len(), 1, "NodeStageVolume: {requests:?}");
+    assert!(
+        requests[0].starts_with(&format!("PATCH {}", fixtures::pvc_uri("data-web-0"))),
+        "{requests:?}"
+    );
+    // The other users of the label find it done.
+    labels
+        .ensure([(fixtures::NS.to_string(), "data-web-0".to_string())])
+        .await;
+    assert_eq!(api.take_requests(), NONE, "labelled once");
+
+    tokio::time::sleep(ttl).await;
+    let web0 = PodRef {
+        name: "web-0",
+        uid: A,
+    };
+    node.publish(&volume, "target", &web0).await.unwrap();
+    assert_eq!(
+        api.take_requests(),
+        [get_pvc("data-web-0")],
+        "NodePublishVolume, cold"
+    );
+}

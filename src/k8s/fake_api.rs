@@ -152,6 +152,20 @@ impl FakeApi {
                     .get(&key(ns, name))
                     .map(|p| serde_json::to_value(p).unwrap()),
             ),
+            // The node label's merge patch: its labels merged into the claim's.
+            (&Method::PATCH, ["api", "v1", "namespaces", ns, "persistentvolumeclaims", name]) => {
+                let patch: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+                let patched = state.pvcs.get_mut(&key(ns, name)).map(|claim| {
+                    let labels = claim.metadata.labels.get_or_insert_with(Default::default);
+                    if let Some(Value::Object(added)) = patch.pointer("/metadata/labels") {
+                        for (k, v) in added {
+                            labels.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+                        }
+                    }
+                    serde_json::to_value(&*claim).unwrap()
+                });
+                found(patched)
+            }
             (&Method::GET, ["api", "v1", "persistentvolumes", name]) => {
                 found(state.pvs.get(*name).map(|p| serde_json::to_value(p).unwrap()))
             }

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
+use super::claim_label::ClaimLabels;
 use super::{OwnerError, Synced};
 
 /// Where a read may come from.
@@ -88,6 +89,9 @@ pub struct Lookup {
     pvs: TtlCache<PersistentVolume>,
     synced: Synced,
     timeout: Duration,
+    /// When set, the first read of a claim this process has not labelled yet is the
+    /// label's PATCH, whose answer is the claim (see `claim_label`).
+    labels: Option<ClaimLabels>,
 }
 
 impl std::fmt::Debug for Lookup {
@@ -108,7 +112,12 @@ impl Lookup {
             pvs: TtlCache::new(ttl),
             synced,
             timeout,
+            labels: None,
         }
+    }
+
+    pub fn set_labels(&mut self, labels: ClaimLabels) {
+        self.labels = Some(labels);
     }
 
     async fn call<T>(
@@ -139,11 +148,26 @@ impl Lookup {
         {
             return Ok(Some(Read { value, cached: true }));
         }
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
-        let found = self
-            .call(|| format!("get PersistentVolumeClaim {key}"), api.get_opt(name))
-            .await?
-            .map(Arc::new);
+        let found = match &self.labels {
+            Some(labels) if labels.take(namespace, name) => {
+                let labelled = self
+                    .call(
+                        || format!("label PersistentVolumeClaim {key}"),
+                        labels.label(namespace, name),
+                    )
+                    .await;
+                if labelled.is_err() {
+                    labels.give_back(namespace, name);
+                }
+                labelled?
+            }
+            _ => {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), namespace);
+                self.call(|| format!("get PersistentVolumeClaim {key}"), api.get_opt(name))
+                    .await?
+            }
+        }
+        .map(Arc::new);
         self.pvcs.put(key, generation, found.clone());
         Ok(found.map(|value| Read { value, cached: false }))
     }

@@ -226,17 +226,23 @@ pub async fn connect(config: &Config) -> anyhow::Result<Option<Client>> {
 }
 
 /// The owner check for `client`: see [`start_checker`]. Without a client it is off.
-pub fn owner_check(client: Option<Client>, config: &Config, health: Arc<Health>) -> OwnerCheck {
+/// It labels the claims it reads with this node through `labels` (shared with the
+/// daemon's other users of the label).
+pub fn owner_check(
+    client: Option<Client>,
+    config: &Config,
+    health: Arc<Health>,
+    labels: Option<claim_label::ClaimLabels>,
+) -> OwnerCheck {
     let Some(client) = client else {
         return OwnerCheck::Off;
     };
     info!(node.id = %config.node_id, "Kubernetes API on: checking generic ephemeral volume owners");
-    OwnerCheck::On(Arc::new(start_checker(
-        client,
-        &config.node_id,
-        health,
-        Timings::default(),
-    )))
+    let checker = start_checker(client, &config.node_id, health, Timings::default());
+    OwnerCheck::On(Arc::new(match labels {
+        Some(labels) => checker.with_labels(labels),
+        None => checker,
+    }))
 }
 
 /// The owner check's timings; tests shorten them.

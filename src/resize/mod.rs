@@ -25,6 +25,7 @@ use tracing::{info, warn};
 pub use report::NodeReporting;
 
 use crate::config::{FailureValue, ReportResizeStatus, ResizeArgs};
+use crate::k8s::claim_label::ClaimLabels;
 use crate::locks::{LockError, VolumeLocks};
 use crate::model::Terminal;
 use crate::volume::{VolumeError, Volumes};
@@ -112,9 +113,11 @@ pub fn spawn_node_resizer(
     node: &str,
     volumes: Arc<Volumes>,
     locks: VolumeLocks,
+    labels: ClaimLabels,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let resizer = node_resizer::NodeResizer::new(client, node, args.resize_failure_value, volumes, locks);
+    let resizer = node_resizer::NodeResizer::new(client, node, args.resize_failure_value, volumes, locks)
+        .with_labels(labels);
     tokio::spawn(node_resizer::run(Arc::new(resizer), shutdown));
 }
 

@@ -171,6 +171,12 @@ impl NodeResizer {
         }
     }
 
+    /// Labels through `labels`, shared with the daemon's other users of the label.
+    pub fn with_labels(mut self, labels: ClaimLabels) -> Self {
+        self.labels = labels;
+        self
+    }
+
     /// Re-reads this node's volumes (their recorded claims).
     async fn refresh_local(&self) -> Result<(), VolumeError> {
         let records = self.volumes.list().await?;
