@@ -210,8 +210,11 @@ impl Bench {
         let limit = Duration::from_secs(300);
         report
             .restarts
-            .push(restart::restart(&self.client, vec![], limit).await?);
+            .push(restart::restart(&self.client, &restart::LOCALVOL, vec![], limit).await?);
         wait_ready(&self.client).await?;
+        report
+            .restarts
+            .push(restart::restart(&self.client, &restart::PEER, vec![], limit).await?);
         let specs: Vec<PodSpec> = (0..plan.restart_pods)
             .map(|i| PodSpec {
                 name: format!("r-{i}"),
@@ -232,7 +235,13 @@ impl Bench {
         let published = self.published(&names).await?;
         report
             .restarts
-            .push(restart::restart(&self.client, published, limit).await?);
+            .push(restart::restart(&self.client, &restart::LOCALVOL, published, limit).await?);
+        wait_ready(&self.client).await?;
+        // The peer on the same node, with localvol's volumes still mounted: what any node
+        // plugin's pod pays to start there.
+        let mut peer = restart::restart(&self.client, &restart::PEER, vec![], limit).await?;
+        peer.node_volumes = claims.len();
+        report.restarts.push(peer);
         let volumes = self.objects.volumes_of(&claims).await?;
         self.objects
             .delete_group("restart", &volumes, Instant::now(), Duration::from_secs(1800))

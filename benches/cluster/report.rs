@@ -239,14 +239,16 @@ impl Report {
         }
         let _ = writeln!(
             md,
-            "| volumes | old pod gone | new Running | Ready | first stats | all stats | serving | RSS MiB |"
+            "| daemon | its volumes | on the node | old pod gone | new Running | Ready | first answer | all stats | serving | RSS MiB |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
         for r in &self.restarts {
             let _ = writeln!(
                 md,
-                "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} |",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} |",
+                r.daemon,
                 r.volumes,
+                r.node_volumes,
                 r.old_pod_gone_ms,
                 r.new_pod_running_ms,
                 r.ready_ms,

@@ -15,8 +15,36 @@ use tokio::sync::Semaphore;
 use crate::csi_client::{CsiClient, stats_request};
 
 pub const SYSTEM_NAMESPACE: &str = "localvol-system";
-const DAEMON_SELECTOR: &str = "app.kubernetes.io/name=localvol,app.kubernetes.io/component=node";
-pub const SOCKET: &str = "/var/lib/kubelet/plugins/localvol.csi.dev/csi.sock";
+
+/// A node plugin's DaemonSet pod, as the restart finds and times it.
+pub struct Daemon {
+    pub name: &'static str,
+    pub namespace: &'static str,
+    pub selector: &'static str,
+    /// The container whose start counts, and its process name (for its RSS).
+    pub container: &'static str,
+    pub process: &'static str,
+    pub socket: &'static str,
+}
+
+pub const LOCALVOL: Daemon = Daemon {
+    name: "localvol",
+    namespace: SYSTEM_NAMESPACE,
+    selector: "app.kubernetes.io/name=localvol,app.kubernetes.io/component=node",
+    container: "localvol",
+    process: "localvol",
+    socket: "/var/lib/kubelet/plugins/localvol.csi.dev/csi.sock",
+};
+
+/// The peer (bench/cluster/peer), restarted on the same node for comparison.
+pub const PEER: Daemon = Daemon {
+    name: "peer",
+    namespace: "localvol-bench-peer",
+    selector: "app=hostpath-peer",
+    container: "hostpath",
+    process: "hostpathplugin",
+    socket: "/var/lib/kubelet/plugins/csi-hostpath/csi.sock",
+};
 
 /// One published volume: its id and the target path kubelet asks stats for.
 #[derive(Clone)]
@@ -28,7 +56,11 @@ pub struct Published {
 /// Milliseconds from the delete request.
 #[derive(Debug, Default, Serialize)]
 pub struct Restart {
+    pub daemon: &'static str,
+    /// The daemon's volumes asked for stats.
     pub volumes: usize,
+    /// Volumes mounted on the node (anyone's).
+    pub node_volumes: usize,
     pub old_pod_gone_ms: f64,
     pub new_pod_running_ms: f64,
     pub ready_ms: f64,
@@ -45,9 +77,13 @@ fn ms(d: Duration) -> f64 {
 
 /// The daemon pod's name (exactly one on this node).
 pub async fn daemon_pod(client: &Client) -> Result<String, String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    pod_of(client, &LOCALVOL).await
+}
+
+async fn pod_of(client: &Client, daemon: &Daemon) -> Result<String, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), daemon.namespace);
     let list = pods
-        .list(&ListParams::default().labels(DAEMON_SELECTOR))
+        .list(&ListParams::default().labels(daemon.selector))
         .await
         .map_err(|e| e.to_string())?;
     match &list.items[..] {
@@ -56,13 +92,13 @@ pub async fn daemon_pod(client: &Client) -> Result<String, String> {
     }
 }
 
-fn running_and_ready(pod: &Pod) -> (bool, bool) {
+fn running_and_ready(pod: &Pod, container: &str) -> (bool, bool) {
     let status = pod.status.as_ref();
     let running = status
         .and_then(|s| s.container_statuses.as_ref())
         .is_some_and(|cs| {
             cs.iter()
-                .any(|c| c.name == "localvol" && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                .any(|c| c.name == container && c.state.as_ref().is_some_and(|s| s.running.is_some()))
         });
     let ready = status
         .and_then(|s| s.conditions.as_ref())
@@ -71,15 +107,22 @@ fn running_and_ready(pod: &Pod) -> (bool, bool) {
 }
 
 /// Deletes the daemon pod and times its replacement (polled every 25 ms).
-pub async fn restart(client: &Client, published: Vec<Published>, limit: Duration) -> Result<Restart, String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    let old = daemon_pod(client).await?;
+pub async fn restart(
+    client: &Client,
+    daemon: &'static Daemon,
+    published: Vec<Published>,
+    limit: Duration,
+) -> Result<Restart, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), daemon.namespace);
+    let old = pod_of(client, daemon).await?;
     let start = Instant::now();
     pods.delete(&old, &DeleteParams::default())
         .await
         .map_err(|e| e.to_string())?;
     let mut out = Restart {
+        daemon: daemon.name,
         volumes: published.len(),
+        node_volumes: published.len(),
         ..Default::default()
     };
     let mut stats: Option<tokio::task::JoinHandle<Result<(Duration, Duration), String>>> = None;
@@ -89,7 +132,7 @@ pub async fn restart(client: &Client, published: Vec<Published>, limit: Duration
             return Err(format!("daemon not Ready again within {limit:?}"));
         }
         let list = pods
-            .list(&ListParams::default().labels(DAEMON_SELECTOR))
+            .list(&ListParams::default().labels(daemon.selector))
             .await
             .map_err(|e| e.to_string())?;
         if old_gone.is_none()
@@ -100,14 +143,19 @@ pub async fn restart(client: &Client, published: Vec<Published>, limit: Duration
         {
             old_gone = Some(start.elapsed());
             // From here on the socket can only be the new daemon's.
-            stats = Some(tokio::spawn(all_stats(published.clone(), start, limit)));
+            stats = Some(tokio::spawn(all_stats(
+                daemon.socket,
+                published.clone(),
+                start,
+                limit,
+            )));
         }
         for pod in list
             .items
             .iter()
             .filter(|p| p.metadata.name.as_deref() != Some(&old))
         {
-            let (is_running, is_ready) = running_and_ready(pod);
+            let (is_running, is_ready) = running_and_ready(pod, daemon.container);
             if is_running && running.is_none() {
                 running = Some(start.elapsed());
             }
@@ -127,13 +175,14 @@ pub async fn restart(client: &Client, published: Vec<Published>, limit: Duration
     out.first_stats_ms = ms(first);
     out.all_stats_ms = ms(all);
     out.serving_ms = out.ready_ms.max(out.all_stats_ms);
-    out.rss_kib = daemon_rss_kib().ok_or("no localvol process found in /proc")?;
+    out.rss_kib = rss_kib(daemon.process).ok_or_else(|| format!("no {} process in /proc", daemon.process))?;
     Ok(out)
 }
 
 /// Asks the new daemon for every volume's stats, 8 at a time, retrying each until it
 /// answers; returns when the first and the last answered, since `start`.
 async fn all_stats(
+    socket: &'static str,
     published: Vec<Published>,
     start: Instant,
     limit: Duration,
@@ -142,7 +191,7 @@ async fn all_stats(
         if start.elapsed() > limit {
             return Err("the new daemon's socket never answered".into());
         }
-        match localvol::csi::socket::connect(std::path::Path::new(SOCKET)).await {
+        match localvol::csi::socket::connect(std::path::Path::new(socket)).await {
             Ok(channel) => break CsiClient::new(channel),
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
@@ -190,11 +239,11 @@ async fn all_stats(
     Ok((first, last))
 }
 
-/// VmRSS of the one process named `localvol` on this host.
-fn daemon_rss_kib() -> Option<u64> {
+/// VmRSS of the one process named `process` on this host.
+fn rss_kib(process: &str) -> Option<u64> {
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let dir = entry.path();
-        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == "localvol") {
+        if std::fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == process) {
             let status = std::fs::read_to_string(dir.join("status")).ok()?;
             let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
             return line.split_whitespace().nth(1)?.parse().ok();
