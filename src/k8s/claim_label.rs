@@ -20,14 +20,26 @@
 //! The owner check labels the claim it must read anyway ([`ClaimLabels::label`]): the
 //! PATCH answers the claim as the API server has it, so the first stage of a volume
 //! costs one request, which both reads and labels its claim.
+//!
+//! The periodic labelling ([`ClaimLabels::ensure`]) leaves a claim alone for
+//! [`LABEL_GRACE`] after it first sees it, for two reasons measured on a real node
+//! (bench/cluster): a claim changed while external-provisioner is still provisioning
+//! it is provisioned again (an extra CreateVolume and PV create each), and a restarted
+//! daemon would PATCH every claim of the node before its claim watch has listed them
+//! and shown them labelled already ([`ClaimLabels::mark_labelled`]). A volume's first
+//! stage labels its claim anyway, well within the grace.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use tracing::{debug, warn};
+
+/// How long [`ClaimLabels::ensure`] waits after first seeing a claim (see above).
+pub const LABEL_GRACE: Duration = Duration::from_secs(10);
 
 /// The label key; its value is [`node_value`] of the node holding the claim's volume.
 pub const NODE_LABEL: &str = "localvol.csi.dev/node";
@@ -57,6 +69,9 @@ pub struct ClaimLabels {
     client: Client,
     value: String,
     labelled: Arc<Mutex<HashSet<(String, String)>>>,
+    /// When `ensure` first saw each claim not labelled yet.
+    first_seen: Arc<Mutex<HashMap<(String, String), Instant>>>,
+    grace: Duration,
 }
 
 impl std::fmt::Debug for ClaimLabels {
@@ -73,7 +88,21 @@ impl ClaimLabels {
             client,
             value: node_value(node),
             labelled: Arc::default(),
+            first_seen: Arc::default(),
+            grace: LABEL_GRACE,
         }
+    }
+
+    /// With another grace than [`LABEL_GRACE`] (tests: none).
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Notes that a claim carries the label already (a claim watch by the label
+    /// showed it): no PATCH for it.
+    pub fn mark_labelled(&self, namespace: &str, name: &str) {
+        self.labelled().insert((namespace.to_string(), name.to_string()));
     }
 
     fn labelled(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String)>> {
@@ -121,10 +150,19 @@ impl ClaimLabels {
     pub async fn ensure(&self, claims: impl IntoIterator<Item = (String, String)>) {
         // Taken before the PATCH, so that concurrent calls (the reclaim scheduler calls
         // on every refresh) never label one claim twice; given back on failure.
-        let todo: Vec<(String, String)> = claims
-            .into_iter()
-            .filter(|(ns, name)| self.take(ns, name))
-            .collect();
+        let now = Instant::now();
+        let due: Vec<(String, String)> = {
+            let labelled = self.labelled();
+            let mut seen = self.first_seen.lock().unwrap_or_else(|p| p.into_inner());
+            // Forget claims not asked about for long (deleted before their grace ended).
+            seen.retain(|_, at| now.duration_since(*at) < Duration::from_secs(3600));
+            claims
+                .into_iter()
+                .filter(|claim| !labelled.contains(claim))
+                .filter(|claim| now.duration_since(*seen.entry(claim.clone()).or_insert(now)) >= self.grace)
+                .collect()
+        };
+        let todo: Vec<(String, String)> = due.into_iter().filter(|(ns, name)| self.take(ns, name)).collect();
         for (namespace, name) in todo {
             if let Err(e) = self.label(&namespace, &name).await {
                 warn!(pvc.namespace = %namespace, pvc.name = %name, error = %e, "cannot label claim with this node; retrying later");
@@ -148,7 +186,8 @@ mod tests {
     #[tokio::test]
     async fn concurrent_calls_label_a_claim_once() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let labels = Arc::new(ClaimLabels::new(Client::new(service, "default"), "node-a"));
+        let labels =
+            Arc::new(ClaimLabels::new(Client::new(service, "default"), "node-a").with_grace(Duration::ZERO));
         let claim = || vec![("apps".to_string(), "data".to_string())];
         let first = tokio::spawn({
             let labels = Arc::clone(&labels);
@@ -176,6 +215,53 @@ mod tests {
         labels.ensure(claim()).await;
         drop(labels);
         assert!(handle.next_request().await.is_none(), "a second PATCH");
+    }
+
+    /// A claim first seen is left alone for the grace (its provisioning may not have
+    /// finished), then labelled; one a label watch has shown is never patched.
+    #[tokio::test]
+    async fn claims_are_labelled_after_the_grace_and_never_when_seen_labelled() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let grace = Duration::from_millis(300);
+        let labels = Arc::new(ClaimLabels::new(Client::new(service, "default"), "node-a").with_grace(grace));
+        let claims = || {
+            vec![
+                ("apps".to_string(), "new".to_string()),
+                ("apps".to_string(), "seen".to_string()),
+            ]
+        };
+        labels.mark_labelled("apps", "seen");
+        // Within the grace: no request (the mock would never answer one).
+        tokio::time::timeout(Duration::from_secs(5), labels.ensure(claims()))
+            .await
+            .expect("no PATCH within the grace");
+        tokio::time::sleep(grace).await;
+        let later = tokio::spawn({
+            let labels = Arc::clone(&labels);
+            async move { labels.ensure(claims()).await }
+        });
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), http::Method::PATCH);
+        assert!(
+            request.uri().path().ends_with("/persistentvolumeclaims/new"),
+            "{}",
+            request.uri()
+        );
+        send.send_response(
+            Response::builder()
+                .body(Body::from(
+                    br#"{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"new"}}"#
+                        .to_vec(),
+                ))
+                .unwrap(),
+        );
+        later.await.unwrap();
+        labels.ensure(claims()).await;
+        drop(labels);
+        assert!(
+            handle.next_request().await.is_none(),
+            "a PATCH of a labelled claim"
+        );
     }
 
     #[test]

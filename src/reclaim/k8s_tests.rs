@@ -1,6 +1,7 @@
 //! KubeCluster against a scripted API server (tower-test): the exact requests it makes,
 //! and that watch events reschedule without a restart.
 
+use crate::k8s::claim_label::ClaimLabels;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -219,7 +220,12 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
         .await;
     let lists = HashMap::from([(ALL_PVCS_PATH, vec![pvc(&[(SCHEDULE_ANNOTATION, "@daily")], "10")])]);
     let (client, api) = MockApi::start(lists, pvc(&[], "20"));
-    let cluster = KubeCluster::start(client, "csi-addons-system", "node-a");
+    let cluster = KubeCluster::start_with_labels(
+        client.clone(),
+        "csi-addons-system",
+        "node-a",
+        ClaimLabels::new(client, "node-a").with_grace(std::time::Duration::ZERO),
+    );
     let config = SchedulerConfig {
         policy: NodePolicy::default(),
         busy_retry: Duration::from_secs(60),
@@ -387,7 +393,12 @@ fn annotation_patches(api: &MockApi) -> Vec<Seen> {
 #[tokio::test]
 async fn a_failure_is_annotated_and_raised_as_an_event() {
     let (client, api) = MockApi::start(HashMap::new(), pvc(&[], "20"));
-    let cluster = KubeCluster::start(client, "csi-addons-system", "node-a");
+    let cluster = KubeCluster::start_with_labels(
+        client.clone(),
+        "csi-addons-system",
+        "node-a",
+        ClaimLabels::new(client, "node-a").with_grace(std::time::Duration::ZERO),
+    );
     let finished: Timestamp = "2024-05-16T00:41:07Z".parse().unwrap();
     cluster
         .report(

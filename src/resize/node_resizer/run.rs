@@ -26,9 +26,19 @@ pub async fn run(
         let tx = tx.clone();
         async move {
             let api: Api<PersistentVolumeClaim> = Api::all(resizer.client.clone());
+            let labels = resizer.labels.clone();
             let stream = watcher(api, resizer.claim_watch())
                 .default_backoff()
                 .applied_objects()
+                // The watch selects by the label: whatever it shows is labelled.
+                .map(move |item| {
+                    if let Ok(pvc) = &item
+                        && let (Some(ns), Some(name)) = (&pvc.metadata.namespace, &pvc.metadata.name)
+                    {
+                        labels.mark_labelled(ns, name);
+                    }
+                    item
+                })
                 .filter(|item| item.as_ref().map_or(true, wants_attention));
             let mut stream = std::pin::pin!(stream);
             while let Some(item) = stream.next().await {
