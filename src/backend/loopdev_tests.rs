@@ -28,6 +28,20 @@ fn backend(limit: u64, disk_free: u64) -> (LoopBackend, tempfile::TempDir) {
     (b, dir)
 }
 
+/// A prepared 1 GiB loop class in a new directory, on fakes with a roomy disk.
+async fn prepared_on_fakes() -> (LoopBackend, Arc<FakeSyscalls>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let syscalls = Arc::new(FakeSyscalls::default());
+    syscalls.set_usage(FsUsage {
+        total_bytes: 1 << 41,
+        available_bytes: 1 << 40,
+        ..FsUsage::default()
+    });
+    let b = backend_with(dir.path(), Arc::new(FakeCommands::default()), syscalls.clone());
+    b.prepare().await.unwrap();
+    (b, syscalls, dir)
+}
+
 /// A 1 GiB loop class under `dir` on the given fakes.
 fn backend_with(dir: &Path, commands: Arc<FakeCommands>, syscalls: Arc<FakeSyscalls>) -> LoopBackend {
     LoopBackend::new(
@@ -175,16 +189,7 @@ async fn detach_also_frees_a_device_whose_image_was_deleted_under_it() {
 #[tokio::test]
 async fn devices_attached_by_a_previous_container_are_found_by_inode() {
     use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::tempdir().unwrap();
-    let commands = Arc::new(FakeCommands::default());
-    let syscalls = Arc::new(FakeSyscalls::default());
-    syscalls.set_usage(FsUsage {
-        total_bytes: 1 << 41,
-        available_bytes: 1 << 40,
-        ..FsUsage::default()
-    });
-    let b = backend_with(dir.path(), commands.clone(), syscalls.clone());
-    b.prepare().await.unwrap();
+    let (b, syscalls, _dir) = prepared_on_fakes().await;
     b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
     b.create(&spec("pvc-b", 8 << 20)).await.unwrap();
     let inode = |name: &str| {
@@ -215,16 +220,7 @@ async fn devices_attached_by_a_previous_container_are_found_by_inode() {
 #[tokio::test]
 async fn lookups_open_only_the_image_own_devices_and_remember_them() {
     use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::tempdir().unwrap();
-    let commands = Arc::new(FakeCommands::default());
-    let syscalls = Arc::new(FakeSyscalls::default());
-    syscalls.set_usage(FsUsage {
-        total_bytes: 1 << 41,
-        available_bytes: 1 << 40,
-        ..FsUsage::default()
-    });
-    let b = backend_with(dir.path(), commands.clone(), syscalls.clone());
-    b.prepare().await.unwrap();
+    let (b, syscalls, _dir) = prepared_on_fakes().await;
     b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
     let meta = std::fs::metadata(b.directory().join("pvc-a.img")).unwrap();
     for n in 0..50 {

@@ -181,6 +181,14 @@ mod tests {
 
     use super::*;
 
+    /// The API server's answer to a label PATCH: the claim.
+    fn claim_response(name: &str) -> Response<Body> {
+        let claim = serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}});
+        Response::builder()
+            .body(Body::from(serde_json::to_vec(&claim).unwrap()))
+            .unwrap()
+    }
+
     /// Concurrent calls (the reclaim scheduler calls on every refresh) label a claim
     /// once: the second call does not PATCH while the first one's PATCH is in flight.
     #[tokio::test]
@@ -203,14 +211,7 @@ mod tests {
         );
         // While that PATCH is unanswered, a second call finds the claim taken.
         labels.ensure(claim()).await;
-        send.send_response(
-            Response::builder()
-                .body(Body::from(
-                    br#"{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"data"}}"#
-                        .to_vec(),
-                ))
-                .unwrap(),
-        );
+        send.send_response(claim_response("data"));
         first.await.unwrap();
         labels.ensure(claim()).await;
         drop(labels);
@@ -247,14 +248,7 @@ mod tests {
             "{}",
             request.uri()
         );
-        send.send_response(
-            Response::builder()
-                .body(Body::from(
-                    br#"{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"new"}}"#
-                        .to_vec(),
-                ))
-                .unwrap(),
-        );
+        send.send_response(claim_response("new"));
         later.await.unwrap();
         labels.ensure(claims()).await;
         drop(labels);

@@ -84,6 +84,21 @@ pub fn ephemeral_world() -> (kube::Client, FakeApi) {
     (client, api)
 }
 
+/// A fake API server holding pod web-0 (uid A, on this node) using the StatefulSet's
+/// claim data-web-0 (uid pvc-1), to be bound to PV `pv-1`.
+pub fn statefulset_world() -> (kube::Client, FakeApi) {
+    let (client, api) = FakeApi::start();
+    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
+    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
+    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    (client, api)
+}
+
+const WEB0: PodRef<'static> = PodRef {
+    name: "web-0",
+    uid: A,
+};
+
 /// Waits until `node`'s pod reflector has synced with `api`, and checks that this took
 /// exactly one list and one watch from the listed version.
 /// web-0's generic ephemeral volume web-0-data (uid pvc-1), created and bound to PV pv-1.
@@ -113,10 +128,7 @@ async fn a_generic_ephemeral_volume_costs_one_read_at_stage_and_none_after() {
     synced(&node, &api).await;
     let volume = web0_volume(&mut node, &api).await;
     assert_eq!(api.take_requests(), NONE, "CreateVolume");
-    let web0 = PodRef {
-        name: "web-0",
-        uid: A,
-    };
+    let web0 = WEB0;
 
     node.stage(&volume).await.unwrap();
     // The claim, once; the owner pod comes from the node's pod cache.
@@ -141,17 +153,11 @@ async fn a_generic_ephemeral_volume_costs_one_read_at_stage_and_none_after() {
 async fn a_normal_claim_costs_one_read_at_stage_and_none_after() {
     // A StatefulSet's claim, used through a persistentVolumeClaim volume: publish needs
     // the requesting pod's spec, which the node's pod cache has.
-    let (client, api) = FakeApi::start();
-    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
-    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
-    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    let (client, api) = statefulset_world();
     let mut node = node(client, timings(Duration::from_secs(30)));
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;
-    let web0 = PodRef {
-        name: "web-0",
-        uid: A,
-    };
+    let web0 = WEB0;
 
     node.stage(&volume).await.unwrap();
     assert_eq!(api.take_requests(), [get_pvc("data-web-0")], "NodeStageVolume");
@@ -165,10 +171,7 @@ async fn a_normal_claim_costs_one_read_at_stage_and_none_after() {
 
 #[tokio::test]
 async fn publish_after_the_claim_expired_reads_it_once() {
-    let (client, api) = FakeApi::start();
-    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
-    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
-    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    let (client, api) = statefulset_world();
     // Long enough that the two publishes below (cold, then warm) fall within it on a
     // loaded machine.
     let ttl = Duration::from_secs(2);
@@ -180,10 +183,7 @@ async fn publish_after_the_claim_expired_reads_it_once() {
 
     // A second pod, or the same one after kubelet restarted, long after the stage.
     tokio::time::sleep(ttl).await;
-    let web0 = PodRef {
-        name: "web-0",
-        uid: A,
-    };
+    let web0 = WEB0;
     node.publish(&volume, "target", &web0).await.unwrap();
     assert_eq!(
         api.take_requests(),
@@ -200,10 +200,7 @@ async fn publish_after_the_claim_expired_reads_it_once() {
 /// and the label costs none of its own. A later cold read is a plain GET.
 #[tokio::test]
 async fn the_first_read_of_a_claim_is_the_node_label_patch() {
-    let (client, api) = FakeApi::start();
-    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
-    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
-    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    let (client, api) = statefulset_world();
     let ttl = Duration::from_secs(2);
     let labels = super::claim_label::ClaimLabels::new(client.clone(), NODE);
     let mut node = Node::new(|health| {
@@ -228,10 +225,7 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
     assert_eq!(api.take_requests(), NONE, "labelled once");
 
     tokio::time::sleep(ttl).await;
-    let web0 = PodRef {
-        name: "web-0",
-        uid: A,
-    };
+    let web0 = WEB0;
     node.publish(&volume, "target", &web0).await.unwrap();
     assert_eq!(
         api.take_requests(),
