@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -63,8 +63,6 @@ pub const RESYNC: Duration = Duration::from_secs(300);
 pub const RETRY: Duration = Duration::from_secs(15);
 /// Wait before retrying after an API answer that will not change by itself (403, 422).
 pub const SLOW_RETRY: Duration = Duration::from_secs(300);
-/// The list of this node's volumes is read again on a miss at most this often.
-const LOCAL_REFRESH: Duration = Duration::from_secs(10);
 /// How often the node's own volume list is read for claims to label (a new claim is
 /// watched from then on). Reads only local records; the API sees one PATCH per new
 /// claim.
@@ -91,7 +89,6 @@ struct LocalVolume {
 
 #[derive(Debug, Default)]
 struct LocalClaims {
-    read_at: Option<Instant>,
     by_claim: HashMap<Key, LocalVolume>,
 }
 
@@ -195,27 +192,24 @@ impl NodeResizer {
             .collect();
         let mut local = self.local.lock().unwrap_or_else(|p| p.into_inner());
         local.by_claim = by_claim;
-        local.read_at = Some(Instant::now());
         Ok(())
     }
 
-    fn cached(&self, key: &Key) -> (Option<LocalVolume>, bool) {
+    fn cached(&self, key: &Key) -> Option<LocalVolume> {
         let local = self.local.lock().unwrap_or_else(|p| p.into_inner());
-        let stale = local.read_at.is_none_or(|at| at.elapsed() >= LOCAL_REFRESH);
-        (local.by_claim.get(key).cloned(), stale)
+        local.by_claim.get(key).cloned()
     }
 
-    /// This node's volume for the claim, re-reading the volume list on a miss (at most
-    /// every [`LOCAL_REFRESH`]).
+    /// This node's volume for the claim, re-reading the volume list (local records) on
+    /// a miss. The watch shows only claims labelled for this node, so a miss means the
+    /// list is older than the label: the owner check labels a claim at its volume's
+    /// first stage, and an event dropped here would wait for the next resync.
     async fn local_volume(&self, key: &Key) -> Result<Option<LocalVolume>, VolumeError> {
-        match self.cached(key) {
-            (Some(found), _) => Ok(Some(found)),
-            (None, false) => Ok(None),
-            (None, true) => {
-                self.refresh_local().await?;
-                Ok(self.cached(key).0)
-            }
+        if let Some(found) = self.cached(key) {
+            return Ok(Some(found));
         }
+        self.refresh_local().await?;
+        Ok(self.cached(key))
     }
 
     /// Every claim this node has a volume for.
