@@ -373,3 +373,20 @@ async fn the_claims_of_this_nodes_volumes_are_labelled_once_and_watched_by_that_
     drop(resizer);
     server.await.unwrap();
 }
+
+/// A volume created after the resizer last read the node's volume list (its claim then
+/// labelled at the volume's first stage, so its events arrive) is found on the claim's
+/// next event, not at the next resync: a miss always re-reads the list.
+#[tokio::test]
+async fn a_claim_of_a_volume_newer_than_the_resizer_list_is_looked_at() {
+    let node = Node::new();
+    let (client, server) = serve(vec![get_claim("41", "64Mi", "64Mi", None)]);
+    let resizer = resizer(client, &node);
+    // Read while the node had no volume: nothing to look at, nothing asked.
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    node.create().await;
+    // At once: the claim is read (the script fails if it is not).
+    assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
+    drop(resizer);
+    server.await.unwrap();
+}
