@@ -4,7 +4,7 @@
 # and csi-driver-host-path as the peer (bench/cluster/peer), and runs benches/cluster:
 # pod start against the peer and an emptyDir floor, bursts of 10/50/100 pods, and a
 # daemon restart with 500 volumes. Writes target/bench/cluster.json and .md, and prints
-# the tables. Leaves nothing behind (tests/cluster/run.sh's cleanup). About 15 minutes;
+# the tables. Leaves nothing behind (tests/cluster/run.sh's cleanup). About 20 minutes;
 # --quick (3 rounds, a burst of 10, 20 volumes) about 3.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
