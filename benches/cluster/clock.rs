@@ -74,24 +74,29 @@ impl Clock {
     /// until the process ends.
     pub fn watch(self: &Arc<Self>, client: &Client, namespace: &str, label: &str) {
         let config = watcher::Config::default().labels(label);
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        self.follow(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            config.clone(),
+            Self::pod,
+        );
+        self.follow(
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace),
+            config,
+            Self::claim,
+        );
+    }
+
+    /// Records what `seen` finds in every object the watch of `api` shows.
+    fn follow<K>(self: &Arc<Self>, api: Api<K>, config: watcher::Config, seen: fn(&Self, &K))
+    where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    {
         let clock = self.clone();
-        let pod_config = config.clone();
         tokio::spawn(async move {
-            let mut events = Box::pin(watcher::watcher(pods, pod_config));
+            let mut events = Box::pin(watcher::watcher(api, config));
             while let Some(event) = events.next().await {
-                if let Ok(Event::Apply(pod) | Event::InitApply(pod)) = event {
-                    clock.pod(&pod);
-                }
-            }
-        });
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
-        let clock = self.clone();
-        tokio::spawn(async move {
-            let mut events = Box::pin(watcher::watcher(claims, config));
-            while let Some(event) = events.next().await {
-                if let Ok(Event::Apply(claim) | Event::InitApply(claim)) = event {
-                    clock.claim(&claim);
+                if let Ok(Event::Apply(object) | Event::InitApply(object)) = event {
+                    seen(&clock, &object);
                 }
             }
         });

@@ -211,7 +211,6 @@ impl Bench {
         report
             .restarts
             .push(restart::restart(&self.client, &restart::LOCALVOL, vec![], limit).await?);
-        wait_ready(&self.client).await?;
         report
             .restarts
             .push(restart::restart(&self.client, &restart::PEER, vec![], limit).await?);
@@ -236,7 +235,6 @@ impl Bench {
         report
             .restarts
             .push(restart::restart(&self.client, &restart::LOCALVOL, published, limit).await?);
-        wait_ready(&self.client).await?;
         // The peer on the same node, with localvol's volumes still mounted: what any node
         // plugin's pod pays to start there.
         let mut peer = restart::restart(&self.client, &restart::PEER, vec![], limit).await?;
@@ -296,29 +294,6 @@ fn start_claims(rounds: usize) -> Vec<String> {
     (0..rounds)
         .flat_map(|r| [Kind::Localvol, Kind::Peer].map(|k| format!("start-{}-{r}", k.name())))
         .collect()
-}
-
-/// Waits until the daemon pod is Ready (after a restart) before the next phase.
-async fn wait_ready(client: &Client) -> Result<(), String> {
-    for _ in 0..600 {
-        if let Ok(name) = restart::daemon_pod(client).await {
-            let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
-                kube::Api::namespaced(client.clone(), restart::SYSTEM_NAMESPACE);
-            if let Ok(pod) = pods.get(&name).await {
-                let ready = pod
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                if ready {
-                    return Ok(());
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err("the daemon pod is not Ready".into())
 }
 
 #[tokio::main]
