@@ -94,6 +94,17 @@ pub fn statefulset_world() -> (kube::Client, FakeApi) {
     (client, api)
 }
 
+/// web-0 publishes `volume` once `ttl` has passed: the claim is read again, once.
+async fn publish_after(ttl: Duration, node: &mut Node, volume: &csi::Volume, api: &FakeApi) {
+    tokio::time::sleep(ttl).await;
+    node.publish(volume, "target", &WEB0).await.unwrap();
+    assert_eq!(
+        api.take_requests(),
+        [get_pvc("data-web-0")],
+        "NodePublishVolume, cold"
+    );
+}
+
 const WEB0: PodRef<'static> = PodRef {
     name: "web-0",
     uid: A,
@@ -182,15 +193,8 @@ async fn publish_after_the_claim_expired_reads_it_once() {
     assert_eq!(api.take_requests(), [get_pvc("data-web-0")], "NodeStageVolume");
 
     // A second pod, or the same one after kubelet restarted, long after the stage.
-    tokio::time::sleep(ttl).await;
-    let web0 = WEB0;
-    node.publish(&volume, "target", &web0).await.unwrap();
-    assert_eq!(
-        api.take_requests(),
-        [get_pvc("data-web-0")],
-        "NodePublishVolume, cold"
-    );
-    node.publish(&volume, "target", &web0).await.unwrap();
+    publish_after(ttl, &mut node, &volume, &api).await;
+    node.publish(&volume, "target", &WEB0).await.unwrap();
     assert_eq!(api.take_requests(), NONE, "NodePublishVolume, warm again");
 }
 
@@ -224,12 +228,5 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
         .await;
     assert_eq!(api.take_requests(), NONE, "labelled once");
 
-    tokio::time::sleep(ttl).await;
-    let web0 = WEB0;
-    node.publish(&volume, "target", &web0).await.unwrap();
-    assert_eq!(
-        api.take_requests(),
-        [get_pvc("data-web-0")],
-        "NodePublishVolume, cold"
-    );
+    publish_after(ttl, &mut node, &volume, &api).await;
 }
