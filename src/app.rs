@@ -196,7 +196,7 @@ pub async fn serve(
     // With Kubernetes, schedules come from annotations and the csi-addons ConfigMap,
     // and results are written back to the claims; without it, from the file alone.
     let cluster: Arc<dyn reclaim::scheduler::Cluster> = match (&kube, claim_labels) {
-        (Some(client), Some(labels)) => reclaim::k8s::KubeCluster::start_with_labels(
+        (Some(client), Some(labels)) => reclaim::k8s::KubeCluster::start(
             client.clone(),
             &config.reclaim.policy.csi_addons_namespace,
             &config.node_id,

@@ -116,20 +116,9 @@ impl Debug for KubeCluster {
 }
 
 impl KubeCluster {
-    /// Starts the cluster-wide watches. `node` names this instance in events.
-    pub fn start(client: Client, csi_addons_namespace: &str, node: &str) -> Arc<Self> {
-        let labels = ClaimLabels::new(client.clone(), node);
-        Self::start_with_labels(client, csi_addons_namespace, node, labels)
-    }
-
-    /// As [`start`](Self::start), labelling through `labels`, shared with the daemon's
-    /// other users of the label.
-    pub fn start_with_labels(
-        client: Client,
-        csi_addons_namespace: &str,
-        node: &str,
-        labels: ClaimLabels,
-    ) -> Arc<Self> {
+    /// Starts the cluster-wide watches. `node` names this instance in events; claims
+    /// are labelled through `labels`, shared with the daemon's other users of the label.
+    pub fn start(client: Client, csi_addons_namespace: &str, node: &str, labels: ClaimLabels) -> Arc<Self> {
         let notify = Arc::new(Notify::new());
         let namespaces = watch(
             Api::<Namespace>::all(client.clone()),

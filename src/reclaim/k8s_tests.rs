@@ -220,7 +220,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
         .await;
     let lists = HashMap::from([(ALL_PVCS_PATH, vec![pvc(&[(SCHEDULE_ANNOTATION, "@daily")], "10")])]);
     let (client, api) = MockApi::start(lists, pvc(&[], "20"));
-    let cluster = KubeCluster::start_with_labels(
+    let cluster = KubeCluster::start(
         client.clone(),
         "csi-addons-system",
         "node-a",
@@ -393,7 +393,7 @@ fn annotation_patches(api: &MockApi) -> Vec<Seen> {
 #[tokio::test]
 async fn a_failure_is_annotated_and_raised_as_an_event() {
     let (client, api) = MockApi::start(HashMap::new(), pvc(&[], "20"));
-    let cluster = KubeCluster::start_with_labels(
+    let cluster = KubeCluster::start(
         client.clone(),
         "csi-addons-system",
         "node-a",

@@ -116,8 +116,8 @@ pub fn spawn_node_resizer(
     labels: ClaimLabels,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let resizer = node_resizer::NodeResizer::new(client, node, args.resize_failure_value, volumes, locks)
-        .with_labels(labels);
+    let resizer =
+        node_resizer::NodeResizer::new(client, node, args.resize_failure_value, volumes, locks, labels);
     tokio::spawn(node_resizer::run(Arc::new(resizer), shutdown));
 }
 

@@ -155,23 +155,18 @@ impl NodeResizer {
         failure: FailureValue,
         volumes: Arc<Volumes>,
         locks: VolumeLocks,
+        labels: ClaimLabels,
     ) -> Self {
         Self {
             status: ClaimStatus::new(client.clone(), failure),
             events: ClaimEvents::new(client.clone(), node),
-            labels: ClaimLabels::new(client.clone(), node),
+            labels,
             node: node.to_string(),
             client,
             volumes,
             locks,
             local: Mutex::default(),
         }
-    }
-
-    /// Labels through `labels`, shared with the daemon's other users of the label.
-    pub fn with_labels(mut self, labels: ClaimLabels) -> Self {
-        self.labels = labels;
-        self
     }
 
     /// Re-reads this node's volumes (their recorded claims).

@@ -104,16 +104,15 @@ fn storage_class(allow: bool) -> Step {
 }
 
 fn resizer(client: Client, node: &Node) -> NodeResizer {
-    let client_for_labels = client.clone();
+    let labels =
+        crate::k8s::claim_label::ClaimLabels::new(client.clone(), "node-a").with_grace(Duration::ZERO);
     NodeResizer::new(
         client,
         "node-a",
         FailureValue::Auto,
         Arc::clone(&node.volumes),
         node.locks.clone(),
-    )
-    .with_labels(
-        crate::k8s::claim_label::ClaimLabels::new(client_for_labels, "node-a").with_grace(Duration::ZERO),
+        labels,
     )
 }
 
