@@ -125,7 +125,12 @@ impl LoopBackend {
         }
         // Ioctls, not `losetup --find --show`: the kernel calls it makes, without a
         // process to spawn (milliseconds of every stage).
-        Ok(self.host.syscalls.loop_attach(&self.image_path(token)).await?)
+        let image = self.image_path(token);
+        let device = self.host.syscalls.loop_attach(&image).await?;
+        // Found by its path from now on (see `remembered`); if sysfs shows another
+        // string for it, the next lookup finds it the long way.
+        self.found_lock().insert(token.clone(), (device.clone(), image));
+        Ok(device)
     }
 
     pub async fn detach(&self, token: &Token) -> Result<(), BackendError> {

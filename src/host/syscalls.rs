@@ -370,11 +370,9 @@ impl Syscalls for SystemSyscalls {
     }
 
     async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
-        blocking(
-            "readdir",
-            Path::new("/sys/block"),
-            loop_ioctl::loop_devices_blocking,
-        )
+        blocking("read", Path::new("/proc/partitions"), |partitions| {
+            loop_ioctl::loop_devices_blocking(Path::new("/sys/block"), partitions)
+        })
         .await
     }
 

@@ -130,24 +130,62 @@ pub(super) fn loop_backing_file(device: &Path) -> Option<PathBuf> {
 }
 
 /// The blocking body of [`Syscalls::loop_devices`](super::Syscalls::loop_devices): the
-/// attached loop devices under `sys` (/sys/block) and their backing files.
-pub(super) fn loop_devices_blocking(sys: &Path) -> Result<Vec<LoopDevice>, SyscallError> {
+/// attached loop devices and their backing files (under `sys`, /sys/block).
+///
+/// Which devices are attached comes from one read of `partitions` (/proc/partitions),
+/// which lists only block devices with a size: a node keeps every loop device node it
+/// ever made (hundreds, after a few hundred volumes), and asking each of them for a
+/// backing file took milliseconds per lookup. An attached loop device of zero size is
+/// not listed; a volume's image is never smaller than a MiB.
+pub(super) fn loop_devices_blocking(sys: &Path, partitions: &Path) -> Result<Vec<LoopDevice>, SyscallError> {
+    let listed = std::fs::read_to_string(partitions).map_err(|e| SyscallError::new("read", partitions, e))?;
     let mut found = Vec::new();
-    let entries = std::fs::read_dir(sys).map_err(|e| SyscallError::new("readdir", sys, e))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str().filter(|n| n.starts_with("loop")) else {
+    for name in sized_loop_devices(&listed) {
+        // Detached since the list was read: gone from sysfs too.
+        let Ok(backing) = std::fs::read_to_string(sys.join(name).join("loop/backing_file")) else {
             continue;
         };
-        // Only attached devices have a backing_file attribute.
-        let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) else {
-            continue;
-        };
-        let device = PathBuf::from("/dev").join(name);
         found.push(LoopDevice {
-            device,
+            device: PathBuf::from("/dev").join(name),
             backing_file: PathBuf::from(backing.trim_end_matches('\n')),
         });
     }
     Ok(found)
+}
+
+/// The loop devices (`loopN`, not their partitions `loopNpM`) named in /proc/partitions
+/// (`major minor #blocks name` after a header line).
+pub fn sized_loop_devices(partitions: &str) -> Vec<&str> {
+    partitions
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(3))
+        .filter(|name| {
+            name.strip_prefix("loop")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sized_loop_devices;
+
+    /// /proc/partitions of a node with two attached loop devices (one partitioned), a
+    /// disk and its partition, as Linux 6.x prints it.
+    const PARTITIONS: &str = "major minor  #blocks  name
+
+ 254        0   52428800 vda
+ 254        1   52427759 vda1
+   7        0     327680 loop0
+   7        5      32768 loop5
+ 259        0      16384 loop5p1
+  11        0    1048575 sr0
+";
+
+    #[test]
+    fn only_the_loop_devices_listed_with_a_size_are_read() {
+        assert_eq!(sized_loop_devices(PARTITIONS), ["loop0", "loop5"]);
+        assert!(sized_loop_devices("major minor  #blocks  name\n\n").is_empty());
+        assert!(sized_loop_devices("").is_empty());
+    }
 }
