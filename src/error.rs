@@ -172,6 +172,7 @@ fn backend_code(e: &BackendError) -> Code {
         BackendError::Lvm(l) => lvm_code(l),
         BackendError::Pmem(p) => pmem_code(p),
         BackendError::Command(c) => command_code(c),
+        BackendError::Fs(f) => fs_code(f),
         BackendError::Syscall(s) => syscall_code(s),
     }
 }

@@ -18,8 +18,10 @@ fn backend(dir: &Path, limit: u64) -> (LoopBackend, Arc<FakeSyscalls>) {
         available_bytes: 1 << 40,
         ..FsUsage::default()
     });
+    let commands = Arc::new(FakeCommands::default());
+    commands.ok_mkfs();
     let host = Host {
-        commands: Arc::new(FakeCommands::default()),
+        commands,
         syscalls: syscalls.clone(),
     };
     let b = LoopBackend::new(ClassName::parse("default").unwrap(), dir.join("c"), limit, host);

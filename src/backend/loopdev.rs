@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 
 use super::files::{self, sync_dir};
 use super::{BackendError, ClassCapacity, CreateSpec, StoreUsage, VolumeRecord};
-use crate::fs::FsType;
+use crate::fs::{self, FormatOptions, FsType};
 use crate::host::Host;
 use crate::model::ClaimRef;
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
@@ -214,30 +214,62 @@ impl LoopBackend {
             return Err(self.no_space(spec.size_bytes, available));
         }
         let image = self.image_path(&spec.token);
+        let tmp = image.with_extension("img.tmp");
         let size = spec.size_bytes;
-        // No fsync here: the image is an empty sparse file, so only its name and size
+        let spawn_failed =
+            |e: tokio::task::JoinError| BackendError::io("spawn", &self.dir)(std::io::Error::other(e));
+        {
+            let tmp = tmp.clone();
+            tokio::task::spawn_blocking(move || {
+                use std::os::unix::fs::OpenOptionsExt;
+                // Always a new inode: whatever an interrupted earlier attempt left is gone.
+                let _ = std::fs::remove_file(&tmp);
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&tmp)
+                    .map_err(BackendError::io("create", &tmp))?;
+                file.set_len(size).map_err(BackendError::io("truncate", &tmp))
+            })
+            .await
+            .map_err(spawn_failed)??;
+        }
+        // A filesystem volume whose type the request names is formatted now, in its
+        // image file before that is in place: CreateVolume runs while the scheduler
+        // waits for the claim to be bound (about a second), while stage runs between
+        // kubelet's mount checks, where every millisecond can cost the pod 300 (see
+        // `crate::k8s::prefetch`). A volume without a named type keeps it for stage,
+        // which may name it. The new file reads zeros, so ext4 skips zeroing its tables.
+        let format = spec.fs_type.filter(|_| spec.mode == VolumeMode::Filesystem);
+        if let Some(fs_type) = format {
+            let options = FormatOptions {
+                prezeroed: true,
+                ..FormatOptions::default()
+            };
+            fs::format(&self.host, fs_type, &tmp, options).await?;
+        }
+        // With a filesystem, the image's data must be on disk before the record says it
+        // is formatted. Without, it is an empty sparse file: only its name and size
         // matter, and those are metadata that the record's directory fsync below
         // commits, in order, with the record's own rename (ext4 and xfs journal
-        // metadata in order). Two fsyncs per create instead of four.
-        tokio::task::spawn_blocking(move || {
-            use std::os::unix::fs::OpenOptionsExt;
-            // Always a new inode: whatever an interrupted earlier attempt left is gone.
-            let tmp = image.with_extension("img.tmp");
-            let _ = std::fs::remove_file(&tmp);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(BackendError::io("create", &tmp))?;
-            file.set_len(size).map_err(BackendError::io("truncate", &tmp))?;
-            std::fs::rename(&tmp, &image).map_err(BackendError::io("rename", &image))
-        })
-        .await
-        .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))??;
+        // metadata in order).
+        {
+            let (tmp, image) = (tmp.clone(), image.clone());
+            tokio::task::spawn_blocking(move || {
+                if format.is_some() {
+                    std::fs::File::open(&tmp)
+                        .and_then(|f| f.sync_all())
+                        .map_err(BackendError::io("fsync", &tmp))?;
+                }
+                std::fs::rename(&tmp, &image).map_err(BackendError::io("rename", &image))
+            })
+            .await
+            .map_err(spawn_failed)??;
+        }
         self.commit_record(
             spec,
-            (spec.mode == VolumeMode::Filesystem).then_some(false),
+            (spec.mode == VolumeMode::Filesystem).then_some(format.is_some()),
             false,
         )
         .await

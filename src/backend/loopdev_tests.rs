@@ -15,8 +15,10 @@ fn backend(limit: u64, disk_free: u64) -> (LoopBackend, tempfile::TempDir) {
         available_bytes: disk_free,
         ..FsUsage::default()
     });
+    let commands = FakeCommands::default();
+    commands.ok_mkfs();
     let host = Host {
-        commands: Arc::new(FakeCommands::default()),
+        commands: Arc::new(commands),
         syscalls: Arc::new(syscalls),
     };
     let b = LoopBackend::new(
@@ -37,7 +39,9 @@ async fn prepared_on_fakes() -> (LoopBackend, Arc<FakeSyscalls>, tempfile::TempD
         available_bytes: 1 << 40,
         ..FsUsage::default()
     });
-    let b = backend_with(dir.path(), Arc::new(FakeCommands::default()), syscalls.clone());
+    let commands = Arc::new(FakeCommands::default());
+    commands.ok_mkfs();
+    let b = backend_with(dir.path(), commands, syscalls.clone());
     b.prepare().await.unwrap();
     (b, syscalls, dir)
 }
@@ -86,6 +90,72 @@ async fn create_list_get_delete() {
     b.delete(&Token::for_name("pvc-a")).await.unwrap();
     assert!(!image.exists());
     assert_eq!(b.list().await.unwrap().len(), 1);
+}
+
+/// A filesystem volume whose type the request names is formatted at create, in its image
+/// file before that is in place, and recorded as formatted (stage then only probes and
+/// mounts it). Without a named type, or raw block, nothing is formatted at create.
+#[tokio::test]
+async fn a_named_filesystem_is_made_at_create_before_the_image_is_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let commands = Arc::new(FakeCommands::default());
+    let images = b_dir(dir.path());
+    {
+        let images = images.clone();
+        commands.on("mkfs.xfs", move |cmd| {
+            let target = cmd.args_display();
+            assert!(target.ends_with(".img.tmp"), "mkfs on {target}");
+            assert!(
+                !images.join("pvc-a.img").exists(),
+                "the image is in place before mkfs"
+            );
+            Ok(crate::host::CommandOutput::default())
+        });
+    }
+    let (_, syscalls, _) = prepared_on_fakes().await;
+    let b = backend_with(dir.path(), Arc::clone(&commands), syscalls);
+    b.prepare().await.unwrap();
+
+    b.create(&spec("pvc-a", 8 << 20)).await.unwrap();
+    let calls = commands.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert!(calls[0].starts_with("mkfs.xfs "), "{calls:?}");
+    assert!(!b.format_unfinished(&Token::for_name("pvc-a")).await.unwrap());
+    assert!(!images.join("pvc-a.img.tmp").exists());
+
+    let unnamed = CreateSpec {
+        fs_type: None,
+        ..spec("pvc-b", 8 << 20)
+    };
+    b.create(&unnamed).await.unwrap();
+    let block = CreateSpec {
+        mode: VolumeMode::Block,
+        ..spec("pvc-c", 8 << 20)
+    };
+    b.create(&block).await.unwrap();
+    assert_eq!(commands.calls().len(), 1, "{:?}", commands.calls());
+    assert!(b.format_unfinished(&Token::for_name("pvc-b")).await.unwrap());
+    assert!(!b.format_unfinished(&Token::for_name("pvc-c")).await.unwrap());
+}
+
+/// mkfs failing at create leaves no volume: no record, no image.
+#[tokio::test]
+async fn a_failed_mkfs_at_create_leaves_no_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let commands = Arc::new(FakeCommands::default());
+    commands.fail("mkfs.xfs", 1, "no space left on device");
+    let (_, syscalls, _) = prepared_on_fakes().await;
+    let b = backend_with(dir.path(), commands, syscalls);
+    b.prepare().await.unwrap();
+    let err = b.create(&spec("pvc-a", 8 << 20)).await.unwrap_err();
+    assert!(matches!(err, BackendError::Fs(_)), "{err}");
+    assert!(b.get(&Token::for_name("pvc-a")).await.unwrap().is_none());
+    assert!(!b_dir(dir.path()).join("pvc-a.img").exists());
+}
+
+/// The class directory of [`backend_with`] under `dir`.
+fn b_dir(dir: &Path) -> PathBuf {
+    dir.join("c")
 }
 
 #[tokio::test]

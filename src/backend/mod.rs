@@ -72,6 +72,9 @@ pub enum BackendError {
     Pmem(#[from] PmemError),
     #[error(transparent)]
     Command(#[from] CommandError),
+    /// mkfs at create (a loop volume whose filesystem type the request names).
+    #[error(transparent)]
+    Fs(#[from] crate::fs::FsError),
     #[error(transparent)]
     Syscall(#[from] SyscallError),
 }

@@ -17,6 +17,7 @@ impl Terminal for BackendError {
             BackendError::InUse { .. } | BackendError::Unavailable { .. } => false,
             BackendError::Io { source, .. } => io_is_terminal(source),
             BackendError::Command(c) => c.is_terminal(),
+            BackendError::Fs(f) => f.is_terminal(),
             BackendError::Syscall(s) => s.is_terminal(),
             BackendError::Lvm(l) => l.is_terminal(),
             BackendError::Pmem(p) => p.is_terminal(),

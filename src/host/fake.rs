@@ -100,6 +100,13 @@ impl FakeCommands {
         self.on(program, move |_| succeeded(stdout.clone()));
     }
 
+    /// mkfs.ext4 and mkfs.xfs succeed: creating a loop volume whose filesystem type
+    /// the request names formats its image.
+    pub fn ok_mkfs(&self) {
+        self.ok("mkfs.ext4", "");
+        self.ok("mkfs.xfs", "");
+    }
+
     /// `program` fails with `code` and `stderr`.
     pub fn fail(&self, program: &'static str, code: i32, stderr: &str) {
         let stderr = stderr.to_string();

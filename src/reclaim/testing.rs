@@ -41,8 +41,10 @@ impl Fixture {
             used_bytes: 7 * MIB,
             ..FsUsage::default()
         });
+        let commands = Arc::new(FakeCommands::default());
+        commands.ok_mkfs();
         let host = Host {
-            commands: Arc::new(FakeCommands::default()),
+            commands,
             syscalls: Arc::new(syscalls.clone()),
         };
         let volumes = Arc::new(Volumes::one_loop_class(dir.path(), host, "node-a"));

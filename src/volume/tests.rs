@@ -186,7 +186,12 @@ async fn class_mount_options_come_before_the_request_flags() {
 #[tokio::test]
 async fn stage_never_formats_over_another_filesystem() {
     let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await;
+    // Created without a type: the first stage formats it, with the type it names.
+    let untyped = AccessType::Mount {
+        fs_type: None,
+        mount_flags: vec![],
+    };
+    let id = f.create("pvc-1", untyped).await;
     f.commands.ok("mkfs.xfs", "");
     // Something wrote xfs on the device meanwhile.
     let xfs = AccessType::Mount {
@@ -204,6 +209,28 @@ async fn stage_never_formats_over_another_filesystem() {
         f.syscalls.mount_points().is_empty(),
         "nothing mounted after a refusal"
     );
+}
+
+/// A volume created with a named type is formatted then (see the loop backend's
+/// create): a stage naming another type is refused, and formats nothing.
+#[tokio::test]
+async fn a_stage_naming_another_type_than_the_create_is_refused() {
+    let f = Fixture::new();
+    f.commands.ok("mkfs.ext4", "");
+    let id = f.create("pvc-1", ext4()).await;
+    assert_eq!(f.commands.calls_of("mkfs.ext4").len(), 1, "formatted at create");
+    f.commands.ok("mkfs.xfs", "");
+    let xfs = AccessType::Mount {
+        fs_type: Some(crate::fs::FsType::Xfs),
+        mount_flags: vec![],
+    };
+    let err = f.stage(&f.stage_req(&id, xfs)).await.unwrap_err();
+    assert!(matches!(err, VolumeError::WrongFilesystem { .. }), "{err}");
+    assert!(f.commands.calls_of("mkfs.xfs").is_empty());
+    assert!(f.syscalls.mount_points().is_empty());
+    // The type it was created with stages without another mkfs.
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    assert_eq!(f.commands.calls_of("mkfs.ext4").len(), 1);
 }
 
 #[tokio::test]
