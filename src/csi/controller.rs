@@ -127,6 +127,7 @@ impl Controller for ControllerService {
                     _ => None,
                 };
                 let created = self.0.volumes.create(&guard, &req).await?;
+                self.0.owner_check.volume_created(&req.claim);
                 Ok(csi::CreateVolumeResponse {
                     volume: Some(self.volume(&created.record, req.source.as_ref())),
                 })

@@ -13,10 +13,10 @@ use kube::Client;
 use kube::runtime::reflector::Store;
 use tracing::{debug, warn};
 
-use super::claim_label::ClaimLabels;
 use super::events::Events;
 use super::lookup::{Lookup, Read, Source};
 use super::owner::{self, ClaimView, Decision, ObjectId, PodView};
+use super::prefetch::Prefetch;
 use super::{API_TIMEOUT, OBJECT_TTL, OwnerError, Synced};
 use crate::model::ClaimRef;
 use crate::model::DRIVER_NAME;
@@ -24,10 +24,13 @@ use crate::request::{PodInfo, VolumeContext};
 
 #[derive(Debug)]
 pub struct Checker {
-    lookup: Lookup,
+    lookup: Arc<Lookup>,
     events: Events,
     synced: Synced,
     node: String,
+    /// Reads new volumes' claims as their pods arrive; none in tests that build the
+    /// check without its pod watch.
+    prefetch: Option<Prefetch>,
 }
 
 /// One attempt's decision, whether it rested on a cached read, and the pods to tell.
@@ -50,19 +53,39 @@ impl Checker {
         ttl: Duration,
         timeout: Duration,
     ) -> Self {
+        let lookup = Lookup::new(client.clone(), pods, synced.clone(), ttl, timeout);
+        Self::over(client, Arc::new(lookup), synced, node, timeout)
+    }
+
+    /// The check reading through `lookup`; its events time out after `timeout`.
+    pub(super) fn over(
+        client: Client,
+        lookup: Arc<Lookup>,
+        synced: Synced,
+        node: String,
+        timeout: Duration,
+    ) -> Self {
         Self {
-            events: Events::new(client.clone(), &node, timeout),
-            lookup: Lookup::new(client, pods, synced.clone(), ttl, timeout),
+            events: Events::new(client, &node, timeout),
+            lookup,
             synced,
             node,
+            prefetch: None,
         }
     }
 
-    /// Labels the claims it reads with this node, sharing `labels` with the daemon's
-    /// other users of the label (see `claim_label`).
-    pub fn with_labels(mut self, labels: ClaimLabels) -> Self {
-        self.lookup.set_labels(labels);
+    pub(super) fn with_prefetch(mut self, prefetch: Prefetch) -> Self {
+        self.prefetch = Some(prefetch);
         self
+    }
+
+    /// A volume was created for `claim` (see `prefetch`).
+    pub fn expect(&self, claim: &ClaimRef) {
+        if let (Some(prefetch), Some(namespace), Some(name)) =
+            (&self.prefetch, &claim.pvc_namespace, &claim.pvc_name)
+        {
+            prefetch.expect(namespace, name);
+        }
     }
 
     pub async fn stage(&self, volume: &str, context: &VolumeContext) -> Result<(), OwnerError> {
@@ -98,6 +121,14 @@ impl Checker {
         }
         if !self.synced.get() {
             return Err(OwnerError::NotSynced);
+        }
+        // Read now: no longer to be read ahead when a pod using it appears.
+        if let (Some(prefetch), Some(namespace), Some(name)) = (
+            &self.prefetch,
+            &context.claim.pvc_namespace,
+            &context.claim.pvc_name,
+        ) {
+            prefetch.settled(namespace, name);
         }
         let first = match attempt(Source::Cache).await {
             Err(OwnerError::ClaimNotFound { cached: true, .. }) => {

@@ -51,7 +51,7 @@ pub fn get_pod(name: &str) -> String {
 
 /// A node over `client` whose owner check is the daemon's, with `timings`.
 pub fn node(client: kube::Client, timings: Timings) -> Node {
-    Node::new(|health| OwnerCheck::On(Arc::new(start_checker(client, NODE, health, timings))))
+    Node::new(|health| OwnerCheck::On(Arc::new(start_checker(client, NODE, health, timings, None))))
 }
 
 /// Waits until readiness says `ready`; returns its last answer.
@@ -208,9 +208,13 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
     let ttl = Duration::from_secs(2);
     let labels = super::claim_label::ClaimLabels::new(client.clone(), NODE);
     let mut node = Node::new(|health| {
-        OwnerCheck::On(Arc::new(
-            start_checker(client, NODE, health, timings(ttl)).with_labels(labels.clone()),
-        ))
+        OwnerCheck::On(Arc::new(start_checker(
+            client,
+            NODE,
+            health,
+            timings(ttl),
+            Some(labels.clone()),
+        )))
     });
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;
@@ -229,4 +233,62 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
     assert_eq!(api.take_requests(), NONE, "labelled once");
 
     publish_after(ttl, &mut node, &volume, &api).await;
+}
+
+/// What the fake API was asked, but for the pod watch, which the fake server ends after
+/// each event it sends (so the reflector watches again).
+fn asked(api: &FakeApi) -> Vec<String> {
+    let watch = pod_watch(0);
+    let watch = &watch[..watch.len() - 1];
+    let mut requests = api.take_requests();
+    requests.retain(|r| !r.starts_with(watch));
+    requests
+}
+
+/// Waits until the fake API has been asked something besides the pod watch; returns what.
+async fn until_asked(api: &FakeApi) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let requests = asked(api);
+        if !requests.is_empty() {
+            return requests;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "nothing was asked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// As on a real node: the volume is created before its pod is bound here. The claim is
+/// read when the pod arrives (its one request, as before), so the stage kubelet sends a
+/// moment later asks nothing. A pod using a claim this daemon made no volume for costs
+/// no request.
+#[tokio::test]
+async fn a_new_volume_claim_is_read_when_its_pod_arrives_not_at_stage() {
+    let (client, api) = FakeApi::start();
+    api.put_pvc(pvc(
+        "web-0-data",
+        "pvc-1",
+        Some(pod_owner("web-0", A)),
+        Some("pv-1"),
+    ));
+    let mut node = node(client, timings(Duration::from_secs(30)));
+    synced(&node, &api).await;
+    let volume = web0_volume(&mut node, &api).await;
+    assert_eq!(api.take_requests(), NONE, "CreateVolume");
+
+    api.put_pod(fixtures::pod("other", "uid-o", NODE, &[Uses::Claim("not-ours")]));
+    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
+    assert_eq!(until_asked(&api).await, [get_pvc("web-0-data")], "web-0 arrived");
+    // Anything queued for the other pod would have been asked by now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(asked(&api), NONE, "only web-0's claim is read");
+
+    node.stage(&volume).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodeStageVolume");
+    node.publish(&volume, "target", &WEB0).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+    // The pod changing later (its status, say) reads nothing again.
+    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(asked(&api), NONE, "web-0 changed");
 }

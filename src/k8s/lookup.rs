@@ -92,6 +92,8 @@ pub struct Lookup {
     /// When set, the first read of a claim this process has not labelled yet is the
     /// label's PATCH, whose answer is the claim (see `claim_label`).
     labels: Option<ClaimLabels>,
+    /// One read of a claim at a time (see [`Lookup::pvc`]), by `namespace/name`.
+    claim_reads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for Lookup {
@@ -113,6 +115,7 @@ impl Lookup {
             synced,
             timeout,
             labels: None,
+            claim_reads: Mutex::default(),
         }
     }
 
@@ -135,6 +138,10 @@ impl Lookup {
         }
     }
 
+    /// A claim by name. Reads of one claim take turns: a stage that comes while the
+    /// claim is being read ahead of it (see `prefetch`), or a publish while its stage
+    /// reads, waits for that read and takes its answer from the cache, rather than make
+    /// a second request.
     pub async fn pvc(
         &self,
         namespace: &str,
@@ -142,6 +149,8 @@ impl Lookup {
         source: Source,
     ) -> Result<Option<Read<Arc<PersistentVolumeClaim>>>, OwnerError> {
         let key = format!("{namespace}/{name}");
+        let turn = Turn::take(&self.claim_reads, &key);
+        let _turn = turn.gate.lock().await;
         let generation = self.synced.generation();
         if source == Source::Cache
             && let Some(value) = self.pvcs.get(&key, generation)
@@ -168,7 +177,7 @@ impl Lookup {
             }
         }
         .map(Arc::new);
-        self.pvcs.put(key, generation, found.clone());
+        self.pvcs.put(key.clone(), generation, found.clone());
         Ok(found.map(|value| Read { value, cached: false }))
     }
 
@@ -220,5 +229,31 @@ impl Lookup {
     /// Pods on this node (from the cache) that `matches`.
     pub fn cached_pods(&self, matches: impl Fn(&Pod) -> bool) -> Vec<Arc<Pod>> {
         self.pods.state_filter(|p| matches(p))
+    }
+}
+
+/// A caller's place in the queue of one key's reads; leaving it (even by cancellation)
+/// forgets the key once no one else waits on it.
+struct Turn<'a> {
+    reads: &'a Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    key: &'a str,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> Turn<'a> {
+    fn take(reads: &'a Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>, key: &'a str) -> Self {
+        let mut map = reads.lock().unwrap_or_else(|p| p.into_inner());
+        let gate = Arc::clone(map.entry(key.to_string()).or_default());
+        Self { reads, key, gate }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut map = self.reads.lock().unwrap_or_else(|p| p.into_inner());
+        // The map's and this one: no one else waits.
+        if Arc::strong_count(&self.gate) == 2 {
+            map.remove(self.key);
+        }
     }
 }

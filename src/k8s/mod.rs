@@ -11,6 +11,7 @@ pub mod claim_label;
 mod events;
 mod lookup;
 pub mod owner;
+mod prefetch;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,7 +31,7 @@ pub use owner::Refusal;
 
 use crate::config::{Config, KubeMode};
 use crate::health::Health;
-use crate::model::Terminal;
+use crate::model::{ClaimRef, Terminal};
 use crate::request::{PublishRequest, StageRequest};
 
 /// How long one API read may take before the check answers UNAVAILABLE (kubelet retries).
@@ -118,6 +119,14 @@ impl OwnerCheck {
         match self {
             OwnerCheck::Off => Ok(()),
             OwnerCheck::On(checker) => checker.publish(&req.id.to_string(), &req.context).await,
+        }
+    }
+
+    /// CreateVolume made a volume for `claim`: its stage will need the claim, which is
+    /// read as soon as the pod using it is bound to this node (see `prefetch`).
+    pub fn volume_created(&self, claim: &ClaimRef) {
+        if let OwnerCheck::On(checker) = self {
+            checker.expect(claim);
         }
     }
 }
@@ -238,11 +247,13 @@ pub fn owner_check(
         return OwnerCheck::Off;
     };
     info!(node.id = %config.node_id, "Kubernetes API on: checking generic ephemeral volume owners");
-    let checker = start_checker(client, &config.node_id, health, Timings::default());
-    OwnerCheck::On(Arc::new(match labels {
-        Some(labels) => checker.with_labels(labels),
-        None => checker,
-    }))
+    OwnerCheck::On(Arc::new(start_checker(
+        client,
+        &config.node_id,
+        health,
+        Timings::default(),
+        labels,
+    )))
 }
 
 /// The owner check's timings; tests shorten them.
@@ -267,21 +278,40 @@ impl Default for Timings {
 }
 
 /// Marks the caches unsynced in `health`, starts the node's pod reflector (which marks
-/// them synced whenever it has listed, and unsynced when its watch fails) and returns
-/// the check over it.
-pub fn start_checker(client: Client, node: &str, health: Arc<Health>, timings: Timings) -> Checker {
+/// them synced whenever it has listed, and unsynced when its watch fails) and the reads
+/// of new volumes' claims as their pods arrive (`prefetch`), and returns the check over
+/// them. With `labels`, the check labels the claims it reads with this node (shared with
+/// the daemon's other users of the label).
+pub fn start_checker(
+    client: Client,
+    node: &str,
+    health: Arc<Health>,
+    timings: Timings,
+    labels: Option<claim_label::ClaimLabels>,
+) -> Checker {
     health.set_caches_synced(false);
-    let (pods, synced) = spawn_pod_reflector(client.clone(), node, timings.watch_retry, move |in_sync| {
-        health.set_caches_synced(in_sync)
-    });
-    Checker::with_timings(
-        client,
+    let (prefetch, queue) = prefetch::Prefetch::new();
+    let seen = prefetch.clone();
+    let (pods, synced) = spawn_pod_reflector(
+        client.clone(),
+        node,
+        timings.watch_retry,
+        move |in_sync| health.set_caches_synced(in_sync),
+        move |pod| seen.pod_seen(pod),
+    );
+    let mut lookup = lookup::Lookup::new(
+        client.clone(),
         pods,
-        synced,
-        node.to_string(),
+        synced.clone(),
         timings.object_ttl,
         timings.api_timeout,
-    )
+    );
+    if let Some(labels) = labels {
+        lookup.set_labels(labels);
+    }
+    let lookup = Arc::new(lookup);
+    tokio::spawn(prefetch::run(Arc::clone(&lookup), queue));
+    Checker::over(client, lookup, synced, node.to_string(), timings.api_timeout).with_prefetch(prefetch)
 }
 
 /// Keeps of a cached pod only what the owner check reads (see `owner::PodView`): its
@@ -305,7 +335,8 @@ fn slim_pod(pod: &mut Pod) {
 }
 
 /// The pods bound to `node`, kept current by a background watch. `on_change` runs with
-/// true each time a complete list is in, and with false when the cache falls out of sync.
+/// true each time a complete list is in, and with false when the cache falls out of sync;
+/// `on_pod` with each pod listed, added or changed.
 ///
 /// After any list or watch error the watch is not resumed but started over with a new
 /// list (as client-go's reflector does): a resumed watch gives no sign that it works
@@ -318,6 +349,7 @@ pub fn spawn_pod_reflector(
     node: &str,
     retry: Retry,
     on_change: impl Fn(bool) + Send + 'static,
+    on_pod: impl Fn(&Pod) + Send + 'static,
 ) -> (Store<Pod>, Synced) {
     let api: Api<Pod> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
@@ -333,6 +365,9 @@ pub fn spawn_pod_reflector(
                 match events.next().await {
                     Some(Ok(event)) => {
                         writer.apply_watcher_event(&event);
+                        if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = &event {
+                            on_pod(pod);
+                        }
                         if matches!(event, watcher::Event::InitDone) {
                             info!(pods = store.len(), "pod cache synced");
                             flag.listed();

@@ -319,9 +319,13 @@ async fn the_pod_cache_lists_this_nodes_pods_and_then_reports_synced() {
     let called = Arc::new(AtomicBool::new(false));
     let (store, synced) = {
         let called = Arc::clone(&called);
-        spawn_pod_reflector(client, NODE, WATCH_RETRY, move |in_sync| {
-            called.store(in_sync, Ordering::SeqCst)
-        })
+        spawn_pod_reflector(
+            client,
+            NODE,
+            WATCH_RETRY,
+            move |in_sync| called.store(in_sync, Ordering::SeqCst),
+            |_| {},
+        )
     };
     assert!(!synced.get());
 
@@ -385,4 +389,53 @@ fn a_slimmed_pod_still_answers_every_owner_question() {
     assert!(spec.containers.is_empty() && pod.status.is_none());
     assert!(pod.metadata.labels.is_none() && pod.metadata.owner_references.is_none());
     assert_eq!(pod.metadata.resource_version.as_deref(), Some("7"));
+}
+
+/// Reads of one claim take turns: a second read that comes while the first is in flight
+/// (a stage during the read ahead of it, see `prefetch`) waits and takes its answer from
+/// the cache. One request.
+#[tokio::test]
+async fn concurrent_reads_of_one_claim_make_one_request() {
+    let (service, mut handle) =
+        tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+    let client = kube::Client::new(service, "default");
+    let (store, synced) = pod_cache(vec![], true);
+    let lookup = Arc::new(lookup::Lookup::new(
+        client,
+        store,
+        synced,
+        Duration::from_secs(60),
+        Duration::from_secs(5),
+    ));
+    let read = |lookup: &Arc<lookup::Lookup>| {
+        let lookup = Arc::clone(lookup);
+        tokio::spawn(async move { lookup.pvc(NS, "web-0-data", lookup::Source::Cache).await })
+    };
+    let first = read(&lookup);
+    let (request, respond) = handle.next_request().await.unwrap();
+    assert_eq!(request.uri().path(), pvc_uri("web-0-data"));
+    let second = read(&lookup);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let claim = pvc(
+        "web-0-data",
+        "pvc-1",
+        Some(pod_owner("web-0", "uid-a")),
+        Some("pv-1"),
+    );
+    respond.send_response(
+        http::Response::builder()
+            .status(http::StatusCode::OK)
+            .body(kube::client::Body::from(serde_json::to_vec(&claim).unwrap()))
+            .unwrap(),
+    );
+    let first = first.await.unwrap().unwrap().expect("found");
+    let second = second.await.unwrap().unwrap().expect("found");
+    assert!(!first.cached);
+    assert!(second.cached, "the second read waited for the first");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), handle.next_request())
+            .await
+            .is_err(),
+        "a second request was made"
+    );
 }
