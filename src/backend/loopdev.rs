@@ -59,6 +59,9 @@ pub struct LoopBackend {
     /// Serialises the space check and the allocation of creates and expands in this
     /// class (milliseconds of work), so two of them cannot both take the last bytes.
     allocation: Mutex<()>,
+    /// Bytes promised to creates whose record is not written yet: they format their
+    /// image after the allocation lock is released (see [`Reservation`]).
+    reserved: std::sync::Mutex<u64>,
     /// The device each volume's image was last found on, and its backing file as sysfs
     /// showed it then (see `devices_on`): one sysfs read confirms it, instead of a walk
     /// over every loop device of the node.
@@ -73,6 +76,7 @@ impl LoopBackend {
             capacity_limit,
             host,
             allocation: Mutex::new(()),
+            reserved: std::sync::Mutex::new(0),
             found: std::sync::Mutex::default(),
         }
     }
@@ -167,6 +171,10 @@ impl LoopBackend {
         }
         // Snapshots are never written: what they hold on disk is all they will take.
         promised += self.snapshot_bytes().await?;
+        // Creates under way: nothing of theirs is on disk yet that a record would count.
+        let reserved = *self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        promised += reserved;
+        unbacked += reserved;
         Ok((promised, unbacked))
     }
 
@@ -208,11 +216,16 @@ impl LoopBackend {
         if let Some(existing) = self.get(&spec.token).await? {
             return Ok(existing);
         }
-        let _allocation = self.allocation.lock().await;
-        let available = self.capacity().await?.available;
-        if spec.size_bytes > available {
-            return Err(self.no_space(spec.size_bytes, available));
-        }
+        // The space is taken under the lock, the work is done outside it: a mkfs takes
+        // tens of milliseconds, and a burst of creates would otherwise wait in line.
+        let _reservation = {
+            let _allocation = self.allocation.lock().await;
+            let available = self.capacity().await?.available;
+            if spec.size_bytes > available {
+                return Err(self.no_space(spec.size_bytes, available));
+            }
+            Reservation::new(&self.reserved, spec.size_bytes)
+        };
         let image = self.image_path(&spec.token);
         let tmp = image.with_extension("img.tmp");
         let size = spec.size_bytes;
@@ -408,6 +421,27 @@ impl LoopBackend {
             });
         }
         Ok(())
+    }
+}
+
+/// Bytes a create has promised itself until its record (which counts them from then on)
+/// is written; given back when the create ends, however it ends. Until then they are
+/// counted twice, which only errs on the side of refusing.
+struct Reservation<'a> {
+    reserved: &'a std::sync::Mutex<u64>,
+    bytes: u64,
+}
+
+impl<'a> Reservation<'a> {
+    fn new(reserved: &'a std::sync::Mutex<u64>, bytes: u64) -> Self {
+        *reserved.lock().unwrap_or_else(|p| p.into_inner()) += bytes;
+        Self { reserved, bytes }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        *self.reserved.lock().unwrap_or_else(|p| p.into_inner()) -= self.bytes;
     }
 }
 

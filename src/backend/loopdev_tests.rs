@@ -327,3 +327,64 @@ fn loop_clr_fd_calls(syscalls: &FakeSyscalls) -> Vec<String> {
         .filter(|c| c.starts_with("LOOP_CLR_FD "))
         .collect()
 }
+
+/// A create formats its image outside the allocation lock (a burst of creates must not
+/// wait in line behind each other's mkfs), but its space is taken from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_formatting_its_image_holds_its_space_but_not_the_lock() {
+    use std::sync::Mutex as StdMutex;
+    use std::sync::mpsc;
+    let dir = tempfile::tempdir().unwrap();
+    let commands = Arc::new(FakeCommands::default());
+    let (entered, in_mkfs) = mpsc::channel::<()>();
+    let (go, wait) = mpsc::channel::<()>();
+    let (entered, wait) = (StdMutex::new(entered), StdMutex::new(wait));
+    commands.on("mkfs.xfs", move |_| {
+        entered.lock().unwrap().send(()).unwrap();
+        wait.lock().unwrap().recv().unwrap();
+        Ok(crate::host::CommandOutput::default())
+    });
+    let syscalls = Arc::new(FakeSyscalls::default());
+    syscalls.set_usage(FsUsage {
+        total_bytes: 1 << 41,
+        available_bytes: 1 << 40,
+        ..FsUsage::default()
+    });
+    let b = Arc::new(LoopBackend::new(
+        ClassName::parse("default").unwrap(),
+        dir.path().join("c"),
+        100 << 20,
+        Host { commands, syscalls },
+    ));
+    b.prepare().await.unwrap();
+    let first = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { b.create(&spec("pvc-a", 60 << 20)).await })
+    };
+    tokio::task::spawn_blocking(move || in_mkfs.recv().unwrap())
+        .await
+        .unwrap();
+
+    let block = |name: &str, size: u64| CreateSpec {
+        mode: VolumeMode::Block,
+        fs_type: None,
+        ..spec(name, size)
+    };
+    let without_waiting = Duration::from_secs(5);
+    let err = tokio::time::timeout(without_waiting, b.create(&block("pvc-b", 50 << 20)))
+        .await
+        .expect("a create waited for another's mkfs")
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::NoSpace { available, .. } if available == 40 << 20),
+        "{err}"
+    );
+    tokio::time::timeout(without_waiting, b.create(&block("pvc-c", 40 << 20)))
+        .await
+        .expect("a create waited for another's mkfs")
+        .unwrap();
+    go.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    assert_eq!(b.capacity().await.unwrap().available, 0);
+    assert_eq!(b.list().await.unwrap().len(), 2);
+}
