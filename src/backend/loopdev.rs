@@ -4,7 +4,9 @@
 //! `<token>.json`, the record. The record is written last, by rename, so it is the
 //! commit point: a volume exists exactly when its record does. A crash before it leaves
 //! only an `.img` that the retried create overwrites (a new file, so no old bytes
-//! survive); delete removes the record first for the same reason.
+//! survive); delete removes the record first for the same reason. A filesystem volume
+//! whose type CreateVolume names is formatted in `<token>.img.tmp`, which is fsynced and
+//! renamed into place before the record says `"formatted": true`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
