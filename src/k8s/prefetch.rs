@@ -71,11 +71,12 @@ impl Prefetch {
     /// A pod on this node was added or changed: queues the reads of the expected claims
     /// it uses, each once.
     pub fn pod_seen(&self, pod: &Pod) {
-        let view = PodView::from_pod(pod);
         let mut expected = self.expected();
+        // Most events are status changes of pods whose volumes are long set up.
         if expected.is_empty() {
             return;
         }
+        let view = PodView::from_pod(pod);
         for name in view.ephemeral_claims.iter().chain(&view.claims) {
             let key = (view.id.namespace.clone(), name.clone());
             if expected
