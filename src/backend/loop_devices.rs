@@ -37,6 +37,12 @@ impl LoopBackend {
         let mut deleted_name = image.clone().into_os_string();
         deleted_name.push(" (deleted)");
         let devices = self.host.syscalls.loop_devices().await?;
+        if first && !self.warmed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.remember_all(&devices).await?;
+            if let Some(device) = self.remembered(token, deleted).await? {
+                return Ok(vec![device]);
+            }
+        }
         let by_path = |d: &LoopDevice| {
             d.backing_file == image || (deleted && d.backing_file.as_os_str() == deleted_name)
         };
@@ -73,6 +79,45 @@ impl LoopBackend {
                 .insert(token.clone(), (d.device.clone(), d.backing_file.clone()));
         }
         Ok(found.into_iter().map(|d| d.device).collect())
+    }
+
+    /// The first lookup after start-up remembers the device of every image of this
+    /// class in the list, each checked by inode once. A restarted daemon finds every
+    /// volume's device shown by a path relative to the previous container's vanished
+    /// mount, and kubelet then asks for every volume's stats: without this, each of
+    /// those lookups would list every device and check its own by inode.
+    async fn remember_all(&self, devices: &[LoopDevice]) -> Result<(), BackendError> {
+        for device in devices {
+            let shown = &device.backing_file;
+            if shown.as_os_str().as_encoded_bytes().ends_with(b" (deleted)") {
+                continue;
+            }
+            let Some(token) = shown
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".img"))
+                .and_then(Token::parse)
+            else {
+                continue;
+            };
+            if self.found_lock().contains_key(&token) {
+                continue;
+            }
+            let image = self.image_path(&token);
+            let ours = *shown == image
+                || match image_inode(&image).await {
+                    Some(inode) => {
+                        self.host.syscalls.loop_backing_inode(&device.device).await? == Some(inode)
+                    }
+                    // No such image here: another class's or another program's file.
+                    None => false,
+                };
+            if ours {
+                self.found_lock()
+                    .insert(token, (device.device.clone(), shown.clone()));
+            }
+        }
+        Ok(())
     }
 
     fn found_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Token, (PathBuf, PathBuf)>> {

@@ -68,6 +68,8 @@ pub struct LoopBackend {
     /// showed it then (see `devices_on`): one sysfs read confirms it, instead of a walk
     /// over every loop device of the node.
     found: std::sync::Mutex<std::collections::HashMap<Token, (PathBuf, PathBuf)>>,
+    /// Whether a lookup has filled `found` for every device listed (once per process).
+    warmed: std::sync::atomic::AtomicBool,
 }
 
 impl LoopBackend {
@@ -80,6 +82,7 @@ impl LoopBackend {
             allocation: Mutex::new(()),
             reserved: std::sync::Mutex::new(0),
             found: std::sync::Mutex::default(),
+            warmed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -308,15 +308,51 @@ async fn lookups_open_only_the_image_own_devices_and_remember_them() {
     );
     assert_eq!(count("list loop devices"), 1);
 
+    let reads = count("read backing_file /dev/loop77");
     assert_eq!(b.device(&a).await.unwrap(), Some(PathBuf::from("/dev/loop77")));
     assert_eq!(count("list loop devices"), 1, "the second lookup lists nothing");
-    assert_eq!(count("read backing_file /dev/loop77"), 1);
+    assert_eq!(count("read backing_file /dev/loop77"), reads + 1);
 
     // Detached and the number reused for another file: found again, not believed.
     syscalls.detach_loop(Path::new("/dev/loop77"));
     syscalls.attach_loop("/dev/loop77", "/elsewhere/x.img");
     assert_eq!(b.device(&a).await.unwrap(), None);
     assert_eq!(count("list loop devices"), 2);
+}
+
+/// After a restart the first lookup remembers every volume's device (each checked by
+/// inode once): kubelet's stats calls for the other volumes then read one sysfs file
+/// each, and list nothing.
+#[tokio::test]
+async fn the_first_lookup_after_a_restart_finds_every_volume_device() {
+    use std::os::unix::fs::MetadataExt;
+    let (b, syscalls, _dir) = prepared_on_fakes().await;
+    let names: Vec<String> = (0..20).map(|n| format!("pvc-{n}")).collect();
+    for (n, name) in names.iter().enumerate() {
+        b.create(&spec(name, 8 << 20)).await.unwrap();
+        let meta = std::fs::metadata(b.directory().join(format!("{name}.img"))).unwrap();
+        // As a previous container's daemon left them: shown relative to its mount.
+        syscalls.attach_loop_by_inode(
+            format!("/dev/loop{n}"),
+            format!("/c/{name}.img"),
+            (meta.dev(), meta.ino()),
+        );
+    }
+    // Another program's image, named as if it were a volume of this class.
+    syscalls.attach_loop_by_inode("/dev/loop99", "/elsewhere/pvc-x.img", (9, 9));
+    let count = |call: &str| syscalls.calls().iter().filter(|c| c.starts_with(call)).count();
+
+    for (n, name) in names.iter().enumerate() {
+        let device = b.device(&Token::for_name(name)).await.unwrap();
+        assert_eq!(device, Some(PathBuf::from(format!("/dev/loop{n}"))));
+    }
+    assert_eq!(count("list loop devices"), 1, "one list for all 20");
+    assert_eq!(count("LOOP_GET_STATUS64"), 20, "each device's inode once");
+    assert_eq!(
+        b.device(&Token::for_name("pvc-x")).await.unwrap(),
+        None,
+        "not a volume here"
+    );
 }
 
 /// The LOOP_CLR_FD calls the fake syscalls saw.
