@@ -81,11 +81,19 @@ impl Checker {
 
     /// A volume was created for `claim` (see `prefetch`).
     pub fn expect(&self, claim: &ClaimRef) {
-        if let (Some(prefetch), Some(namespace), Some(name)) =
-            (&self.prefetch, &claim.pvc_namespace, &claim.pvc_name)
-        {
+        if let Some((prefetch, namespace, name)) = self.prefetch_of(claim) {
             prefetch.expect(namespace, name);
         }
+    }
+
+    /// The claim read ahead, by namespace and name, when there is a prefetch and the
+    /// claim is named.
+    fn prefetch_of<'a>(&'a self, claim: &'a ClaimRef) -> Option<(&'a Prefetch, &'a str, &'a str)> {
+        Some((
+            self.prefetch.as_ref()?,
+            claim.pvc_namespace.as_deref()?,
+            claim.pvc_name.as_deref()?,
+        ))
     }
 
     pub async fn stage(&self, volume: &str, context: &VolumeContext) -> Result<(), OwnerError> {
@@ -123,11 +131,7 @@ impl Checker {
             return Err(OwnerError::NotSynced);
         }
         // Read now: no longer to be read ahead when a pod using it appears.
-        if let (Some(prefetch), Some(namespace), Some(name)) = (
-            &self.prefetch,
-            &context.claim.pvc_namespace,
-            &context.claim.pvc_name,
-        ) {
+        if let Some((prefetch, namespace, name)) = self.prefetch_of(&context.claim) {
             prefetch.settled(namespace, name);
         }
         let first = match attempt(Source::Cache).await {
