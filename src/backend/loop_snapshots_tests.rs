@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::*;
-use crate::backend::LoopBackend;
+use crate::backend::{FormatMark, LoopBackend};
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CopyMethod, FsUsage, Syscalls, SystemSyscalls};
 use crate::model::ClaimRef;
@@ -102,8 +102,9 @@ async fn snapshot_restore_and_clone_hold_the_data_as_it_was() {
         "grown to the request"
     );
     assert_eq!(read(&image, 1 << 20, 6), b"before");
-    assert!(
-        !b.format_unfinished(&Token::for_name("restored")).await.unwrap(),
+    assert_eq!(
+        b.format_mark(&Token::for_name("restored")).await.unwrap(),
+        FormatMark::Finished,
         "kept, not formatted over"
     );
 

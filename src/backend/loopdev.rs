@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use super::files::{self, sync_dir};
-use super::{BackendError, ClassCapacity, CreateSpec, StoreUsage, VolumeRecord};
+use super::{BackendError, ClassCapacity, CreateSpec, FormatMark, StoreUsage, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType};
 use crate::host::Host;
 use crate::model::ClaimRef;
@@ -378,12 +378,13 @@ impl LoopBackend {
         Ok(meta.blocks() * 512)
     }
 
-    /// True when the record says a format was never finished (see `RecordFile`).
-    pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
-        Ok(self
-            .read_record(token)
-            .await?
-            .is_some_and(|r| r.formatted == Some(false)))
+    /// What the record's `formatted` says (see `RecordFile`).
+    pub async fn format_mark(&self, token: &Token) -> Result<FormatMark, BackendError> {
+        Ok(match self.read_record(token).await?.and_then(|r| r.formatted) {
+            Some(false) => FormatMark::Unfinished,
+            Some(true) => FormatMark::Finished,
+            None => FormatMark::Unknown,
+        })
     }
 
     /// Marks the record unformatted before mkfs runs: already so for a volume created

@@ -120,7 +120,10 @@ async fn a_named_filesystem_is_made_at_create_before_the_image_is_in_place() {
     let calls = commands.calls();
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert!(calls[0].starts_with("mkfs.xfs "), "{calls:?}");
-    assert!(!b.format_unfinished(&Token::for_name("pvc-a")).await.unwrap());
+    assert_eq!(
+        b.format_mark(&Token::for_name("pvc-a")).await.unwrap(),
+        FormatMark::Finished
+    );
     assert!(!images.join("pvc-a.img.tmp").exists());
 
     let unnamed = CreateSpec {
@@ -134,8 +137,14 @@ async fn a_named_filesystem_is_made_at_create_before_the_image_is_in_place() {
     };
     b.create(&block).await.unwrap();
     assert_eq!(commands.calls().len(), 1, "{:?}", commands.calls());
-    assert!(b.format_unfinished(&Token::for_name("pvc-b")).await.unwrap());
-    assert!(!b.format_unfinished(&Token::for_name("pvc-c")).await.unwrap());
+    assert_eq!(
+        b.format_mark(&Token::for_name("pvc-b")).await.unwrap(),
+        FormatMark::Unfinished
+    );
+    assert_eq!(
+        b.format_mark(&Token::for_name("pvc-c")).await.unwrap(),
+        FormatMark::Unknown
+    );
 }
 
 /// mkfs failing at create leaves no volume: no record, no image.

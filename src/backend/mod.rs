@@ -25,8 +25,8 @@ pub use lvm::{LvmBackend, LvmError};
 pub use open::Opener;
 pub use pmem::{PmemBackend, PmemError};
 pub use records::{
-    ClassCapacity, CopySource, CreateSpec, SnapshotRecord, SnapshotSpec, StoreUsage, ThinPoolFill,
-    VolumeRecord,
+    ClassCapacity, CopySource, CreateSpec, FormatMark, SnapshotRecord, SnapshotSpec, StoreUsage,
+    ThinPoolFill, VolumeRecord,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -295,15 +295,21 @@ impl Backend {
         }
     }
 
-    /// True when a format of this volume was begun and never recorded as finished: the
-    /// loop and PMEM records' `formatted: false`, the LV tag `format=formatting`. A kill
-    /// mid-mkfs can leave a half-written signature that blkid reports as a filesystem
-    /// (or as something else); such a volume never held data and is formatted again.
-    pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
+    /// What the backend's own mark says of the volume's filesystem (see [`FormatMark`]).
+    /// Only loop records tell a finished format apart; an LV's or a namespace's mark
+    /// says only whether one was left unfinished.
+    pub async fn format_mark(&self, token: &Token) -> Result<FormatMark, BackendError> {
+        let unfinished = |yes: bool| {
+            if yes {
+                FormatMark::Unfinished
+            } else {
+                FormatMark::Unknown
+            }
+        };
         match self {
-            Backend::Loop(b) => b.format_unfinished(token).await,
-            Backend::Lvm(b) => b.format_unfinished(token).await,
-            Backend::Pmem(b) => b.format_unfinished(token).await,
+            Backend::Loop(b) => b.format_mark(token).await,
+            Backend::Lvm(b) => b.format_unfinished(token).await.map(unfinished),
+            Backend::Pmem(b) => b.format_unfinished(token).await.map(unfinished),
         }
     }
 

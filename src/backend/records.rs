@@ -23,6 +23,19 @@ pub struct VolumeRecord {
     pub filesystem_grow_pending: bool,
 }
 
+/// What a backend's own mark says of a volume's filesystem. A kill mid-mkfs can leave a
+/// half-written signature that blkid reports as a filesystem (or as something else), so
+/// a format is marked begun before mkfs and finished after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatMark {
+    /// Begun and never finished: the volume never held data and is formatted again.
+    Unfinished,
+    /// localvol's mkfs finished on it, of the type the record names if it names one.
+    Finished,
+    /// No mark that tells: only the device can say what it holds.
+    Unknown,
+}
+
 /// A snapshot as its backend records it: found again after a restart from the storage
 /// alone, like a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]

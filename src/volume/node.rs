@@ -6,7 +6,7 @@ use super::grow::GrowAfterMount;
 use super::ownership::{Holding, describe, holding, refuse_mounts_below, refuse_other};
 use super::targets::{create_dir, create_file, remove_target};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
-use crate::backend::{Backend, VolumeRecord};
+use crate::backend::{Backend, FormatMark, VolumeRecord};
 use crate::fs::{self, FsType, Signature};
 use crate::locks::VolumeGuard;
 use crate::model::ValidationError;
@@ -104,16 +104,38 @@ impl Volumes {
             Holding::Nothing | Holding::Other(_) => {}
         }
         refuse_mounts_below(&table, staging)?;
-        let device = backend.attach(&req.id.token).await?;
         let fs_type = fs_type
             .or(record.fs_type)
             .unwrap_or_else(|| self.default_fs(&req.id.class));
+        let options = self.stage_options(backend, req, fs_type, mount_flags)?;
+        let device = backend.attach(&req.id.token).await?;
+        let mount = || {
+            self.host
+                .syscalls
+                .mount(options.filesystem_call(&device, staging, fs_type.as_str()))
+        };
+        let mark = backend.format_mark(&req.id.token).await?;
+        // A filesystem localvol made of the type the record names, with nothing left to
+        // grow, is mounted without asking blkid first (a fork and a read of the device,
+        // a third of a stage). The kernel checks the superblock itself; if it refuses,
+        // blkid is asked after all, to say why or to find what must be done.
+        if mark == FormatMark::Finished && record.fs_type == Some(fs_type) && !record.filesystem_grow_pending
+        {
+            create_dir(staging).await?;
+            match mount().await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    warn!(volume.id = %req.id, device = %device.display(), error = %e,
+                        "the filesystem made at create did not mount; probing the device");
+                }
+            }
+        }
         // A volume whose format mark says no mkfs has finished on it (new, or killed
         // mid-mkfs, which can leave a valid-looking but broken signature) never held
         // data: it is formatted without asking blkid. Any other volume is formatted only
         // if blkid finds no signature at all. The mark is cleared only after mkfs ends,
         // so a kill at any point in between is seen here on the retry.
-        let found = if backend.format_unfinished(&req.id.token).await? {
+        let found = if mark == FormatMark::Unfinished {
             Signature::Empty
         } else {
             fs::probe(&self.host, &device).await?
@@ -143,6 +165,27 @@ impl Volumes {
             }
         };
         create_dir(staging).await?;
+        mount().await?;
+        if after_mount == GrowAfterMount::Grow {
+            let table = MountTable::read(&self.host).await?;
+            let mount = table.at(staging).ok_or_else(|| VolumeError::NotStaged {
+                id: req.id.clone(),
+                path: staging.to_path_buf(),
+            })?;
+            self.grow_mounted(backend, &req.id, &device, mount).await?;
+        }
+        Ok(())
+    }
+
+    /// The mount(2) options of a staging mount: the class's, then the request's, then
+    /// what the backend and the filesystem need.
+    fn stage_options(
+        &self,
+        backend: &Backend,
+        req: &StageRequest,
+        fs_type: FsType,
+        mount_flags: &[String],
+    ) -> Result<MountOptions, VolumeError> {
         let class_options = self
             .mount_options
             .get(&req.id.class)
@@ -161,19 +204,7 @@ impl Volumes {
         if req.capability.mode == AccessMode::SingleNodeReaderOnly {
             options = options.with_read_only(true);
         }
-        self.host
-            .syscalls
-            .mount(options.filesystem_call(&device, staging, fs_type.as_str()))
-            .await?;
-        if after_mount == GrowAfterMount::Grow {
-            let table = MountTable::read(&self.host).await?;
-            let mount = table.at(staging).ok_or_else(|| VolumeError::NotStaged {
-                id: req.id.clone(),
-                path: staging.to_path_buf(),
-            })?;
-            self.grow_mounted(backend, &req.id, &device, mount).await?;
-        }
-        Ok(())
+        Ok(options)
     }
 
     pub async fn publish(&self, guard: &VolumeGuard, req: &PublishRequest) -> Result<(), VolumeError> {

@@ -233,6 +233,51 @@ async fn a_stage_naming_another_type_than_the_create_is_refused() {
     assert_eq!(f.commands.calls_of("mkfs.ext4").len(), 1);
 }
 
+/// A filesystem made at create, of the type the stage asks for, is mounted without
+/// blkid. If the kernel refuses it, blkid is asked to say why: here it finds another
+/// filesystem, which is refused as always, and nothing is formatted over it.
+#[tokio::test]
+async fn a_filesystem_made_at_create_is_mounted_without_a_probe() {
+    let f = Fixture::new();
+    f.commands.ok("mkfs.ext4", "");
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    assert!(
+        f.commands.calls_of("blkid").is_empty(),
+        "{:?}",
+        f.commands.calls()
+    );
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("stage")]);
+    let unstage = UnstageRequest {
+        id: id.clone(),
+        staging_path: f.host_path("stage"),
+    };
+    let guard = f.locks.try_lock(&id.token, "unstage").unwrap();
+    f.volumes.unstage(&guard, &unstage).await.unwrap();
+    drop(guard);
+
+    // What the device holds now is xfs (the fake's blkid reports the last mkfs).
+    f.commands.ok("mkfs.xfs", "");
+    let host = f.volumes.host();
+    crate::fs::format(host, FsType::Xfs, Path::new(LOOP_DEV), Default::default())
+        .await
+        .unwrap();
+    f.syscalls.fail_next("mount", libc::EINVAL);
+    let err = f.stage(&f.stage_req(&id, ext4())).await.unwrap_err();
+    assert!(matches!(err, VolumeError::WrongFilesystem { .. }), "{err}");
+    assert_eq!(
+        f.commands.calls_of("blkid").len(),
+        1,
+        "probed once the mount failed"
+    );
+    assert_eq!(
+        f.commands.calls_of("mkfs.ext4").len(),
+        1,
+        "formatted only at create"
+    );
+    assert!(f.syscalls.mount_points().is_empty());
+}
+
 #[tokio::test]
 async fn publish_needs_stage_then_binds_once() {
     let f = Fixture::new();
