@@ -6,7 +6,7 @@ use crate::backend::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::locks::VolumeGuard;
 use crate::model::ValidationError;
-use crate::model::{AccessType, Capability, ClassName, VolumeId, VolumeMode};
+use crate::model::{AccessType, Capability, CapacityRange, ClassName, VolumeId, VolumeMode};
 use crate::request::{ControllerExpandRequest, CreateRequest, Segments};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,16 +157,7 @@ impl Volumes {
     ) -> Result<ExpandedVolume, VolumeError> {
         guard_matches(guard, &req.id);
         let (backend, record) = self.record(&req.id).await?;
-        // Volumes never shrink: a limit below the size they have cannot be met.
-        if let Some(limit) = req.capacity.limit
-            && record.size_bytes > limit
-        {
-            return Err(ValidationError::OutOfRange(format!(
-                "volume {} has {} bytes, above the limit of {limit}, and volumes never shrink",
-                req.id, record.size_bytes
-            ))
-            .into());
-        }
+        refuse_limit_below(&record, &req.capacity)?;
         let wanted = backend.size_for(&req.capacity)?;
         let size_bytes = match backend.expand(&req.id.token, wanted).await {
             Err(source @ BackendError::NoSpace { .. }) => {
@@ -212,5 +203,18 @@ impl Volumes {
         Ok(volume_mode(capabilities).is_ok_and(|(mode, fs)| {
             mode == record.mode && (fs.is_none() || record.fs_type.is_none() || fs == record.fs_type)
         }))
+    }
+}
+
+/// Volumes never shrink: an expansion whose limit is below the size a volume has
+/// cannot be met, on the controller or on the node.
+pub(super) fn refuse_limit_below(record: &VolumeRecord, capacity: &CapacityRange) -> Result<(), VolumeError> {
+    match capacity.limit {
+        Some(limit) if record.size_bytes > limit => Err(ValidationError::OutOfRange(format!(
+            "volume {} has {} bytes, above the limit of {limit}, and volumes never shrink",
+            record.id, record.size_bytes
+        ))
+        .into()),
+        _ => Ok(()),
     }
 }

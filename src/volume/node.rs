@@ -395,6 +395,7 @@ impl Volumes {
     ) -> Result<u64, VolumeError> {
         guard_matches(guard, &req.id);
         let (backend, record) = self.record(&req.id).await?;
+        super::controller::refuse_limit_below(&record, &req.capacity)?;
         // Nothing grows until the path is proven to hold this volume.
         let (table, mounted) = self
             .mounted_at(backend, &req.id, req.volume_path.as_ref())

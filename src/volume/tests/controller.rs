@@ -158,3 +158,31 @@ async fn expand_keeps_the_limit_and_never_shrinks() {
         .unwrap();
     assert_eq!(again.size_bytes, 96 << 20);
 }
+
+/// NodeExpandVolume holds to the same limit: a volume already above it is refused with
+/// OUT_OF_RANGE before anything is looked at or grown, not answered with its size.
+#[tokio::test]
+async fn node_expand_below_the_size_is_out_of_range_and_grows_nothing() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await; // 64 MiB
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    let calls_before = (f.commands.calls().len(), f.syscalls.calls().len());
+    let req = crate::request::NodeExpandRequest {
+        id: id.clone(),
+        volume_path: Some(f.host_path("stage")),
+        staging_path: Some(f.host_path("stage")),
+        capacity: CapacityRange {
+            required: 32 << 20,
+            limit: Some(32 << 20),
+        },
+        capability: None,
+    };
+    let guard = f.locks.try_lock(&id.token, "expand").unwrap();
+    let err = f.volumes.expand_on_node(&guard, &req).await.unwrap_err();
+    assert!(
+        matches!(err, VolumeError::Invalid(ValidationError::OutOfRange(_))),
+        "{err}"
+    );
+    assert_eq!((f.commands.calls().len(), f.syscalls.calls().len()), calls_before);
+    assert_eq!(f.volumes.get(&id).await.unwrap().size_bytes, 64 << 20);
+}
