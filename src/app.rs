@@ -116,12 +116,21 @@ pub async fn serve(
     }
     let resize = crate::resize::reporting(&config.resize, kube.as_ref(), &config.node_id).await?;
     // One set of labelled claims for the owner check, the node resizer and the reclaim
-    // scheduler: each claim is labelled once (see k8s::claim_label).
+    // scheduler: each claim is labelled once (see k8s::claim_label), and one watch of
+    // them serves the owner check and the reclaim scheduler.
     let claim_labels = kube
         .as_ref()
         .map(|client| crate::k8s::claim_label::ClaimLabels::new(client.clone(), &config.node_id));
-    let owner_check =
-        crate::k8s::owner_check(kube.clone(), &config, Arc::clone(&health), claim_labels.clone());
+    let node_claims = kube
+        .as_ref()
+        .map(|client| crate::k8s::node_claims::NodeClaims::start(client.clone(), &config.node_id));
+    let owner_check = crate::k8s::owner_check(
+        kube.clone(),
+        &config,
+        Arc::clone(&health),
+        claim_labels.clone(),
+        node_claims.clone(),
+    );
     let locks = VolumeLocks::default();
     let states = VolumeStates::new();
     let driver = Arc::new(Driver {
@@ -195,12 +204,13 @@ pub async fn serve(
     };
     // With Kubernetes, schedules come from annotations and the csi-addons ConfigMap,
     // and results are written back to the claims; without it, from the file alone.
-    let cluster: Arc<dyn reclaim::scheduler::Cluster> = match (&kube, claim_labels) {
-        (Some(client), Some(labels)) => reclaim::k8s::KubeCluster::start(
+    let cluster: Arc<dyn reclaim::scheduler::Cluster> = match (&kube, claim_labels, node_claims) {
+        (Some(client), Some(labels), Some(claims)) => reclaim::k8s::KubeCluster::start(
             client.clone(),
             &config.reclaim.policy.csi_addons_namespace,
             &config.node_id,
             labels,
+            claims,
         ),
         _ => Arc::new(NoCluster),
     };

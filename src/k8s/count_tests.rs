@@ -51,7 +51,7 @@ pub fn get_pod(name: &str) -> String {
 
 /// A node over `client` whose owner check is the daemon's, with `timings`.
 pub fn node(client: kube::Client, timings: Timings) -> Node {
-    Node::new(|health| OwnerCheck::On(Arc::new(start_checker(client, NODE, health, timings, None))))
+    Node::new(|health| OwnerCheck::On(Arc::new(start_checker(client, NODE, health, timings, None, None))))
 }
 
 /// Waits until readiness says `ready`; returns its last answer.
@@ -214,6 +214,7 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
             health,
             timings(ttl),
             Some(labels.clone()),
+            None,
         )))
     });
     synced(&node, &api).await;
@@ -232,6 +233,42 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
         .await;
     assert_eq!(api.take_requests(), NONE, "labelled once");
 
+    publish_after(ttl, &mut node, &volume, &api).await;
+}
+
+/// Claims this node has labelled are read from their watch while it is in sync: a
+/// stage and a publish long after the claim's TTL (kubelet works through a burst of
+/// pods for many seconds) ask nothing. Out of sync, the claim is read from the API.
+#[tokio::test]
+async fn a_labelled_claim_is_read_from_the_watch_of_the_nodes_claims() {
+    let (client, api) = statefulset_world();
+    let ttl = Duration::from_millis(100);
+    let (claims, mut writer) = super::node_claims::NodeClaims::by_hand();
+    let watched = claims.clone();
+    let mut node = Node::new(|health| {
+        OwnerCheck::On(Arc::new(start_checker(
+            client,
+            NODE,
+            health,
+            timings(ttl),
+            None,
+            Some(watched),
+        )))
+    });
+    synced(&node, &api).await;
+    let volume = node.create("data-web-0", "pv-1").await;
+    let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
+    let claim = pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1"));
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(claim));
+
+    tokio::time::sleep(ttl).await;
+    node.stage(&volume).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodeStageVolume");
+    tokio::time::sleep(ttl).await;
+    node.publish(&volume, "target", &WEB0).await.unwrap();
+    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+
+    claims.lose_sync();
     publish_after(ttl, &mut node, &volume, &api).await;
 }
 

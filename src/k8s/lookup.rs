@@ -1,5 +1,6 @@
-//! Reads for the ownership check: pods from the node's watch cache, claims and volumes
-//! by name through a short TTL cache, each with the API as the fallback. Every API read
+//! Reads for the ownership check: pods from the node's watch cache, claims from the
+//! watch of this node's labelled claims (`node_claims`) when it has them, claims and
+//! volumes by name through a short TTL cache, each with the API as the fallback. Every API read
 //! has a deadline, so an unreachable API server becomes an error promptly. A claim or
 //! volume read before the pod cache was last listed is not reused after that list: the
 //! watch had failed, so the API server may have been away and the object changed.
@@ -14,6 +15,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
 use super::claim_label::ClaimLabels;
+use super::node_claims::NodeClaims;
 use super::{OwnerError, Synced};
 
 /// Where a read may come from.
@@ -92,6 +94,10 @@ pub struct Lookup {
     /// When set, the first read of a claim this process has not labelled yet is the
     /// label's PATCH, whose answer is the claim (see `claim_label`).
     labels: Option<ClaimLabels>,
+    /// When set, claims this node has labelled are read from their watch while it is
+    /// in sync: a claim staged long after it was read ahead (kubelet works through a
+    /// burst of pods for many seconds) costs no second request.
+    claims: Option<NodeClaims>,
     /// One read of a claim at a time (see [`Lookup::pvc`]), by `namespace/name`.
     claim_reads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -115,12 +121,17 @@ impl Lookup {
             synced,
             timeout,
             labels: None,
+            claims: None,
             claim_reads: Mutex::default(),
         }
     }
 
     pub fn set_labels(&mut self, labels: ClaimLabels) {
         self.labels = Some(labels);
+    }
+
+    pub fn set_claims(&mut self, claims: NodeClaims) {
+        self.claims = Some(claims);
     }
 
     async fn call<T>(
@@ -148,6 +159,11 @@ impl Lookup {
         name: &str,
         source: Source,
     ) -> Result<Option<Read<Arc<PersistentVolumeClaim>>>, OwnerError> {
+        if source == Source::Cache
+            && let Some(value) = self.claims.as_ref().and_then(|c| c.get(namespace, name))
+        {
+            return Ok(Some(Read { value, cached: true }));
+        }
         let key = format!("{namespace}/{name}");
         let turn = Turn::take(&self.claim_reads, &key);
         let _turn = turn.gate.lock().await;

@@ -10,8 +10,10 @@ mod check;
 pub mod claim_label;
 mod events;
 mod lookup;
+pub mod node_claims;
 pub mod owner;
 mod prefetch;
+mod reflect;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,11 +22,10 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client};
-use tokio_stream::StreamExt;
-use tracing::{info, warn};
+use tracing::info;
 
 pub use check::Checker;
 pub use owner::Refusal;
@@ -235,13 +236,14 @@ pub async fn connect(config: &Config) -> anyhow::Result<Option<Client>> {
 }
 
 /// The owner check for `client`: see [`start_checker`]. Without a client it is off.
-/// It labels the claims it reads with this node through `labels` (shared with the
-/// daemon's other users of the label).
+/// It labels the claims it reads with this node through `labels`, and reads labelled
+/// ones from `claims` (both shared with the daemon's other users of the label).
 pub fn owner_check(
     client: Option<Client>,
     config: &Config,
     health: Arc<Health>,
     labels: Option<claim_label::ClaimLabels>,
+    claims: Option<node_claims::NodeClaims>,
 ) -> OwnerCheck {
     let Some(client) = client else {
         return OwnerCheck::Off;
@@ -253,6 +255,7 @@ pub fn owner_check(
         health,
         Timings::default(),
         labels,
+        claims,
     )))
 }
 
@@ -280,14 +283,16 @@ impl Default for Timings {
 /// Marks the caches unsynced in `health`, starts the node's pod reflector (which marks
 /// them synced whenever it has listed, and unsynced when its watch fails) and the reads
 /// of new volumes' claims as their pods arrive (`prefetch`), and returns the check over
-/// them. With `labels`, the check labels the claims it reads with this node (shared with
-/// the daemon's other users of the label).
+/// them. With `labels`, the check labels the claims it reads with this node; with
+/// `claims`, it reads labelled claims from their watch (both shared with the daemon's
+/// other users of the label).
 pub fn start_checker(
     client: Client,
     node: &str,
     health: Arc<Health>,
     timings: Timings,
     labels: Option<claim_label::ClaimLabels>,
+    claims: Option<node_claims::NodeClaims>,
 ) -> Checker {
     health.set_caches_synced(false);
     let (prefetch, queue) = prefetch::Prefetch::new();
@@ -308,6 +313,9 @@ pub fn start_checker(
     );
     if let Some(labels) = labels {
         lookup.set_labels(labels);
+    }
+    if let Some(claims) = claims {
+        lookup.set_claims(claims);
     }
     let lookup = Arc::new(lookup);
     tokio::spawn(prefetch::run(Arc::clone(&lookup), queue));
@@ -334,16 +342,10 @@ fn slim_pod(pod: &mut Pod) {
     pod.status = None;
 }
 
-/// The pods bound to `node`, kept current by a background watch. `on_change` runs with
-/// true each time a complete list is in, and with false when the cache falls out of sync;
-/// `on_pod` with each pod listed, added or changed.
-///
-/// After any list or watch error the watch is not resumed but started over with a new
-/// list (as client-go's reflector does): a resumed watch gives no sign that it works
-/// again, while a completed list does, so the cache counts as in sync again only then.
-/// Meanwhile the owner check answers UNAVAILABLE rather than decide on pods that may
-/// have gone or come back with another UID while the API server was away. A watch the
-/// server merely closes (its timeout) is not an error: the watcher resumes it.
+/// The pods bound to `node`, kept current by a background watch (see `reflect`).
+/// `on_change` runs with true each time a complete list is in, and with false when the
+/// cache falls out of sync (the owner check then answers UNAVAILABLE); `on_pod` with
+/// each pod listed, added or changed.
 pub fn spawn_pod_reflector(
     client: Client,
     node: &str,
@@ -351,48 +353,19 @@ pub fn spawn_pod_reflector(
     on_change: impl Fn(bool) + Send + 'static,
     on_pod: impl Fn(&Pod) + Send + 'static,
 ) -> (Store<Pod>, Synced) {
-    let api: Api<Pod> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let (reader, mut writer) = reflector::store();
-    let synced = Synced::default();
-    let (store, flag) = (reader.clone(), synced.clone());
-    tokio::spawn(async move {
-        let mut delay = retry.first;
-        loop {
-            let events = watcher(api.clone(), config.clone()).modify(slim_pod);
-            let mut events = std::pin::pin!(events);
-            let error = loop {
-                match events.next().await {
-                    Some(Ok(event)) => {
-                        writer.apply_watcher_event(&event);
-                        if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = &event {
-                            on_pod(pod);
-                        }
-                        if matches!(event, watcher::Event::InitDone) {
-                            info!(pods = store.len(), "pod cache synced");
-                            flag.listed();
-                            on_change(true);
-                            delay = retry.first;
-                        }
-                    }
-                    Some(Err(e)) => break e.to_string(),
-                    None => break "the watch stream ended".to_string(),
-                }
-            };
-            if flag.lost() {
-                on_change(false);
-                warn!(
-                    %error, retry_in = ?delay,
-                    "pod watch failed: owner checks answer UNAVAILABLE until the pods are listed again"
-                );
-            } else {
-                warn!(%error, retry_in = ?delay, "cannot list or watch this node's pods");
+    reflect::spawn(
+        Api::all(client),
+        watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        "this node's pods",
+        retry,
+        slim_pod,
+        on_change,
+        move |event| {
+            if let watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) = event {
+                on_pod(pod);
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(retry.max);
-        }
-    });
-    (reader, synced)
+        },
+    )
 }
 
 #[cfg(test)]

@@ -4,11 +4,11 @@
 //! Watched (each a kube-runtime reflector with the default backoff):
 //! - Namespaces and StorageClasses, all of them: few objects, rarely changed.
 //! - The `csi-addons-config` ConfigMap, by name, in the csi-addons namespace.
-//! - The PVCs of this node's volumes, in one watch selected by the label this node
-//!   puts on them ([`crate::k8s::claim_label`]): the API server sends this node its own
-//!   claims only, and the number of watches stays constant however many claims the
-//!   node holds (it was one watch per claim). A cluster-wide PVC watch on every node
-//!   would not scale.
+//! - The PVCs of this node's volumes come from [`NodeClaims`], the one watch selected
+//!   by the label this node puts on them ([`crate::k8s::claim_label`]), shared with the
+//!   owner check: the API server sends this node its own claims only, and the number
+//!   of watches stays constant however many claims the node holds (it was one watch
+//!   per claim). A cluster-wide PVC watch on every node would not scale.
 //!
 //! Namespaces and StorageClasses stay cluster-wide: their count is the cluster's
 //! tenants and classes, not its claims, and they change rarely; a per-object watch
@@ -43,7 +43,8 @@ use tracing::warn;
 
 use super::scheduler::{ClaimKey, Cluster, ClusterObjects, RunReport};
 use super::{LAST_RESULT_ANNOTATION, LAST_RUN_ANNOTATION};
-use crate::k8s::claim_label::{self, ClaimLabels};
+use crate::k8s::claim_label::ClaimLabels;
+use crate::k8s::node_claims::NodeClaims;
 use crate::reclaim_policy::{CONFIG_MAP_NAME, ClusterSettings, storage_class_name};
 
 /// Events name this controller.
@@ -94,6 +95,15 @@ where
     }
 }
 
+/// Aborts a task when dropped.
+struct AbortOnDrop(AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Kubernetes, as the reclaim scheduler needs it.
 pub struct KubeCluster {
     client: Client,
@@ -102,7 +112,9 @@ pub struct KubeCluster {
     namespaces: Watched<Namespace>,
     storage_classes: Watched<StorageClass>,
     config_map: Watched<ConfigMap>,
-    pvcs: Watched<PersistentVolumeClaim>,
+    claims: NodeClaims,
+    /// Forwards the claims' changes to `notify`.
+    _claims_changed: AbortOnDrop,
     labels: Arc<ClaimLabels>,
     recorder: Recorder,
 }
@@ -117,8 +129,15 @@ impl Debug for KubeCluster {
 
 impl KubeCluster {
     /// Starts the cluster-wide watches. `node` names this instance in events; claims
-    /// are labelled through `labels`, shared with the daemon's other users of the label.
-    pub fn start(client: Client, csi_addons_namespace: &str, node: &str, labels: ClaimLabels) -> Arc<Self> {
+    /// are labelled through `labels` and read from `claims`, both shared with the
+    /// daemon's other users of the label.
+    pub fn start(
+        client: Client,
+        csi_addons_namespace: &str,
+        node: &str,
+        labels: ClaimLabels,
+        claims: NodeClaims,
+    ) -> Arc<Self> {
         let notify = Arc::new(Notify::new());
         let namespaces = watch(
             Api::<Namespace>::all(client.clone()),
@@ -138,12 +157,15 @@ impl KubeCluster {
             Arc::clone(&notify),
             format!("configmap {csi_addons_namespace}/{CONFIG_MAP_NAME}"),
         );
-        let pvcs = watch(
-            Api::<PersistentVolumeClaim>::all(client.clone()),
-            watcher::Config::default().labels(&claim_label::selector(node)),
-            Arc::clone(&notify),
-            "this node's pvcs".to_string(),
-        );
+        let claims_changed = {
+            let (claims, notify) = (claims.clone(), Arc::clone(&notify));
+            tokio::spawn(async move {
+                loop {
+                    claims.changed().await;
+                    notify.notify_one();
+                }
+            })
+        };
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -159,15 +181,17 @@ impl KubeCluster {
             namespaces,
             storage_classes,
             config_map,
-            pvcs,
+            claims,
+            _claims_changed: AbortOnDrop(claims_changed.abort_handle()),
             recorder,
         })
     }
 
     fn pvc(&self, claim: &ClaimKey) -> Option<PersistentVolumeClaim> {
-        self.pvcs
-            .store
-            .get(&ObjectRef::new(&claim.name).within(&claim.namespace))
+        // The last state seen, as for every other object here: a schedule does not
+        // stop while the API server is away.
+        self.claims
+            .last_seen(&claim.namespace, &claim.name)
             .map(|p| (*p).clone())
     }
 

@@ -224,7 +224,8 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
         client.clone(),
         "csi-addons-system",
         "node-a",
-        ClaimLabels::new(client, "node-a").with_grace(std::time::Duration::ZERO),
+        ClaimLabels::new(client.clone(), "node-a").with_grace(std::time::Duration::ZERO),
+        NodeClaims::start(client, "node-a"),
     );
     let config = SchedulerConfig {
         policy: NodePolicy::default(),
@@ -397,7 +398,8 @@ async fn a_failure_is_annotated_and_raised_as_an_event() {
         client.clone(),
         "csi-addons-system",
         "node-a",
-        ClaimLabels::new(client, "node-a").with_grace(std::time::Duration::ZERO),
+        ClaimLabels::new(client.clone(), "node-a").with_grace(std::time::Duration::ZERO),
+        NodeClaims::start(client, "node-a"),
     );
     let finished: Timestamp = "2024-05-16T00:41:07Z".parse().unwrap();
     cluster
