@@ -51,7 +51,22 @@ pub fn get_pod(name: &str) -> String {
 
 /// A node over `client` whose owner check is the daemon's, with `timings`.
 pub fn node(client: kube::Client, timings: Timings) -> Node {
-    Node::new(|health| OwnerCheck::On(Arc::new(start_checker(client, NODE, health, timings, None, None))))
+    node_with(client, timings, None, None)
+}
+
+/// The same, labelling the claims it reads through `labels` and reading labelled ones
+/// from `claims`, as the daemon wires it.
+fn node_with(
+    client: kube::Client,
+    timings: Timings,
+    labels: Option<super::claim_label::ClaimLabels>,
+    claims: Option<super::node_claims::NodeClaims>,
+) -> Node {
+    Node::new(|health| {
+        OwnerCheck::On(Arc::new(start_checker(
+            client, NODE, health, timings, labels, claims,
+        )))
+    })
 }
 
 /// Waits until readiness says `ready`; returns its last answer.
@@ -207,16 +222,7 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
     let (client, api) = statefulset_world();
     let ttl = Duration::from_secs(2);
     let labels = super::claim_label::ClaimLabels::new(client.clone(), NODE);
-    let mut node = Node::new(|health| {
-        OwnerCheck::On(Arc::new(start_checker(
-            client,
-            NODE,
-            health,
-            timings(ttl),
-            Some(labels.clone()),
-            None,
-        )))
-    });
+    let mut node = node_with(client, timings(ttl), Some(labels.clone()), None);
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;
 
@@ -244,17 +250,7 @@ async fn a_labelled_claim_is_read_from_the_watch_of_the_nodes_claims() {
     let (client, api) = statefulset_world();
     let ttl = Duration::from_millis(100);
     let (claims, mut writer) = super::node_claims::NodeClaims::by_hand();
-    let watched = claims.clone();
-    let mut node = Node::new(|health| {
-        OwnerCheck::On(Arc::new(start_checker(
-            client,
-            NODE,
-            health,
-            timings(ttl),
-            None,
-            Some(watched),
-        )))
-    });
+    let mut node = node_with(client, timings(ttl), None, Some(claims.clone()));
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;
     let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
