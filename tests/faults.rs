@@ -8,6 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::csi_client::{NewVolume, fs_capability};
 use common::process::{DaemonProcess, Spawn};
 use common::{
     Cleanup, CsiClient, Daemon, assert_released, create_request, kubelet_paths, loops_under,
@@ -159,7 +160,8 @@ fn processes_with(needle: &str) -> usize {
         .count()
 }
 
-/// A storage tool that hangs (blkid, run by every stage of a volume formatted before):
+/// A storage tool that hangs (blkid, run by every stage of a volume formatted before at
+/// a stage; a volume formatted at its create is mounted without it):
 /// the call fails with DEADLINE_EXCEEDED when the daemon's timeout (30s for blkid)
 /// kills the tool;
 /// meanwhile the daemon answers other calls at once and the same volume is ABORTED, not
@@ -184,7 +186,13 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
     };
     let mut daemon = start_with_fake_tools(dir).await;
     let csi = CsiClient::new(daemon.channel().await);
-    let id = create(&csi, "pvc-hang", 32 * MIB).await;
+    // No filesystem type at create: the first stage formats, so blkid has a say later.
+    let unformatted = NewVolume {
+        capability: fs_capability("", &[]),
+        pvc: Some(("faults", "pvc-hang")),
+        ..NewVolume::new("pvc-hang", 32 * MIB)
+    };
+    let id = csi.create_id(unformatted.request()).await;
     // Formatted once with the real tools: from now on every stage asks blkid first.
     csi.stage(&id, &staging, &mount_capability()).await.unwrap();
     csi.unstage(&id, &staging).await.unwrap();
