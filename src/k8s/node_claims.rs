@@ -11,7 +11,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
-use super::{Retry, Synced, WATCH_RETRY, claim_label, reflect};
+use super::{Synced, WATCH_RETRY, claim_label, reflect};
 
 /// This node's labelled claims, kept current by a background watch.
 #[derive(Debug, Clone)]
@@ -24,17 +24,13 @@ pub struct NodeClaims {
 impl NodeClaims {
     /// Starts the watch of the claims labelled with `node`.
     pub fn start(client: Client, node: &str) -> Self {
-        Self::start_with(client, node, WATCH_RETRY)
-    }
-
-    pub fn start_with(client: Client, node: &str, retry: Retry) -> Self {
         let changed = Arc::new(Notify::new());
         let notify = Arc::clone(&changed);
         let (store, synced) = reflect::spawn(
             Api::all(client),
             watcher::Config::default().labels(&claim_label::selector(node)),
             "this node's claims",
-            retry,
+            WATCH_RETRY,
             |_| {},
             |_| {},
             move |event| {
@@ -66,11 +62,6 @@ impl NodeClaims {
     /// latest known state, such as the subject of an event).
     pub fn last_seen(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
         self.store.get(&ObjectRef::new(name).within(namespace))
-    }
-
-    /// Every claim the watch holds now.
-    pub fn all(&self) -> Vec<Arc<PersistentVolumeClaim>> {
-        self.store.state()
     }
 
     /// Resolves after the next change the watch saw: an added, changed or deleted claim,
