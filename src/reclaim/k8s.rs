@@ -95,15 +95,6 @@ where
     }
 }
 
-/// Aborts a task when dropped.
-struct AbortOnDrop(AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Kubernetes, as the reclaim scheduler needs it.
 pub struct KubeCluster {
     client: Client,
@@ -112,9 +103,8 @@ pub struct KubeCluster {
     namespaces: Watched<Namespace>,
     storage_classes: Watched<StorageClass>,
     config_map: Watched<ConfigMap>,
+    /// Its changes wake the scheduler as `notify` does (see `changed`).
     claims: NodeClaims,
-    /// Forwards the claims' changes to `notify`.
-    _claims_changed: AbortOnDrop,
     labels: Arc<ClaimLabels>,
     recorder: Recorder,
 }
@@ -157,15 +147,6 @@ impl KubeCluster {
             Arc::clone(&notify),
             format!("configmap {csi_addons_namespace}/{CONFIG_MAP_NAME}"),
         );
-        let claims_changed = {
-            let (claims, notify) = (claims.clone(), Arc::clone(&notify));
-            tokio::spawn(async move {
-                loop {
-                    claims.changed().await;
-                    notify.notify_one();
-                }
-            })
-        };
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -182,7 +163,6 @@ impl KubeCluster {
             storage_classes,
             config_map,
             claims,
-            _claims_changed: AbortOnDrop(claims_changed.abort_handle()),
             recorder,
         })
     }
@@ -266,7 +246,11 @@ impl Cluster for KubeCluster {
     }
 
     async fn changed(&self) {
-        self.notify.notified().await;
+        // The watches started here wake `notify`; the shared claims' watch has its own.
+        tokio::select! {
+            () = self.notify.notified() => {}
+            () = self.claims.changed() => {}
+        }
     }
 
     async fn report(&self, claim: &ClaimKey, report: &RunReport) {
