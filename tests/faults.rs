@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::csi_client::{NewVolume, fs_capability};
-use common::process::{DaemonProcess, Spawn};
+use common::process::{DaemonProcess, Output, Spawn};
 use common::{
     Cleanup, CsiClient, Daemon, assert_released, create_request, kubelet_paths, loops_under,
     mount_capability, privileged,
@@ -130,7 +130,10 @@ async fn start_with_fake_tools(dir: &Path) -> DaemonProcess {
         .standalone()
         .args(["--loop-capacity", "1Gi"])
         .env("PATH", path)
-        .env("RUST_LOG", "warn")
+        // Slow calls are logged at info (the hung-tool test reads them).
+        .env("RUST_LOG", "warn,localvol::csi=info")
+        .env("LOCALVOL_LOG_FORMAT", "json")
+        .output(Output::StderrTo(Some(dir.join("daemon.log"))))
         .spawn();
     if let Err(e) = daemon
         .wait_for_socket(Duration::from_secs(60), Duration::from_millis(25))
@@ -248,6 +251,18 @@ async fn a_hung_storage_command_times_out_and_the_volume_is_retryable() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(processes_with(&marker), 0, "the hung tool was killed");
+    // The log names the slow call and its time, whatever its outcome.
+    let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap();
+    let slow: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["message"] == "slow call" && e["span"]["rpc.method"] == "NodeStageVolume")
+        .collect();
+    assert!(
+        slow.iter()
+            .any(|e| e["ok"] == false && e["elapsed_ms"].as_u64().is_some_and(|ms| ms >= 1000)),
+        "no slow-call line for the hung stage in:\n{log}"
+    );
 
     // The tool works again: the same stage succeeds (the lock was released).
     std::fs::remove_file(&fake).unwrap();

@@ -11,7 +11,8 @@ pub async fn write_atomically(dir: &Path, path: &Path, contents: Vec<u8>) -> Res
     let path = path.to_path_buf();
     let dir = dir.to_path_buf();
     let spawn_dir = dir.clone();
-    tokio::task::spawn_blocking(move || {
+    let started = std::time::Instant::now();
+    let written = tokio::task::spawn_blocking(move || {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let tmp = path.with_extension("json.tmp");
@@ -29,7 +30,11 @@ pub async fn write_atomically(dir: &Path, path: &Path, contents: Vec<u8>) -> Res
         sync_dir(&dir)
     })
     .await
-    .map_err(|e| BackendError::io("spawn", spawn_dir)(std::io::Error::other(e)))?
+    .map_err(|e| BackendError::io("spawn", spawn_dir.clone())(std::io::Error::other(e)))?;
+    // Two fsyncs: on a node whose disk is busy, the likeliest slow step of a node call.
+    tracing::debug!(dir = %spawn_dir.display(), elapsed_us = started.elapsed().as_micros() as u64,
+        ok = written.is_ok(), "record written");
+    written
 }
 
 /// Reads a JSON record; `None` when there is none. A record that does not parse is

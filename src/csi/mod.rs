@@ -12,10 +12,10 @@ pub mod states;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tonic::{Response, Status};
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::error::Error;
 use crate::health::Health;
@@ -50,6 +50,11 @@ pub struct Driver {
     pub roots: KubeletRoots,
 }
 
+/// A call that takes longer is logged with its time, whatever its outcome: on a
+/// node, where pods wait on stage and publish, it is the first thing to look for.
+/// (`RUST_LOG=localvol::host=debug` adds each syscall, command and record write.)
+const SLOW_CALL: Duration = Duration::from_millis(200);
+
 impl Driver {
     fn lock(&self, token: &Token, method: &'static str) -> Result<VolumeGuard, Error> {
         Ok(self.locks.try_lock(token, method)?)
@@ -66,6 +71,16 @@ impl Driver {
         let started = Instant::now();
         let span = info_span!("rpc", rpc.method = method, volume.id = volume);
         let result = call.instrument(span.clone()).await;
+        let took = started.elapsed();
+        if took >= SLOW_CALL {
+            span.in_scope(|| {
+                info!(
+                    elapsed_ms = took.as_millis() as u64,
+                    ok = result.is_ok(),
+                    "slow call"
+                )
+            });
+        }
         match result {
             Ok(reply) => {
                 self.metrics.observe_rpc(method, tonic::Code::Ok, started);

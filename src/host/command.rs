@@ -205,6 +205,7 @@ impl Commands for SystemCommands {
                 program: cmd.program,
                 source,
             })?;
+        let started = std::time::Instant::now();
         let output = match tokio::time::timeout(cmd.timeout, child.wait_with_output()).await {
             Ok(result) => result.map_err(|source| CommandError::Spawn {
                 program: cmd.program,
@@ -218,6 +219,12 @@ impl Commands for SystemCommands {
                 });
             }
         };
+        debug!(
+            program = cmd.program,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            exit_code = output.status.code(),
+            "finished"
+        );
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         if output.status.success() {
             Ok(CommandOutput {

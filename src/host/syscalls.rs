@@ -168,9 +168,15 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce(&Path) -> Result<T, SyscallError> + Send + 'static,
 ) -> Result<T, SyscallError> {
     let owned = path.to_path_buf();
-    tokio::task::spawn_blocking(move || f(&owned))
+    let started = std::time::Instant::now();
+    let result = tokio::task::spawn_blocking(move || f(&owned))
         .await
-        .map_err(|join| SyscallError::new(call, path, std::io::Error::other(join)))?
+        .map_err(|join| SyscallError::new(call, path, std::io::Error::other(join)))?;
+    // What a slow node call waited on, for `RUST_LOG=localvol::host=debug`; the time
+    // includes the hand-off to the blocking pool.
+    tracing::debug!(call, path = %path.display(), elapsed_us = started.elapsed().as_micros() as u64,
+        ok = result.is_ok(), "syscall");
+    result
 }
 
 nix::ioctl_read!(blk_get_size64, 0x12, 114, u64);
