@@ -150,6 +150,27 @@ if [ ! -s "$rootfs" ]; then
   find "$IMAGE_CACHE" -maxdepth 1 -name 'runtime-*.tar' ! -path "$rootfs" -delete   # older versions
 fi
 
+# The node's Debian packages, before the control plane: start-kube.sh needs etcd, and
+# only start-node.sh (run after it) would install it. Their services stay stopped: the
+# recipe runs its own etcd and containerd.
+node_packages=(containerd runc containernetworking-plugins busybox-static etcd-server
+  curl openssl iproute2 iptables python3 xz-utils)
+missing=()
+for p in "${node_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  phase "packages: ${missing[*]}"
+  no_start=0
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; no_start=1; }
+  rc=0
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; }
+  } >"$LOGS/apt.log" 2>&1 || rc=$?
+  [ $no_start = 0 ] || rm -f /usr/sbin/policy-rc.d
+  [ $rc = 0 ] || { tail -20 "$LOGS/apt.log"; exit 1; }
+fi
+
 phase "node"
 # The control plane first, with an audit log of the daemon pod's requests (scenario 8
 # counts them): start-node.sh then finds it running. The kubelet client flags are the
