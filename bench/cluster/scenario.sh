@@ -20,8 +20,19 @@ bench_cluster() {
   k apply -k "$REPO/bench/cluster/peer" >/dev/null
   wait_until 120 "peer DaemonSet Ready" peer_ready
   wait_until 60 "peer registered with kubelet" peer_registered
+  if [ -n "${LOCALVOL_BENCH_LOG_DIR:-}" ]; then
+    # Each syscall, command and record write with its time, so that a slow call in
+    # the kept logs says what it waited on (a line per step; no change at info).
+    k -n "$SYSTEM_NS" set env ds/localvol-node -c localvol RUST_LOG=info,localvol::host=debug,localvol::backend=debug >/dev/null
+    wait_until 120 "localvol restarted with debug logs" daemon_ready
+    wait_until 60 "localvol registered again" registered
+  fi
   new_namespace lvtest-bench
   LOCALVOL_BENCH_AUDIT_LOG=$AUDIT_LOG NODE_NAME=$NODE "$exe" ${LOCALVOL_BENCH_ARGS:-} || rc=$?
+  if [ -n "${LOCALVOL_BENCH_LOG_DIR:-}" ]; then
+    k -n "$SYSTEM_NS" logs ds/localvol-node -c localvol --tail=-1 >"$LOCALVOL_BENCH_LOG_DIR/localvol-last.log" 2>&1
+    cp "$KUBE_KIT_STATE"/logs/kubelet.log "$LOCALVOL_BENCH_LOG_DIR/" 2>/dev/null
+  fi
   delete_namespace lvtest-bench
   k delete -k "$REPO/bench/cluster/peer" --wait=true --timeout=120s >/dev/null
   [ $rc = 0 ] || fail "the benchmark client failed ($rc)"

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, LogParams};
 use kube::{Api, Client};
 use serde::Serialize;
 use tokio::sync::Semaphore;
@@ -115,6 +115,7 @@ pub async fn restart(
 ) -> Result<Restart, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), daemon.namespace);
     let old = pod_of(client, daemon).await?;
+    keep_log(&pods, daemon, &old).await?;
     let start = Instant::now();
     pods.delete(&old, &DeleteParams::default())
         .await
@@ -177,6 +178,25 @@ pub async fn restart(
     out.serving_ms = out.ready_ms.max(out.all_stats_ms);
     out.rss_kib = rss_kib(daemon.process).ok_or_else(|| format!("no {} process in /proc", daemon.process))?;
     Ok(out)
+}
+
+/// Writes the daemon container's log to `$LOCALVOL_BENCH_LOG_DIR/<daemon>-<pod>.log`
+/// when that is set: a deleted pod's log goes with it, and it is where a slow call of
+/// the runs before says what it waited on.
+async fn keep_log(pods: &Api<Pod>, daemon: &Daemon, pod: &str) -> Result<(), String> {
+    let Some(dir) = std::env::var_os("LOCALVOL_BENCH_LOG_DIR").map(PathBuf::from) else {
+        return Ok(());
+    };
+    let params = LogParams {
+        container: Some(daemon.container.into()),
+        ..LogParams::default()
+    };
+    let log = pods
+        .logs(pod, &params)
+        .await
+        .map_err(|e| format!("the log of {pod}: {e}"))?;
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(format!("{}-{pod}.log", daemon.name)), log).map_err(|e| e.to_string())
 }
 
 /// Asks the new daemon for every volume's stats, 8 at a time, retrying each until it
