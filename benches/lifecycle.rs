@@ -154,11 +154,31 @@ async fn main() {
         scaling.push((concurrency, total as f64 / t.elapsed().as_secs_f64()));
     }
 
-    // 4. Resident memory after 500 volumes exist.
+    // 4. Resident memory after 500 volumes exist; GetCapacity and CreateVolume with
+    // none and with 500 (a loop class counts every volume for both).
     let mut csi = Csi::new(channel.clone());
+    let capacity_p50 = async |csi: &mut Csi| {
+        let mut times = Vec::new();
+        for _ in 0..30 {
+            let t = Instant::now();
+            csi.capacity().await;
+            times.push(t.elapsed());
+        }
+        times.sort();
+        percentile(&times, 0.5)
+    };
+    let capacity_empty = capacity_p50(&mut csi).await;
+    let mut creates = Vec::new();
     for i in 0..500 {
+        let t = Instant::now();
         csi.create(&format!("many-{i}"), MIB, None).await;
+        creates.push(t.elapsed());
     }
+    let capacity_500 = capacity_p50(&mut csi).await;
+    let (mut first_creates, mut last_creates) = (creates[..50].to_vec(), creates[450..].to_vec());
+    first_creates.sort();
+    last_creates.sort();
+    let (create_first, create_last) = (percentile(&first_creates, 0.5), percentile(&last_creates, 0.5));
     csi.list().await;
     let rss_500 = daemon.rss_kib();
     daemon.stop().await;
@@ -263,6 +283,26 @@ async fn main() {
             rate / base_rate
         );
     }
+    for (label, empty, full) in [
+        (
+            "GetCapacity p50 (500 volumes vs none)",
+            capacity_empty,
+            capacity_500,
+        ),
+        (
+            "CreateVolume p50 (the last 50 of 500 vs the first)",
+            create_first,
+            create_last,
+        ),
+    ] {
+        println!(
+            "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
+            label,
+            ms(full),
+            ms(empty),
+            ms(full) / ms(empty)
+        );
+    }
     println!("{:<44} {:>10} KiB", "RSS idle", idle_rss);
     println!("{:<44} {:>10} KiB", "RSS after 500 volumes", rss_500);
     for (pods, rss) in &rss_kube {
@@ -304,6 +344,13 @@ async fn main() {
                 .map(|(c, r)| json!({"concurrency": c, "rate": r, "speedup": r / base_rate}))
                 .collect::<Vec<_>>()
         ),
+    );
+    report.insert(
+        "with_500_volumes".into(),
+        json!({"get_capacity_p50_ms": ms(capacity_500), "get_capacity_p50_ms_empty": ms(capacity_empty),
+               "get_capacity_ratio": ms(capacity_500) / ms(capacity_empty),
+               "create_p50_ms_last_50": ms(create_last), "create_p50_ms_first_50": ms(create_first),
+               "create_ratio": ms(create_last) / ms(create_first)}),
     );
     report.insert(
         "rss_kib".into(),

@@ -206,6 +206,11 @@ impl Csi {
         self.0.node_capabilities().await.unwrap();
     }
 
+    /// GetCapacity of the default class (what external-provisioner polls).
+    pub async fn capacity(&mut self) {
+        self.0.capacity(None).await.unwrap();
+    }
+
     pub async fn list(&mut self) {
         self.0.list().await.unwrap();
     }

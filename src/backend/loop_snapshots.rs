@@ -275,14 +275,16 @@ impl LoopBackend {
 
     /// Disk the snapshots' images hold (st_blocks): counted against the class's limit.
     pub(super) async fn snapshot_bytes(&self) -> Result<u64, BackendError> {
-        use std::os::unix::fs::MetadataExt;
-        let mut total = 0;
-        for token in self.snapshot_tokens().await? {
-            if let Ok(meta) = tokio::fs::metadata(self.snapshot_image(&token)).await {
-                total += meta.blocks() * 512;
-            }
-        }
-        Ok(total)
+        let images = self
+            .snapshot_tokens()
+            .await?
+            .iter()
+            .map(|token| self.snapshot_image(token))
+            .collect();
+        Ok(files::allocated_bytes_of(&self.snapshot_dir(), images)
+            .await?
+            .into_iter()
+            .sum())
     }
 
     pub async fn create_snapshot(&self, spec: &SnapshotSpec) -> Result<SnapshotRecord, BackendError> {

@@ -151,27 +151,26 @@ impl LoopBackend {
     }
 
     pub async fn list(&self) -> Result<Vec<VolumeRecord>, BackendError> {
-        let mut records = Vec::new();
-        for token in files::record_tokens(&self.dir).await? {
-            if let Some(record) = self.get(&token).await? {
-                records.push(record);
-            }
-        }
+        let mut records: Vec<VolumeRecord> = files::read_all_json::<RecordFile>(&self.dir)
+            .await?
+            .into_iter()
+            .map(|(token, file)| self.to_record(token, file))
+            .collect();
         records.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(records)
     }
 
     /// Bytes promised to volumes, and bytes of those promises not yet backed by disk.
+    /// Two trips to the blocking pool whatever the number of volumes: every create
+    /// makes this count under the allocation lock.
     async fn allocated(&self) -> Result<(u64, u64), BackendError> {
-        use std::os::unix::fs::MetadataExt;
+        let records = self.list().await?;
+        let images = records.iter().map(|r| self.image_path(&r.id.token)).collect();
+        let used = files::allocated_bytes_of(&self.dir, images).await?;
         let mut promised = 0u64;
         let mut unbacked = 0u64;
-        for record in self.list().await? {
+        for (record, used) in records.iter().zip(used) {
             promised += record.size_bytes;
-            let used = match tokio::fs::metadata(self.image_path(&record.id.token)).await {
-                Ok(meta) => meta.blocks() * 512,
-                Err(_) => 0,
-            };
             unbacked += record.size_bytes.saturating_sub(used);
         }
         // Snapshots are never written: what they hold on disk is all they will take.
