@@ -88,6 +88,29 @@ pub fn namespaces() -> Vec<(String, String)> {
         .collect()
 }
 
+/// What a kill inside `ndctl create-namespace` leaves when it lands after the uuid and
+/// name of the namespace ndctl picked were written and before its size was: written
+/// here by hand into every idle namespace of the region (ndctl picks namespace0.0 when
+/// it is idle, the seed otherwise). Returns the namespaces written.
+pub fn interrupt_namespace_setup(name: &str) -> Vec<String> {
+    let devices = Path::new("/sys/bus/nd/devices");
+    let mut written = Vec::new();
+    for entry in std::fs::read_dir(devices).unwrap() {
+        let dev = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let attr = |a: &str| devices.join(&dev).join(a);
+        if !dev.starts_with("namespace")
+            || std::fs::read_to_string(attr("size")).map_or(true, |s| s.trim() != "0")
+        {
+            continue;
+        }
+        let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();
+        std::fs::write(attr("uuid"), uuid.trim()).unwrap();
+        std::fs::write(attr("alt_name"), name).unwrap();
+        written.push(dev);
+    }
+    written
+}
+
 /// The volume's block device, if it exists (the LV and namespace are named after the
 /// volume's token, which for these names is the name itself).
 pub fn volume_device(class: &str, name: &str) -> Option<PathBuf> {

@@ -13,7 +13,10 @@
 //! made and cleared, then the record is marked done: a volume exists when both do and
 //! the record is done. A retry that finds a pending record destroys the namespace it
 //! names and starts again; a namespace with our name but no record of ours is never
-//! touched.
+//! touched. A create killed before ndctl wrote the namespace's size leaves an idle
+//! namespace that holds no storage but keeps its new uuid, which the kernel can refuse
+//! to replace; every create resets such a namespace first
+//! ([`ndctl::Namespace::is_setup_interrupted`]).
 //!
 //! **No old bytes.** A new namespace shows whatever an earlier one left in the same
 //! place (captured in the fixtures). Raw block volumes are zeroed whole before they

@@ -56,6 +56,9 @@ pub struct Namespace {
     pub blockdev: Option<String>,
     #[serde(default)]
     pub state: Option<String>,
+    /// All zeros unless a uuid was written; see [`Namespace::is_setup_interrupted`].
+    #[serde(default)]
+    pub uuid: Option<String>,
 }
 
 impl Namespace {
@@ -64,6 +67,19 @@ impl Namespace {
     /// name of a volume that is gone.
     pub fn is_idle_seed(&self) -> bool {
         self.mode == "raw" && self.size == 0
+    }
+
+    /// An idle namespace whose setup an interrupted `ndctl create-namespace` left
+    /// midway: its uuid (and often its name) written, its size not. It holds no
+    /// storage, but while the region has no other namespace the kernel refuses to give
+    /// it a new uuid (EBUSY), so every create that ndctl sends to it fails, until its
+    /// size is written as 0 again (`ndctl destroy-namespace`), which forgets the uuid.
+    pub fn is_setup_interrupted(&self) -> bool {
+        self.is_idle_seed()
+            && self
+                .uuid
+                .as_deref()
+                .is_some_and(|u| u.chars().any(|c| c != '0' && c != '-'))
     }
 }
 
@@ -212,6 +228,28 @@ mod tests {
         assert_eq!((half_made.mode.as_str(), half_made.size), ("fsdax", 0));
         assert_eq!(half_made.state.as_deref(), Some("disabled"));
         assert!(!half_made.is_idle_seed(), "it holds storage: destroy it on retry");
+    }
+
+    #[test]
+    fn a_namespace_left_mid_setup_is_told_from_a_seed() {
+        let r = &parse_regions(fixture!("list-RNi-setup-interrupted.json")).unwrap()[0];
+        let (seed, interrupted) = (&r.namespaces[0], &r.namespaces[1]);
+        assert!(seed.is_idle_seed() && !seed.is_setup_interrupted());
+        assert_eq!(interrupted.name.as_deref(), Some("killed-midway"));
+        assert!(interrupted.is_idle_seed() && interrupted.is_setup_interrupted());
+        // ndctl's own cleanup after the failed create forgets the uuid: a seed again.
+        let after = &parse_regions(fixture!("list-RNi-after-failed-create.json")).unwrap()[0];
+        assert!(after.namespaces.iter().all(|n| !n.is_setup_interrupted()));
+        let busy = std::str::from_utf8(fixture!("create-namespace-setup-interrupted.txt")).unwrap();
+        assert!(stderr::is_busy(busy), "{busy}");
+        // Every seed of the other listings is idle and clean.
+        for listing in [
+            &fixture!("list-RNi-region0-two-namespaces.json")[..],
+            fixture!("list-RNi-region0-empty.json"),
+        ] {
+            let r = &parse_regions(listing).unwrap()[0];
+            assert!(r.namespaces.iter().all(|n| !n.is_setup_interrupted()));
+        }
     }
 
     #[test]

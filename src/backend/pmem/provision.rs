@@ -60,7 +60,18 @@ impl PmemBackend {
     }
 
     async fn create_fresh(&self, spec: &CreateSpec, name: String) -> Result<VolumeRecord, BackendError> {
-        let region = self.known_state().await?;
+        let mut region = self.known_state().await?;
+        let interrupted: Vec<Namespace> = (region.namespaces.iter())
+            .filter(|ns| ns.is_setup_interrupted())
+            .cloned()
+            .collect();
+        if !interrupted.is_empty() {
+            for ns in &interrupted {
+                warn!(class = %self.class, namespace = %ns.dev, "resetting a namespace whose setup an interrupted create left midway");
+                self.destroy(&spec.token, ns).await?;
+            }
+            region = self.known_state().await?;
+        }
         let raw = ndctl::raw_for_usable(spec.size_bytes, self.align);
         // After our own create or destroy the report knows the namespaces but not the
         // free space; then ndctl's own refusal decides, which costs no listing.

@@ -29,6 +29,9 @@ struct FakeNs {
     /// Left by a killed `ndctl create-namespace`: fsdax but disabled, listed without
     /// a size (tests/fixtures/ndctl/list-Ni-after-killed-create.json).
     half_made: bool,
+    /// Idle, with the uuid an interrupted setup wrote
+    /// (tests/fixtures/ndctl/list-RNi-setup-interrupted.json).
+    uuid_set: bool,
 }
 
 #[derive(Debug, Default)]
@@ -60,7 +63,8 @@ impl FakeRegion {
                         n.blockdev
                     )
                 } else {
-                    format!(r#"{{"dev":"{}","mode":"raw","size":{},"state":"disabled"{name}}}"#, n.dev, n.raw)
+                    let uuid = if n.uuid_set { "0f7bd679-9ed3-44b5-aa23-452e6b52cafb" } else { "00000000-0000-0000-0000-000000000000" };
+                    format!(r#"{{"dev":"{}","mode":"raw","size":{},"uuid":"{uuid}","state":"disabled"{name}}}"#, n.dev, n.raw)
                 }
             })
             .collect();
@@ -95,6 +99,15 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
                     if raw > r.available() {
                         return failed(cmd, 237, "failed to create namespace: No space left on device\n");
                     }
+                    // The kernel refuses the uuid of a namespace left mid-setup while no
+                    // namespace holds storage; ndctl's cleanup then forgets that uuid.
+                    if r.namespaces.iter().all(|n| n.raw == 0)
+                        && let Some(stuck) = r.namespaces.iter_mut().find(|n| n.uuid_set)
+                    {
+                        stuck.uuid_set = false;
+                        let text = format!("  Error: create namespace: {}: set_uuid failed: Device or resource busy\n\n", stuck.dev);
+                        return failed(cmd, 240, &text);
+                    }
                     let n = r.next;
                     r.next += 1;
                     let ns = FakeNs {
@@ -105,6 +118,7 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
                         busy: false,
                         enabled: true,
                         half_made: false,
+                        uuid_set: false,
                     };
                     let out = format!(
                         r#"{{"dev":"{}","mode":"fsdax","map":"dev","size":{},"align":2097152,"blockdev":"{}","name":"{}"}}"#,
@@ -121,6 +135,11 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
                     match r.namespaces.iter().position(|n| &n.dev == dev) {
                         None => failed(cmd, 250, "error destroying namespaces: No such device or address\ndestroyed 0 namespaces\n"),
                         Some(i) if r.namespaces[i].busy => failed(cmd, 240, "error destroying namespaces: Device or resource busy\ndestroyed 0 namespaces\n"),
+                        // Writing size 0 again forgets the uuid.
+                        Some(i) if r.namespaces[i].uuid_set => {
+                            r.namespaces[i].uuid_set = false;
+                            ok("destroyed 1 namespace\n".to_string())
+                        }
                         Some(i) if r.namespaces[i].raw == 0 => {
                             failed(cmd, 250, "error destroying namespaces: No such device or address\ndestroyed 0 namespaces\n")
                         }
@@ -376,6 +395,7 @@ async fn namespaces_that_are_not_ours_are_never_touched() {
         busy: false,
         enabled: true,
         half_made: false,
+        uuid_set: false,
     });
     f.backend.cache.invalidate();
     let token = Token::for_name("pvc-1");

@@ -74,3 +74,36 @@ async fn a_namespace_left_disabled_by_a_killed_create_is_destroyed_on_retry() {
     assert!(restarted.get(&token).await.unwrap().is_some());
     assert_eq!(f.names(), ["pvc-1"]);
 }
+
+#[tokio::test]
+async fn a_namespace_left_mid_setup_is_reset_before_the_next_create() {
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
+    f.backend.delete(&token).await.unwrap();
+    // As if ndctl died after writing the seed's uuid and name, before its size: the
+    // region holds nothing, and the kernel refuses that namespace a new uuid.
+    f.region.lock().unwrap().namespaces[0].uuid_set = true;
+    f.backend.cache.invalidate();
+    let before = f.changes().len();
+    f.backend
+        .create(&spec("pvc-2", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .expect("the first create after the interruption succeeds");
+    assert_eq!(
+        f.changes()[before..],
+        [
+            "ndctl destroy-namespace -f namespace0.0",
+            "ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-2",
+        ]
+    );
+    assert_eq!(f.names(), ["pvc-2"]);
+    // A clean seed is never reset.
+    let before = f.changes().len();
+    f.backend
+        .create(&spec("pvc-3", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.changes()[before..],
+        ["ndctl create-namespace -r region0 -m fsdax -M dev -s 67108864 -n pvc-3"]
+    );
+}
