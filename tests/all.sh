@@ -42,7 +42,10 @@ background() {  # background NAME NICE COMMAND...
   local name=$1 level=$2; shift 2
   started[$name]=$SECONDS
   # The job reports its own duration: it may end long before `finish` waits for it.
-  ( renice -n "$level" -p "$BASHPID" >/dev/null; rc=0; "$@" || rc=$?
+  # errexit is off inside a command whose status is tested (`"$@" || rc=$?`), and so in
+  # every function it calls: a failing step would not end the job's function. The job
+  # runs in a child of its own instead, where errexit holds, and its status is waited for.
+  ( renice -n "$level" -p "$BASHPID" >/dev/null; rc=0; ( set -e; "$@" ) & wait $! || rc=$?
     echo "==== $name: exit $rc after $((SECONDS - started[$name]))s ($(date +%T))"; exit "$rc"
   ) > >(sed -u "s/^/[$name] /") 2>&1 &
   pids[$name]=$!
@@ -56,6 +59,13 @@ finish() {  # finish NAME...: wait for each; the names that failed go to $failed
   done
 }
 failed=()
+# The wrapper's own check: a job whose function fails midway must fail (the cluster
+# suite's failures went unnoticed while they did not).
+failing_job() { false; true; }
+background "self-check (must exit 1)" 0 failing_job
+if wait "${pids[self-check (must exit 1)]}"; then
+  echo "tests/all.sh: background() lost a failing job's status" >&2; exit 1
+fi
 # A failing host step ends the run: nothing started here may outlive it (a guest would
 # run on for an hour). Every process below a job that is still running gets SIGTERM.
 kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null || true; }
@@ -133,9 +143,10 @@ cluster_suite() {
     [ "${CI:-}" != true ] || { echo "tests/all.sh: CI=true requires the cluster suite" >&2; return 1; }
     return 0
   fi
-  local start=$SECONDS
-  tests/cluster/run.sh
+  local start=$SECONDS rc=0
+  tests/cluster/run.sh || rc=$?
   echo "cluster suite: $((SECONDS - start))s (budget 720s)"
+  [ "$rc" = 0 ] || { echo "tests/all.sh: the cluster suite failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 720 ] || { echo "tests/all.sh: the cluster suite took over 12 minutes" >&2; return 1; }
 }
 step "in parallel with the VM suite: cluster (tests/cluster/run.sh), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"

@@ -1,4 +1,4 @@
-# Scenario 6: the daemon pod is deleted and its daemon SIGKILLed while a workload has a
+# Scenario 6: the daemon is SIGKILLed and its pod deleted while a workload has a
 # volume mounted: the workload keeps its data, a new daemon pod becomes Ready (and is
 # registered again), and the later unmount works.
 s6_daemon_restart() {
@@ -14,9 +14,11 @@ s6_daemon_restart() {
   pid=$(container_pid "$SYSTEM_NS" "$old" localvol) || true
   [ -n "$pid" ] || fail "no host PID for the localvol container of $old"
   grep -q localvol "/proc/$pid/cmdline" || fail "PID $pid is not localvol"
-  k -n "$SYSTEM_NS" delete pod "$old" --wait=false >/dev/null
+  # SIGKILL first: once the pod is being deleted, kubelet's SIGTERM may end the daemon
+  # (cleanly) before a SIGKILL reaches it.
   kill -KILL "$pid"
-  note "daemon pod $old deleted, localvol PID $pid SIGKILLed"
+  k -n "$SYSTEM_NS" delete pod "$old" --wait=false >/dev/null
+  note "localvol PID $pid SIGKILLed, daemon pod $old deleted"
   wait_until 120 "a new daemon pod Ready" s6_replaced "$old"
   wait_until 60 "CSINode lists $DRIVER again" registered
   [ "$(k -n $ns exec app -- cat /data/f)" = survives ] || fail "the workload lost its data"
