@@ -19,6 +19,10 @@
 //! lifecycle no LV but the pool, no device-mapper device, no namespace and no mount
 //! of the test is left; at the end no record file either.
 //!
+//! One kill point is too narrow for random delays to reach reliably, so it is made by
+//! hand: `pmem_create_after_a_setup_killed_midway` (a namespace whose uuid ndctl wrote
+//! and whose size it did not).
+//!
 //! Seeded: `LOCALVOL_CRASH_VM_SEED` (hex, printed first) picks every fs type, step to
 //! kill, delay and kill style, so a failure's plan reproduces (kill timing against a
 //! running tool cannot be replayed exactly). `LOCALVOL_CRASH_VM_ROUNDS` lifecycles per
