@@ -61,15 +61,17 @@ impl PmemBackend {
 
     async fn create_fresh(&self, spec: &CreateSpec, name: String) -> Result<VolumeRecord, BackendError> {
         let mut region = self.known_state().await?;
-        let interrupted: Vec<Namespace> = (region.namespaces.iter())
+        let interrupted: Vec<Namespace> = region
+            .namespaces
+            .iter()
             .filter(|ns| ns.is_setup_interrupted())
             .cloned()
             .collect();
+        for ns in &interrupted {
+            warn!(class = %self.class, namespace = %ns.dev, "resetting a namespace whose setup an interrupted create left midway");
+            self.destroy(&spec.token, ns).await?;
+        }
         if !interrupted.is_empty() {
-            for ns in &interrupted {
-                warn!(class = %self.class, namespace = %ns.dev, "resetting a namespace whose setup an interrupted create left midway");
-                self.destroy(&spec.token, ns).await?;
-            }
             region = self.known_state().await?;
         }
         let raw = ndctl::raw_for_usable(spec.size_bytes, self.align);
