@@ -5,6 +5,23 @@ use std::path::{Path, PathBuf};
 use super::BackendError;
 use crate::model::Token;
 
+/// Runs `f` on the blocking pool, where the backends' file work leaves the async
+/// workers; `path` names the failure if the task itself is lost.
+pub async fn blocking<T: Send + 'static>(
+    path: &Path,
+    f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
+) -> Result<T, BackendError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| BackendError::io("spawn", path)(std::io::Error::other(e)))?
+}
+
+/// [`sync_dir`] on the blocking pool.
+pub async fn sync_dir_async(dir: &Path) -> Result<(), BackendError> {
+    let owned = dir.to_path_buf();
+    blocking(dir, move || sync_dir(&owned)).await
+}
+
 /// Writes a file atomically: temporary file (mode 0600), fsync, rename, fsync of the
 /// directory. After a crash the file holds either the old or the new contents.
 pub async fn write_atomically(dir: &Path, path: &Path, contents: Vec<u8>) -> Result<(), BackendError> {
@@ -12,7 +29,7 @@ pub async fn write_atomically(dir: &Path, path: &Path, contents: Vec<u8>) -> Res
     let dir = dir.to_path_buf();
     let spawn_dir = dir.clone();
     let started = std::time::Instant::now();
-    let written = tokio::task::spawn_blocking(move || {
+    let written = blocking(&spawn_dir, move || {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let tmp = path.with_extension("json.tmp");
@@ -29,8 +46,7 @@ pub async fn write_atomically(dir: &Path, path: &Path, contents: Vec<u8>) -> Res
         std::fs::rename(&tmp, &path).map_err(BackendError::io("rename", &path))?;
         sync_dir(&dir)
     })
-    .await
-    .map_err(|e| BackendError::io("spawn", spawn_dir.clone())(std::io::Error::other(e)))?;
+    .await;
     // Two fsyncs: on a node whose disk is busy, the likeliest slow step of a node call.
     tracing::debug!(dir = %spawn_dir.display(), elapsed_us = started.elapsed().as_micros() as u64,
         ok = written.is_ok(), "record written");
@@ -72,7 +88,7 @@ where
     T: serde::de::DeserializeOwned + Send + 'static,
 {
     let owned = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || {
+    blocking(dir, move || {
         let mut records = Vec::new();
         for token in record_tokens_blocking(&owned)? {
             let path = owned.join(format!("{token}.json"));
@@ -88,21 +104,19 @@ where
         Ok(records)
     })
     .await
-    .map_err(|e| BackendError::io("spawn", dir)(std::io::Error::other(e)))?
 }
 
 /// The space each file in `dir` takes on disk (its allocated blocks; 0 for a file
 /// that is gone), in one trip to the blocking pool (see [`read_all_json`]).
 pub async fn allocated_bytes_of(dir: &Path, paths: Vec<PathBuf>) -> Result<Vec<u64>, BackendError> {
     use std::os::unix::fs::MetadataExt;
-    tokio::task::spawn_blocking(move || {
-        paths
+    blocking(dir, move || {
+        Ok(paths
             .iter()
             .map(|p| std::fs::metadata(p).map_or(0, |m| m.blocks() * 512))
-            .collect()
+            .collect())
     })
     .await
-    .map_err(|e| BackendError::io("spawn", dir)(std::io::Error::other(e)))
 }
 
 /// Removes a file and makes the removal durable; a missing file is already removed.
@@ -112,10 +126,7 @@ pub async fn remove_durably(dir: &Path, path: &Path) -> Result<(), BackendError>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(BackendError::io("unlink", path)(e)),
     }
-    let owned: PathBuf = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || sync_dir(&owned))
-        .await
-        .map_err(|e| BackendError::io("spawn", dir)(std::io::Error::other(e)))?
+    sync_dir_async(dir).await
 }
 
 /// Creates a directory (and its parents) with owner-only access.
@@ -138,9 +149,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), BackendError> {
 /// The tokens of the `<token>.json` records in `dir` (other files are not records).
 pub async fn record_tokens(dir: &Path) -> Result<Vec<Token>, BackendError> {
     let owned = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || record_tokens_blocking(&owned))
-        .await
-        .map_err(|e| BackendError::io("spawn", dir)(std::io::Error::other(e)))?
+    blocking(dir, move || record_tokens_blocking(&owned)).await
 }
 
 fn record_tokens_blocking(dir: &Path) -> Result<Vec<Token>, BackendError> {

@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::LoopBackend;
-use super::files::{self, sync_dir};
+use super::files;
 use crate::backend::{BackendError, CopySource, CreateSpec, SnapshotRecord, SnapshotSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::Host;
@@ -208,10 +208,7 @@ impl LoopBackend {
         tokio::fs::rename(&tmp, target)
             .await
             .map_err(BackendError::io("rename", target))?;
-        let dir = dir.to_path_buf();
-        tokio::task::spawn_blocking(move || sync_dir(&dir))
-            .await
-            .map_err(|e| BackendError::io("spawn", target)(std::io::Error::other(e)))?
+        files::sync_dir_async(dir).await
     }
 
     /// [`LoopBackend::copy_image`], with the filesystem mounted at `freeze` (the

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use super::files::{self, sync_dir};
+use super::files;
 use super::{BackendError, ClassCapacity, CreateSpec, FormatMark, StoreUsage, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType};
 use crate::host::Host;
@@ -233,11 +233,9 @@ impl LoopBackend {
         let image = self.image_path(&spec.token);
         let tmp = image.with_extension("img.tmp");
         let size = spec.size_bytes;
-        let spawn_failed =
-            |e: tokio::task::JoinError| BackendError::io("spawn", &self.dir)(std::io::Error::other(e));
         {
             let tmp = tmp.clone();
-            tokio::task::spawn_blocking(move || {
+            files::blocking(&self.dir, move || {
                 use std::os::unix::fs::OpenOptionsExt;
                 // Always a new inode: whatever an interrupted earlier attempt left is gone.
                 let _ = std::fs::remove_file(&tmp);
@@ -249,8 +247,7 @@ impl LoopBackend {
                     .map_err(BackendError::io("create", &tmp))?;
                 file.set_len(size).map_err(BackendError::io("truncate", &tmp))
             })
-            .await
-            .map_err(spawn_failed)??;
+            .await?;
         }
         // A filesystem volume whose type the request names is formatted now, in its
         // image file before that is in place: CreateVolume runs while the scheduler
@@ -273,7 +270,7 @@ impl LoopBackend {
         // metadata in order).
         {
             let (tmp, image) = (tmp.clone(), image.clone());
-            tokio::task::spawn_blocking(move || {
+            files::blocking(&self.dir, move || {
                 if format.is_some() {
                     std::fs::File::open(&tmp)
                         .and_then(|f| f.sync_all())
@@ -281,8 +278,7 @@ impl LoopBackend {
                 }
                 std::fs::rename(&tmp, &image).map_err(BackendError::io("rename", &image))
             })
-            .await
-            .map_err(spawn_failed)??;
+            .await?;
         }
         self.commit_record(
             spec,
@@ -332,10 +328,7 @@ impl LoopBackend {
                 Err(e) => return Err(BackendError::io("unlink", path)(e)),
             }
         }
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || sync_dir(&dir))
-            .await
-            .map_err(|e| BackendError::io("spawn", &self.dir)(std::io::Error::other(e)))?
+        files::sync_dir_async(&self.dir).await
     }
 
     pub async fn expand(&self, token: &Token, size_bytes: u64) -> Result<u64, BackendError> {
