@@ -274,6 +274,15 @@ async fn main() {
         ms(latency.syscall.0),
         ms(work_p50) / ms(latency.syscall.0)
     );
+    let rpc = latency.rpc_floor / 2;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_or(0, |t| t.lines().count());
+    println!(
+        "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
+        format!("NodeGetVolumeStats p50, {mounts} mounts (vs an empty call)"),
+        ms(latency.stats),
+        ms(rpc),
+        ms(latency.stats) / ms(rpc)
+    );
     for (c, rate) in &scaling {
         println!(
             "{:<44} {:>9.1}/s {:>12} {:>8.2}",
@@ -337,6 +346,12 @@ async fn main() {
                "ratio_p50_without_rpc_floor_vs_syscall": ms(work_p50) / ms(latency.syscall.0)}),
     );
     report.insert(
+        "stats_ms".into(),
+        json!({"localvol_p50": ms(latency.stats), "empty_call_p50": ms(rpc),
+               "ratio_p50_vs_empty_call": ms(latency.stats) / ms(rpc),
+               "mounts_on_the_host": mounts}),
+    );
+    report.insert(
         "throughput_per_s".into(),
         json!(
             scaling
@@ -372,8 +387,12 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
     let target = work.join("pub-target");
     let bare_target = work.join("bare-target");
     let (mut ours, mut bare, mut command) = (Vec::new(), Vec::new(), Vec::new());
-    let mut floor = Vec::new();
+    let (mut floor, mut stats) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
+        // What kubelet asks of every volume every minute, against one empty call.
+        let t = Instant::now();
+        csi.stats(&id, &stage).await;
+        stats.push(t.elapsed());
         // The gRPC floor: two calls that do no work, as many round trips as the pair.
         let t = Instant::now();
         for _ in 0..2 {
@@ -412,8 +431,10 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
     bare.sort();
     command.sort();
     floor.sort();
+    stats.sort();
     Latencies {
         rpc_floor: percentile(&floor, 0.5),
+        stats: percentile(&stats, 0.5),
         ours: (percentile(&ours, 0.5), percentile(&ours, 0.99)),
         syscall: (percentile(&bare, 0.5), percentile(&bare, 0.99)),
         command: (percentile(&command, 0.5), percentile(&command, 0.99)),
@@ -425,6 +446,8 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
 struct Latencies {
     /// p50 of two NodeGetCapabilities calls: the transport's share of the pair.
     rpc_floor: Duration,
+    /// p50 of NodeGetVolumeStats on the staging mount.
+    stats: Duration,
     ours: (Duration, Duration),
     syscall: (Duration, Duration),
     command: (Duration, Duration),

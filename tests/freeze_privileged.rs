@@ -18,7 +18,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{Cleanup, kubelet_paths, privileged};
 use localvol::host::{
-    CopyMethod, FsUsage, Host, LoopDevice, MountCall, SyscallError, Syscalls, SystemCommands, SystemSyscalls,
+    CopyMethod, FsUsage, Host, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls, SystemCommands,
+    SystemSyscalls,
 };
 use localvol::locks::VolumeLocks;
 use localvol::proto::csi::v1 as csi;
@@ -48,6 +49,9 @@ impl Syscalls for HeldCopies {
     }
     async fn mountinfo(&self) -> Result<String, SyscallError> {
         self.real.mountinfo().await
+    }
+    async fn mount_at(&self, path: &Path) -> Result<Option<MountedAt>, SyscallError> {
+        self.real.mount_at(path).await
     }
     async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError> {
         self.real.statvfs(path).await

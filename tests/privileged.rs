@@ -484,3 +484,87 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// statmount(2), the short way stats take, says of a path what the mount table says:
+/// for a mount, a bind of it, a bind of a subdirectory, a mount stacked over another, a
+/// read-only bind, a directory inside a mount, and this host's root and /proc.
+#[tokio::test]
+async fn statmount_agrees_with_the_mount_table() {
+    use localvol::host::{Syscalls, SystemSyscalls};
+    use localvol::mount::MountTable;
+    use nix::mount::{MsFlags, mount};
+    if !privileged() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    for name in ["fs", "bind", "sub", "stacked", "ro"] {
+        std::fs::create_dir(at(name)).unwrap();
+    }
+    let none = None::<&str>;
+    let _cleanup = common::Cleanup {
+        mounts: ["fs", "bind", "sub", "stacked", "stacked", "ro"]
+            .iter()
+            .map(|n| at(n))
+            .collect(),
+        data: at("no-loop-devices"),
+    };
+    mount(
+        Some("lv-test"),
+        &at("fs"),
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    std::fs::create_dir(at("fs/dir")).unwrap();
+    mount(Some(&at("fs")), &at("bind"), none, MsFlags::MS_BIND, none).unwrap();
+    mount(Some(&at("fs/dir")), &at("sub"), none, MsFlags::MS_BIND, none).unwrap();
+    mount(Some(&at("fs")), &at("stacked"), none, MsFlags::MS_BIND, none).unwrap();
+    mount(
+        Some("lv-over"),
+        &at("stacked"),
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+    mount(Some(&at("fs")), &at("ro"), none, MsFlags::MS_BIND, none).unwrap();
+    let remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    mount(none, &at("ro"), none, remount, none).unwrap();
+
+    let syscalls = SystemSyscalls;
+    let table = MountTable::parse(&syscalls.mountinfo().await.unwrap()).unwrap();
+    let paths = ["fs", "bind", "sub", "stacked", "ro", "fs/dir"].map(at);
+    for path in paths
+        .iter()
+        .map(|p| p.as_path())
+        .chain([std::path::Path::new("/"), "/proc".as_ref()])
+    {
+        let fast = syscalls.mount_at(path).await.unwrap();
+        let fast = fast.map(|m| (m.major, m.minor, m.root, m.mount_point, m.fs_type, m.read_only));
+        let slow = table.at(path).map(|e| {
+            (
+                e.major,
+                e.minor,
+                e.root.clone(),
+                e.mount_point.clone(),
+                e.fs_type.clone(),
+                e.is_read_only(),
+            )
+        });
+        assert_eq!(fast, slow, "{}", path.display());
+    }
+    // The cases the comparison must have covered.
+    let sub = syscalls.mount_at(&at("sub")).await.unwrap().unwrap();
+    assert_eq!(sub.root, std::path::Path::new("/dir"));
+    let fs = syscalls.mount_at(&at("fs")).await.unwrap().unwrap();
+    let stacked = syscalls.mount_at(&at("stacked")).await.unwrap().unwrap();
+    assert_ne!(
+        (stacked.major, stacked.minor),
+        (fs.major, fs.minor),
+        "the mount on top"
+    );
+    assert!(syscalls.mount_at(&at("ro")).await.unwrap().unwrap().read_only);
+    assert_eq!(syscalls.mount_at(&at("fs/dir")).await.unwrap(), None);
+}

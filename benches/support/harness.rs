@@ -201,6 +201,10 @@ impl Csi {
         self.0.delete(id).await.unwrap();
     }
 
+    pub async fn stats(&mut self, id: &str, path: &Path) {
+        self.0.stats(id, path).await.unwrap();
+    }
+
     /// A call that does no work: one round trip of the transport.
     pub async fn nothing(&mut self) {
         self.0.node_capabilities().await.unwrap();

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::{
     CommandError, CommandOutput, CommandSpec, Commands, CopyMethod, FsUsage, LoopDevice, MountCall,
-    SyscallError, Syscalls,
+    MountedAt, SyscallError, Syscalls,
 };
 
 type Handler = Box<dyn Fn(&CommandSpec) -> Result<CommandOutput, CommandError> + Send + Sync>;
@@ -172,6 +172,10 @@ struct SyscallState {
     usage: FsUsage,
     calls: Vec<String>,
     fail_next: HashMap<&'static str, i32>,
+    /// Reads of the whole mount table (not in `calls`: most calls make one).
+    mountinfo_reads: usize,
+    /// A kernel before statmount(2): `mount_at` answers ENOSYS.
+    no_statmount: bool,
 }
 
 /// How the fake FITRIM behaves: how long it takes, what it reports, what it does.
@@ -273,6 +277,16 @@ impl FakeSyscalls {
         self.state.lock().unwrap().calls.clone()
     }
 
+    /// How many times the whole mount table was read.
+    pub fn mountinfo_reads(&self) -> usize {
+        self.state.lock().unwrap().mountinfo_reads
+    }
+
+    /// Behaves as a kernel without statmount(2) (before Linux 6.8) from now on.
+    pub fn without_statmount(&self) {
+        self.state.lock().unwrap().no_statmount = true;
+    }
+
     /// The mount(2) calls whose mounts are still in place, oldest first.
     pub fn mounts(&self) -> Vec<MountCall> {
         self.state
@@ -349,7 +363,8 @@ impl Syscalls for FakeSyscalls {
     }
 
     async fn mountinfo(&self) -> Result<String, SyscallError> {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        s.mountinfo_reads += 1;
         let mut text = String::new();
         for (i, m) in s.mounts.iter().enumerate() {
             let bind = m.call.fs_type.is_none();
@@ -373,6 +388,30 @@ impl Syscalls for FakeSyscalls {
             ));
         }
         Ok(text)
+    }
+
+    /// What `mountinfo` shows for the topmost mount at `path`.
+    async fn mount_at(&self, path: &Path) -> Result<Option<MountedAt>, SyscallError> {
+        let s = self.state.lock().unwrap();
+        if s.no_statmount {
+            return Err(SyscallError {
+                call: "statmount",
+                path: path.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSYS),
+            });
+        }
+        Ok(s.mounts
+            .iter()
+            .rev()
+            .find(|m| m.call.target == path)
+            .map(|m| MountedAt {
+                major: m.dev.0,
+                minor: m.dev.1,
+                root: "/".into(),
+                mount_point: m.call.target.clone(),
+                fs_type: m.call.fs_type.clone().unwrap_or_else(|| "ext4".to_string()),
+                read_only: m.call.flags.contains(nix::mount::MsFlags::MS_RDONLY),
+            }))
     }
 
     async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError> {

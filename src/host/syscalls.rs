@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use nix::mount::{MntFlags, MsFlags};
 
 mod loop_ioctl;
+mod statmount;
 
 /// A mount(2) call: what, where, which filesystem, flags and fs-specific data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +43,20 @@ pub struct LoopDevice {
     pub backing_file: PathBuf,
 }
 
+/// The topmost mount at a path, as statmount(2) reports it: the fields of its
+/// mountinfo line that say whose it is (not its source or options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountedAt {
+    /// The device number of its filesystem (mountinfo's `major:minor`).
+    pub major: u32,
+    pub minor: u32,
+    /// The path inside the filesystem that is mounted.
+    pub root: PathBuf,
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+    pub read_only: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("{call} {path}: {source}", path = path.display())]
 pub struct SyscallError {
@@ -67,6 +82,11 @@ impl SyscallError {
     /// EINVAL from umount2 means "not a mount point": the target is already unmounted.
     pub fn is_not_mounted(&self) -> bool {
         self.call == "umount" && self.errno() == Some(libc::EINVAL)
+    }
+
+    /// ENOSYS: the kernel lacks the call (statmount before Linux 6.8).
+    pub fn is_unsupported(&self) -> bool {
+        self.errno() == Some(libc::ENOSYS)
     }
 
     pub fn is_not_found(&self) -> bool {
@@ -112,6 +132,10 @@ pub trait Syscalls: Send + Sync + 'static {
     async fn umount(&self, target: &Path) -> Result<(), SyscallError>;
     /// The text of /proc/self/mountinfo.
     async fn mountinfo(&self) -> Result<String, SyscallError>;
+    /// The topmost mount whose mount point is exactly `path`, without reading the whole
+    /// table; `None` when nothing is mounted at `path` itself. Where the kernel cannot
+    /// say (before Linux 6.8), an error that [`SyscallError::is_unsupported`].
+    async fn mount_at(&self, path: &Path) -> Result<Option<MountedAt>, SyscallError>;
     async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError>;
     /// Size in bytes of a block device (BLKGETSIZE64).
     async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError>;
@@ -309,10 +333,14 @@ impl Syscalls for SystemSyscalls {
     }
 
     async fn mountinfo(&self) -> Result<String, SyscallError> {
-        let path = Path::new("/proc/self/mountinfo");
-        tokio::fs::read_to_string(path)
-            .await
-            .map_err(|e| SyscallError::new("read", path, e))
+        blocking("read", Path::new("/proc/self/mountinfo"), |p| {
+            std::fs::read_to_string(p).map_err(|e| SyscallError::new("read", p, e))
+        })
+        .await
+    }
+
+    async fn mount_at(&self, path: &Path) -> Result<Option<MountedAt>, SyscallError> {
+        blocking("statmount", path, statmount::mount_at_blocking).await
     }
 
     async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError> {

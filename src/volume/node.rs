@@ -1,5 +1,7 @@
 //! Node operations: stage, publish, unpublish, unstage, expand, stats.
 
+use std::path::PathBuf;
+
 use tracing::{info, warn};
 
 use super::grow::GrowAfterMount;
@@ -423,10 +425,10 @@ impl Volumes {
 
     pub async fn stats(&self, req: &StatsRequest) -> Result<VolumeStats, VolumeError> {
         let (backend, record) = self.record(&req.id).await?;
-        let (_, mounted) = self
-            .mounted_at(backend, &req.id, req.volume_path.as_ref())
+        let mount_point = self
+            .mount_point_of(backend, &req.id, req.volume_path.as_ref())
             .await?;
-        let path = mounted.mount_point.as_path();
+        let path = mount_point.as_path();
         let condition = condition_of(backend, &req.id).await?;
         Ok(match record.mode {
             VolumeMode::Block => VolumeStats::Block {
@@ -438,6 +440,34 @@ impl Volumes {
                 condition,
             },
         })
+    }
+
+    /// `path`, proven to be a mount of this volume, as [`mounted_at`](Self::mounted_at)
+    /// proves it, but asking the kernel for that one mount (statmount) instead of reading
+    /// the whole table: kubelet asks every volume's stats every minute, and a node with
+    /// hundreds of volumes has a table of a thousand lines. Whatever the short way
+    /// cannot confirm (another mount there, nothing, an older kernel) goes the long way,
+    /// which answers as it always did.
+    async fn mount_point_of(
+        &self,
+        backend: &Backend,
+        id: &VolumeId,
+        path: Option<&HostPath>,
+    ) -> Result<PathBuf, VolumeError> {
+        if let Some(path) = path.map(HostPath::as_path) {
+            let (links, mounted, identity) = tokio::join!(
+                check_no_symlinks(path),
+                self.host.syscalls.mount_at(path),
+                self.identity(backend, &id.token)
+            );
+            if let (Ok(()), Ok(Some(mounted)), Ok(Some(identity))) = (links, mounted, identity)
+                && identity.is_shown_by(&mounted)
+            {
+                return Ok(mounted.mount_point);
+            }
+        }
+        let (_, mounted) = self.mounted_at(backend, id, path).await?;
+        Ok(mounted.mount_point)
     }
 
     /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::{VolumeError, Volumes, check_no_symlinks, io_error};
 use crate::backend::Backend;
+use crate::host::MountedAt;
 use crate::model::{Token, VolumeId};
 use crate::mount::{MountEntry, MountTable};
 use crate::request::HostPath;
@@ -34,12 +35,26 @@ pub(super) enum Holding<'a> {
 impl Identity {
     /// A mount of the volume's filesystem root: its staging mount or a bind of it.
     pub fn is_filesystem(&self, entry: &MountEntry) -> bool {
-        entry.device_number() == self.dev && entry.root == Path::new("/")
+        self.is_filesystem_root(entry.device_number(), &entry.root)
     }
 
     /// A bind of the volume's device node (a raw block target).
     pub fn is_device_bind(&self, entry: &MountEntry) -> bool {
-        entry.fs_type == "devtmpfs" && entry.root == self.devtmpfs_root
+        self.is_device_node(&entry.fs_type, &entry.root)
+    }
+
+    /// The same two tests on a mount as statmount(2) shows it.
+    pub fn is_shown_by(&self, mount: &MountedAt) -> bool {
+        let dev = nix::sys::stat::makedev(mount.major.into(), mount.minor.into());
+        self.is_filesystem_root(dev, &mount.root) || self.is_device_node(&mount.fs_type, &mount.root)
+    }
+
+    fn is_filesystem_root(&self, dev: u64, root: &Path) -> bool {
+        dev == self.dev && root == Path::new("/")
+    }
+
+    fn is_device_node(&self, fs_type: &str, root: &Path) -> bool {
+        fs_type == "devtmpfs" && root == self.devtmpfs_root
     }
 
     /// Anything that keeps the volume's device in use: any mount of its filesystem

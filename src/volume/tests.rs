@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::*;
-use crate::host::Syscalls;
 use crate::host::fake::{FakeCommands, FakeSyscalls, loop_machine};
+use crate::host::{MountCall, Syscalls};
 use crate::locks::VolumeLocks;
 use crate::model::{AccessMode, AccessType, Capability};
 use crate::model::{CapacityRange, ClaimRef};
@@ -413,4 +413,52 @@ async fn symlinked_targets_are_refused() {
     let err = f.publish(&publish).await.unwrap_err();
     assert!(matches!(err, VolumeError::Symlink { .. }), "{err}");
     assert_eq!(f.syscalls.mount_points(), vec![f.path("stage")]);
+}
+
+#[tokio::test]
+async fn stats_ask_the_kernel_for_the_one_mount_not_the_whole_table() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    std::fs::create_dir_all(f.path("target")).unwrap();
+    f.publish(&f.publish_req(&id, "target", ext4(), false))
+        .await
+        .unwrap();
+    let (f, id) = (&f, &id);
+    let stats = |path: &str| {
+        let req = crate::request::StatsRequest {
+            id: id.clone(),
+            volume_path: Some(f.host_path(path)),
+        };
+        async move { f.volumes.stats(&req).await }
+    };
+    let reads = f.syscalls.mountinfo_reads();
+    let answer = stats("target").await.unwrap();
+    assert!(matches!(answer, VolumeStats::Filesystem { .. }), "{answer:?}");
+    assert_eq!(f.syscalls.mountinfo_reads(), reads, "answered from statmount");
+
+    // What statmount cannot confirm goes the long way, with the answer it always had:
+    // a path holding something else, and a path holding nothing.
+    f.syscalls
+        .mount(MountCall {
+            source: "tmpfs".into(),
+            target: f.path("target"),
+            fs_type: Some("tmpfs".into()),
+            flags: nix::mount::MsFlags::empty(),
+            data: None,
+        })
+        .await
+        .unwrap();
+    let err = stats("target").await.unwrap_err();
+    assert!(matches!(err, VolumeError::NotAtPath { .. }), "{err:?}");
+    let err = stats("elsewhere").await.unwrap_err();
+    assert!(matches!(err, VolumeError::NotAtPath { .. }), "{err:?}");
+    assert_eq!(f.syscalls.mountinfo_reads(), reads + 2);
+
+    // A kernel before statmount (Linux 6.8): the table, and the same answer.
+    f.syscalls.umount(&f.path("target")).await.unwrap();
+    f.syscalls.without_statmount();
+    let answer = stats("target").await.unwrap();
+    assert!(matches!(answer, VolumeStats::Filesystem { .. }), "{answer:?}");
+    assert_eq!(f.syscalls.mountinfo_reads(), reads + 3);
 }
