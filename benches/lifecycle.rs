@@ -12,6 +12,8 @@ use nix::mount::{MntFlags, MsFlags};
 use serde_json::json;
 use tonic::transport::Channel;
 
+#[path = "support/bare_server.rs"]
+mod bare_server;
 #[path = "support/harness.rs"]
 mod harness;
 #[path = "support/pod_api.rs"]
@@ -63,6 +65,9 @@ async fn raw_lifecycle(base: &Path, name: &str) -> ([Duration; 6], Vec<String>) 
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if let Some(socket) = bare_server::requested() {
+        bare_server::serve(&socket).await;
+    }
     if !nix::unistd::geteuid().is_root() {
         eprintln!("lifecycle bench needs root (loop devices, mounts)");
         std::process::exit(1);
@@ -125,6 +130,7 @@ async fn main() {
         .map(|i| (STEPS[i], step_p50(&ours_steps, i), step_p50(&raw_steps, i)))
         .collect();
     let latency = publish_latency(channel.clone(), &work, publish_rounds).await;
+    let (empty_ours, empty_bare) = empty_calls(channel.clone(), &work, publish_rounds * 4).await;
 
     // 3. Throughput of concurrent lifecycles.
     let mut scaling = Vec::new();
@@ -274,6 +280,13 @@ async fn main() {
         ms(latency.syscall.0),
         ms(work_p50) / ms(latency.syscall.0)
     );
+    println!(
+        "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
+        "GetPluginInfo p50 (vs a bare tonic server)",
+        ms(empty_ours),
+        ms(empty_bare),
+        ms(empty_ours) / ms(empty_bare)
+    );
     let rpc = latency.rpc_floor / 2;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_or(0, |t| t.lines().count());
     println!(
@@ -344,6 +357,11 @@ async fn main() {
                "ratio_p50_vs_command": ms(latency.ours.0) / ms(latency.command.0),
                "rpc_floor_p50": ms(latency.rpc_floor),
                "ratio_p50_without_rpc_floor_vs_syscall": ms(work_p50) / ms(latency.syscall.0)}),
+    );
+    report.insert(
+        "empty_call_ms".into(),
+        json!({"localvol_p50": ms(empty_ours), "bare_tonic_p50": ms(empty_bare),
+               "ratio_p50": ms(empty_ours) / ms(empty_bare)}),
     );
     report.insert(
         "stats_ms".into(),
@@ -439,6 +457,30 @@ async fn publish_latency(channel: Channel, work: &Path, rounds: usize) -> Latenc
         syscall: (percentile(&bare, 0.5), percentile(&bare, 0.99)),
         command: (percentile(&command, 0.5), percentile(&command, 0.99)),
     }
+}
+
+/// p50 of an empty call (GetPluginInfo) to localvol and to a bare tonic server in
+/// another process, interleaved: how much of localvol's transport floor is tonic's.
+async fn empty_calls(localvol: Channel, work: &Path, rounds: usize) -> (Duration, Duration) {
+    let bare = bare_server::BareServer::start(work).await;
+    let bare_channel = localvol::csi::socket::connect(&bare.socket).await.unwrap();
+    let mut clients =
+        [localvol, bare_channel].map(localvol::proto::csi::v1::identity_client::IdentityClient::new);
+    let mut times = [Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        for (client, times) in clients.iter_mut().zip(times.iter_mut()) {
+            let t = Instant::now();
+            client
+                .get_plugin_info(localvol::proto::csi::v1::GetPluginInfoRequest {})
+                .await
+                .unwrap();
+            times.push(t.elapsed());
+        }
+    }
+    let [mut ours, mut bare_times] = times;
+    ours.sort();
+    bare_times.sort();
+    (percentile(&ours, 0.5), percentile(&bare_times, 0.5))
 }
 
 /// p50 and p99 of publish+unpublish: localvol over gRPC, the bind mount as bare
