@@ -8,9 +8,9 @@
 //!    call from kubelet's metrics and localvol's own.
 //! 2. Bursts of 10, 50 and 100 pods: until all Running, until all are gone after
 //!    deletion, and the API requests per pod of each driver's pods (audit log).
-//! 3. Restart: the daemon pod deleted with no volumes and with 500 staged and
-//!    published; until the new one is Ready and has answered NodeGetVolumeStats for
-//!    every volume; its RSS.
+//! 3. Restart: each driver's pod deleted with no volumes, with the other's 500 on the
+//!    node (the peer only), and with 500 of its own staged and published; until the
+//!    new one is Ready and has answered NodeGetVolumeStats for every volume; its RSS.
 //!
 //! Environment: KUBECONFIG, LOCALVOL_BENCH_AUDIT_LOG (the API server's audit log),
 //! NODE_NAME (node1). `-- --quick`: 3 rounds, a burst of 10, 20 volumes.
@@ -214,11 +214,36 @@ impl Bench {
         report
             .restarts
             .push(restart::restart(&self.client, &restart::PEER, vec![], limit).await?);
+        let (published, claims) = self.restart_volumes(plan, Kind::Localvol, report).await?;
+        report
+            .restarts
+            .push(restart::restart(&self.client, &restart::LOCALVOL, published, limit).await?);
+        // The peer on the same node, with localvol's volumes still mounted: what any node
+        // plugin's pod pays to start there.
+        let mut peer = restart::restart(&self.client, &restart::PEER, vec![], limit).await?;
+        peer.node_volumes = claims.len();
+        report.restarts.push(peer);
+        self.delete_restart_volumes(Kind::Localvol, &claims).await?;
+        // And with as many volumes of its own: the restart like for like.
+        let (published, claims) = self.restart_volumes(plan, Kind::Peer, report).await?;
+        report
+            .restarts
+            .push(restart::restart(&self.client, &restart::PEER, published, limit).await?);
+        self.delete_restart_volumes(Kind::Peer, &claims).await
+    }
+
+    /// The restart's pods of one driver, running: their published volumes and claims.
+    async fn restart_volumes(
+        &self,
+        plan: &Plan,
+        kind: Kind,
+        report: &mut Report,
+    ) -> Result<(Vec<restart::Published>, Vec<String>), String> {
         let specs: Vec<PodSpec> = (0..plan.restart_pods)
             .map(|i| PodSpec {
-                name: format!("r-{i}"),
-                kind: Kind::Localvol,
-                group: "restart".into(),
+                name: format!("r-{}-{i}", kind.name()),
+                kind,
+                group: format!("restart-{}", kind.name()),
                 claims: plan.volumes_per_pod,
             })
             .collect();
@@ -230,21 +255,19 @@ impl Bench {
             .clock
             .all(Mark::PodRunning, &names, Duration::from_secs(1800))
             .await?;
-        report.setup_500_ms = Some(ms(running - t0));
-        let published = self.published(&names).await?;
-        report
-            .restarts
-            .push(restart::restart(&self.client, &restart::LOCALVOL, published, limit).await?);
-        // The peer on the same node, with localvol's volumes still mounted: what any node
-        // plugin's pod pays to start there.
-        let mut peer = restart::restart(&self.client, &restart::PEER, vec![], limit).await?;
-        peer.node_volumes = claims.len();
-        report.restarts.push(peer);
-        let volumes = self.objects.volumes_of(&claims).await?;
+        if kind == Kind::Localvol {
+            report.setup_500_ms = Some(ms(running - t0));
+        }
+        Ok((self.published(&names).await?, claims))
+    }
+
+    async fn delete_restart_volumes(&self, kind: Kind, claims: &[String]) -> Result<(), String> {
+        let volumes = self.objects.volumes_of(claims).await?;
+        let group = format!("restart-{}", kind.name());
         self.objects
-            .delete_group("restart", &volumes, Instant::now(), Duration::from_secs(1800))
-            .await?;
-        Ok(())
+            .delete_group(&group, &volumes, Instant::now(), Duration::from_secs(1800))
+            .await
+            .map(drop)
     }
 
     /// The volume id and target path of every volume of these pods.

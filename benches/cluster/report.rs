@@ -233,7 +233,7 @@ impl Report {
         if let Some(setup) = self.setup_500_ms {
             let _ = writeln!(
                 md,
-                "(the volumes of the last row took {:.1} s to create, stage and publish)\n",
+                "(localvol's volumes for its restart with volumes took {:.1} s to create, stage and publish)\n",
                 setup / 1000.0
             );
         }
