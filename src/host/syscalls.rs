@@ -84,11 +84,6 @@ impl SyscallError {
         self.call == "umount" && self.errno() == Some(libc::EINVAL)
     }
 
-    /// ENOSYS: the kernel lacks the call (statmount before Linux 6.8).
-    pub fn is_unsupported(&self) -> bool {
-        self.errno() == Some(libc::ENOSYS)
-    }
-
     pub fn is_not_found(&self) -> bool {
         self.source.kind() == std::io::ErrorKind::NotFound
     }
@@ -134,7 +129,7 @@ pub trait Syscalls: Send + Sync + 'static {
     async fn mountinfo(&self) -> Result<String, SyscallError>;
     /// The topmost mount whose mount point is exactly `path`, without reading the whole
     /// table; `None` when nothing is mounted at `path` itself. Where the kernel cannot
-    /// say (before Linux 6.8), an error that [`SyscallError::is_unsupported`].
+    /// say (before Linux 6.8), ENOSYS. Callers fall back to the table on any error.
     async fn mount_at(&self, path: &Path) -> Result<Option<MountedAt>, SyscallError>;
     async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError>;
     /// Size in bytes of a block device (BLKGETSIZE64).

@@ -70,7 +70,7 @@ fn unsupported(path: &Path) -> SyscallError {
 
 /// The topmost mount whose mount point is `path` itself (not a mount `path` is inside);
 /// `None` when nothing is mounted at `path`. A kernel without unique mount ids or
-/// statmount answers ENOSYS ([`SyscallError::is_unsupported`]).
+/// statmount answers ENOSYS.
 pub(super) fn mount_at_blocking(path: &Path) -> Result<Option<MountedAt>, SyscallError> {
     use std::os::unix::ffi::OsStrExt;
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| {
