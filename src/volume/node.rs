@@ -1,7 +1,5 @@
 //! Node operations: stage, publish, unpublish, unstage, expand, stats.
 
-use std::path::PathBuf;
-
 use tracing::{info, warn};
 
 use super::grow::GrowAfterMount;
@@ -15,7 +13,7 @@ use crate::model::ValidationError;
 use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
 use crate::mount::{self, MountEntry, MountOptions, MountTable};
 use crate::request::{
-    HostPath, NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
+    NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
 };
 
 /// Whether a volume is healthy, for NodeGetVolumeStats.
@@ -440,63 +438,6 @@ impl Volumes {
                 condition,
             },
         })
-    }
-
-    /// `path`, proven to be a mount of this volume, as [`mounted_at`](Self::mounted_at)
-    /// proves it, but asking the kernel for that one mount (statmount) instead of reading
-    /// the whole table: kubelet asks every volume's stats every minute, and a node with
-    /// hundreds of volumes has a table of a thousand lines. Whatever the short way
-    /// cannot confirm (another mount there, nothing, an older kernel) goes the long way,
-    /// which answers as it always did.
-    async fn mount_point_of(
-        &self,
-        backend: &Backend,
-        id: &VolumeId,
-        path: Option<&HostPath>,
-    ) -> Result<PathBuf, VolumeError> {
-        if let Some(path) = path.map(HostPath::as_path) {
-            let (links, mounted, identity) = tokio::join!(
-                check_no_symlinks(path),
-                self.host.syscalls.mount_at(path),
-                self.identity(backend, &id.token)
-            );
-            if let (Ok(()), Ok(Some(mounted)), Ok(Some(identity))) = (links, mounted, identity)
-                && identity.is_shown_by(&mounted)
-            {
-                return Ok(mounted.mount_point);
-            }
-        }
-        let (_, mounted) = self.mounted_at(backend, id, path).await?;
-        Ok(mounted.mount_point)
-    }
-
-    /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of
-    /// its device node); anything else, a symlink on the way or no path, is NOT_FOUND.
-    pub(super) async fn mounted_at(
-        &self,
-        backend: &Backend,
-        id: &VolumeId,
-        path: Option<&HostPath>,
-    ) -> Result<(MountTable, MountEntry), VolumeError> {
-        let not_here = |path: &str| VolumeError::NotAtPath {
-            id: id.clone(),
-            path: path.to_string(),
-        };
-        let Some(path) = path.map(HostPath::as_path) else {
-            return Err(not_here("a path outside kubelet's root directory"));
-        };
-        if check_no_symlinks(path).await.is_err() {
-            return Err(not_here(&path.display().to_string()));
-        }
-        let table = MountTable::read(&self.host).await?;
-        let identity = self.identity(backend, &id.token).await?;
-        match holding(&table, path, identity.as_ref()) {
-            Holding::This(e) => {
-                let e = e.clone();
-                Ok((table, e))
-            }
-            Holding::Nothing | Holding::Other(_) => Err(not_here(&path.display().to_string())),
-        }
     }
 }
 
