@@ -177,20 +177,24 @@ impl Volumes {
         id: &VolumeId,
         path: Option<&HostPath>,
     ) -> Result<PathBuf, VolumeError> {
-        if let Some(path) = path.map(HostPath::as_path) {
-            let (links, mounted, identity) = tokio::join!(
-                check_no_symlinks(path),
-                self.host.syscalls.mount_at(path),
-                self.identity(backend, &id.token)
-            );
-            if let (Ok(()), Ok(Some(mounted)), Ok(Some(identity))) = (links, mounted, identity)
-                && identity.is_shown_by(&mounted)
-            {
-                return Ok(mounted.mount_point);
-            }
+        let path = inside_roots(id, path)?;
+        let (links, mounted, identity) = tokio::join!(
+            check_no_symlinks(path),
+            self.host.syscalls.mount_at(path),
+            self.identity(backend, &id.token)
+        );
+        if links.is_err() {
+            return Err(not_at(id, path));
         }
-        let (_, mounted) = self.mounted_at(backend, id, path).await?;
-        Ok(mounted.mount_point)
+        let identity = identity?;
+        if let (Ok(Some(mounted)), Some(identity)) = (mounted, identity.as_ref())
+            && identity.is_shown_by(&mounted)
+        {
+            return Ok(mounted.mount_point);
+        }
+        // The long way, with the symlink check and the identity already in hand.
+        let table = MountTable::read(&self.host).await?;
+        Ok(held_at(&table, id, path, identity.as_ref())?.mount_point)
     }
 
     /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of
@@ -201,25 +205,42 @@ impl Volumes {
         id: &VolumeId,
         path: Option<&HostPath>,
     ) -> Result<(MountTable, MountEntry), VolumeError> {
-        let not_here = |path: &str| VolumeError::NotAtPath {
-            id: id.clone(),
-            path: path.to_string(),
-        };
-        let Some(path) = path.map(HostPath::as_path) else {
-            return Err(not_here("a path outside kubelet's root directory"));
-        };
+        let path = inside_roots(id, path)?;
         if check_no_symlinks(path).await.is_err() {
-            return Err(not_here(&path.display().to_string()));
+            return Err(not_at(id, path));
         }
         let table = MountTable::read(&self.host).await?;
         let identity = self.identity(backend, &id.token).await?;
-        match holding(&table, path, identity.as_ref()) {
-            Holding::This(e) => {
-                let e = e.clone();
-                Ok((table, e))
-            }
-            Holding::Nothing | Holding::Other(_) => Err(not_here(&path.display().to_string())),
-        }
+        let entry = held_at(&table, id, path, identity.as_ref())?;
+        Ok((table, entry))
+    }
+}
+
+/// The path of a node call that named one below kubelet's roots.
+fn inside_roots<'a>(id: &VolumeId, path: Option<&'a HostPath>) -> Result<&'a Path, VolumeError> {
+    path.map(HostPath::as_path).ok_or_else(|| VolumeError::NotAtPath {
+        id: id.clone(),
+        path: "a path outside kubelet's root directory".to_string(),
+    })
+}
+
+fn not_at(id: &VolumeId, path: &Path) -> VolumeError {
+    VolumeError::NotAtPath {
+        id: id.clone(),
+        path: path.display().to_string(),
+    }
+}
+
+/// This volume's mount at `path` in `table`; anything else there, or nothing, is NOT_FOUND.
+fn held_at(
+    table: &MountTable,
+    id: &VolumeId,
+    path: &Path,
+    identity: Option<&Identity>,
+) -> Result<MountEntry, VolumeError> {
+    match holding(table, path, identity) {
+        Holding::This(e) => Ok(e.clone()),
+        Holding::Nothing | Holding::Other(_) => Err(not_at(id, path)),
     }
 }
 
