@@ -1,0 +1,386 @@
+//! The syscall double: an in-memory machine with a mount table, device numbers and
+//! loop devices, recording every call.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use crate::host::{CopyMethod, FsUsage, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls};
+
+#[derive(Debug, Clone)]
+struct FakeMount {
+    call: MountCall,
+    dev: (u32, u32),
+}
+
+#[derive(Debug, Default)]
+struct SyscallState {
+    mounts: Vec<FakeMount>,
+    devices: HashMap<PathBuf, (u32, u32)>,
+    sizes: HashMap<PathBuf, u64>,
+    loops: Vec<LoopDevice>,
+    /// Backing inodes of loop devices attached "by inode" (see attach_loop_by_inode).
+    loop_inodes: HashMap<PathBuf, (u64, u64)>,
+    /// Loop devices `loop_attach` hands out, first first.
+    free_loops: Vec<PathBuf>,
+    /// When set, `loop_detach` only marks the device (another opener holds it) and it
+    /// goes this long after, as the kernel's autoclear does.
+    deferred_detach: Option<std::time::Duration>,
+    usage: FsUsage,
+    calls: Vec<String>,
+    fail_next: HashMap<&'static str, i32>,
+    /// Reads of the whole mount table (not in `calls`: most calls make one).
+    mountinfo_reads: usize,
+    /// A kernel before statmount(2): `mount_at` answers ENOSYS.
+    no_statmount: bool,
+}
+
+/// How the fake FITRIM behaves: how long it takes, what it reports, what it does.
+#[derive(Default)]
+struct FitrimScript {
+    delay: std::time::Duration,
+    trimmed: u64,
+    effect: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for FitrimScript {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FitrimScript")
+            .field("delay", &self.delay)
+            .field("trimmed", &self.trimmed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An in-memory machine: a mount table, device numbers, loop devices.
+#[derive(Debug, Default, Clone)]
+pub struct FakeSyscalls {
+    state: Arc<Mutex<SyscallState>>,
+    fitrim: Arc<Mutex<FitrimScript>>,
+}
+
+impl FakeSyscalls {
+    /// Declares a block device node and its major:minor.
+    pub fn add_device(&self, path: impl Into<PathBuf>, major: u32, minor: u32, size: u64) {
+        let mut s = self.state.lock().unwrap();
+        let path = path.into();
+        s.devices.insert(path.clone(), (major, minor));
+        s.sizes.insert(path, size);
+    }
+
+    pub fn attach_loop(&self, device: impl Into<PathBuf>, backing_file: impl Into<PathBuf>) {
+        self.state.lock().unwrap().loops.push(LoopDevice {
+            device: device.into(),
+            backing_file: backing_file.into(),
+        });
+    }
+
+    /// A loop device as a restarted container sees one attached by its predecessor:
+    /// the path is the kernel's, relative to a mount that is gone; the inode is the file's.
+    pub fn attach_loop_by_inode(
+        &self,
+        device: impl Into<PathBuf>,
+        shown_path: impl Into<PathBuf>,
+        inode: (u64, u64),
+    ) {
+        let device = device.into();
+        let mut s = self.state.lock().unwrap();
+        s.loop_inodes.insert(device.clone(), inode);
+        s.loops.push(LoopDevice {
+            device,
+            backing_file: shown_path.into(),
+        });
+    }
+
+    pub fn detach_loop(&self, device: &Path) {
+        self.state.lock().unwrap().loops.retain(|l| l.device != device);
+    }
+
+    /// A loop device `loop_attach` may use (each once until detached again).
+    pub fn add_free_loop(&self, device: impl Into<PathBuf>) {
+        self.state.lock().unwrap().free_loops.push(device.into());
+    }
+
+    /// From now on a detached device goes only `delay` after LOOP_CLR_FD returned, as
+    /// when another process holds it open.
+    pub fn defer_detach(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().deferred_detach = Some(delay);
+    }
+
+    pub fn set_usage(&self, usage: FsUsage) {
+        self.state.lock().unwrap().usage = usage;
+    }
+
+    /// FITRIM takes `delay` (tokio time), then runs `effect` and reports `trimmed` bytes.
+    pub fn script_fitrim(
+        &self,
+        delay: std::time::Duration,
+        trimmed: u64,
+        effect: impl Fn() + Send + Sync + 'static,
+    ) {
+        *self.fitrim.lock().unwrap() = FitrimScript {
+            delay,
+            trimmed,
+            effect: Some(Box::new(effect)),
+        };
+    }
+
+    /// The next call named `call` fails with `errno`.
+    pub fn fail_next(&self, call: &'static str, errno: i32) {
+        self.state.lock().unwrap().fail_next.insert(call, errno);
+    }
+
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// How many times the whole mount table was read.
+    pub fn mountinfo_reads(&self) -> usize {
+        self.state.lock().unwrap().mountinfo_reads
+    }
+
+    /// Behaves as a kernel without statmount(2) (before Linux 6.8) from now on.
+    pub fn without_statmount(&self) {
+        self.state.lock().unwrap().no_statmount = true;
+    }
+
+    /// The mount(2) calls whose mounts are still in place, oldest first.
+    pub fn mounts(&self) -> Vec<MountCall> {
+        self.state
+            .lock()
+            .unwrap()
+            .mounts
+            .iter()
+            .map(|m| m.call.clone())
+            .collect()
+    }
+
+    pub fn mount_points(&self) -> Vec<PathBuf> {
+        self.state
+            .lock()
+            .unwrap()
+            .mounts
+            .iter()
+            .map(|m| m.call.target.clone())
+            .collect()
+    }
+
+    fn record(&self, call: &'static str, path: &Path) -> Result<(), SyscallError> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("{call} {}", path.display()));
+        match s.fail_next.remove(call) {
+            Some(errno) => Err(SyscallError {
+                call,
+                path: path.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Syscalls for FakeSyscalls {
+    async fn mount(&self, call: MountCall) -> Result<(), SyscallError> {
+        self.record("mount", &call.target)?;
+        let mut s = self.state.lock().unwrap();
+        if call.flags.contains(nix::mount::MsFlags::MS_REMOUNT) {
+            if let Some(m) = s.mounts.iter_mut().rev().find(|m| m.call.target == call.target) {
+                m.call.flags = call.flags;
+            }
+            return Ok(());
+        }
+        // A bind mount of a mounted path shows the device of what is mounted there.
+        let dev = s
+            .mounts
+            .iter()
+            .rev()
+            .find(|m| m.call.target == call.source)
+            .map(|m| m.dev)
+            .or_else(|| s.devices.get(&call.source).copied())
+            .unwrap_or((0, 99));
+        s.mounts.push(FakeMount { call, dev });
+        Ok(())
+    }
+
+    async fn umount(&self, target: &Path) -> Result<(), SyscallError> {
+        self.record("umount", target)?;
+        let mut s = self.state.lock().unwrap();
+        match s.mounts.iter().rposition(|m| m.call.target == target) {
+            Some(i) => {
+                s.mounts.remove(i);
+                Ok(())
+            }
+            None => Err(SyscallError {
+                call: "umount",
+                path: target.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            }),
+        }
+    }
+
+    async fn mountinfo(&self) -> Result<String, SyscallError> {
+        let mut s = self.state.lock().unwrap();
+        s.mountinfo_reads += 1;
+        let mut text = String::new();
+        for (i, m) in s.mounts.iter().enumerate() {
+            let bind = m.call.fs_type.is_none();
+            let ro = if m.call.flags.contains(nix::mount::MsFlags::MS_RDONLY) {
+                "ro"
+            } else {
+                "rw"
+            };
+            let fs = m.call.fs_type.clone().unwrap_or_else(|| "ext4".to_string());
+            let source = if bind {
+                "/dev/fake".to_string()
+            } else {
+                m.call.source.display().to_string()
+            };
+            text.push_str(&format!(
+                "{} 1 {}:{} / {} {ro},relatime - {fs} {source} rw\n",
+                100 + i,
+                m.dev.0,
+                m.dev.1,
+                m.call.target.display()
+            ));
+        }
+        Ok(text)
+    }
+
+    /// What `mountinfo` shows for the topmost mount at `path`.
+    async fn mount_at(&self, path: &Path) -> Result<Option<MountedAt>, SyscallError> {
+        let s = self.state.lock().unwrap();
+        if s.no_statmount {
+            return Err(SyscallError {
+                call: "statmount",
+                path: path.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENOSYS),
+            });
+        }
+        Ok(s.mounts
+            .iter()
+            .rev()
+            .find(|m| m.call.target == path)
+            .map(|m| MountedAt {
+                major: m.dev.0,
+                minor: m.dev.1,
+                root: "/".into(),
+                mount_point: m.call.target.clone(),
+                fs_type: m.call.fs_type.clone().unwrap_or_else(|| "ext4".to_string()),
+                read_only: m.call.flags.contains(nix::mount::MsFlags::MS_RDONLY),
+            }))
+    }
+
+    async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError> {
+        self.record("statvfs", path)?;
+        Ok(self.state.lock().unwrap().usage)
+    }
+
+    async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError> {
+        self.record("BLKGETSIZE64", device)?;
+        Ok(self.state.lock().unwrap().sizes.get(device).copied().unwrap_or(0))
+    }
+
+    async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError> {
+        let s = self.state.lock().unwrap();
+        Ok(s.devices
+            .get(path)
+            .map(|(major, minor)| nix::sys::stat::makedev((*major).into(), (*minor).into())))
+    }
+
+    async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError> {
+        self.record("FITRIM", path)?;
+        let delay = self.fitrim.lock().unwrap().delay;
+        tokio::time::sleep(delay).await;
+        let script = self.fitrim.lock().unwrap();
+        if let Some(effect) = &script.effect {
+            effect();
+        }
+        Ok(script.trimmed)
+    }
+
+    async fn loop_devices(&self) -> Result<Vec<LoopDevice>, SyscallError> {
+        self.record("list loop devices", Path::new("/sys/block"))?;
+        Ok(self.state.lock().unwrap().loops.clone())
+    }
+
+    async fn loop_backing_file(&self, device: &Path) -> Result<Option<PathBuf>, SyscallError> {
+        self.record("read backing_file", device)?;
+        let s = self.state.lock().unwrap();
+        Ok(s.loops
+            .iter()
+            .find(|l| l.device == device)
+            .map(|l| l.backing_file.clone()))
+    }
+
+    async fn loop_backing_inode(&self, device: &Path) -> Result<Option<(u64, u64)>, SyscallError> {
+        self.record("LOOP_GET_STATUS64", device)?;
+        let s = self.state.lock().unwrap();
+        let attached = s.loops.iter().any(|l| l.device == device);
+        Ok(s.loop_inodes.get(device).copied().filter(|_| attached))
+    }
+
+    async fn loop_attach(&self, image: &Path) -> Result<PathBuf, SyscallError> {
+        self.record("LOOP_CONFIGURE", image)?;
+        let mut s = self.state.lock().unwrap();
+        if s.free_loops.is_empty() {
+            return Err(SyscallError {
+                call: "LOOP_CTL_GET_FREE",
+                path: PathBuf::from("/dev/loop-control"),
+                source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+            });
+        }
+        let device = s.free_loops.remove(0);
+        s.loops.push(LoopDevice {
+            device: device.clone(),
+            backing_file: image.to_path_buf(),
+        });
+        Ok(device)
+    }
+
+    async fn loop_detach(&self, device: &Path) -> Result<(), SyscallError> {
+        self.record("LOOP_CLR_FD", device)?;
+        let mut s = self.state.lock().unwrap();
+        if !s.loops.iter().any(|l| l.device == device) {
+            return Err(SyscallError {
+                call: "LOOP_CLR_FD",
+                path: device.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENXIO),
+            });
+        }
+        s.free_loops.push(device.to_path_buf());
+        match s.deferred_detach {
+            None => s.loops.retain(|l| l.device != device),
+            Some(delay) => {
+                let (fake, device) = (self.clone(), device.to_path_buf());
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    fake.detach_loop(&device);
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A plain copy of the real file (the fake's tests run on temporary directories),
+    /// reported as sparse.
+    async fn copy_file(&self, source: &Path, target: &Path) -> Result<CopyMethod, SyscallError> {
+        self.record("copy", target)?;
+        std::fs::copy(source, target).map_err(|source| SyscallError {
+            call: "copy",
+            path: target.to_path_buf(),
+            source,
+        })?;
+        Ok(CopyMethod::Sparse)
+    }
+
+    async fn freeze(&self, path: &Path) -> Result<(), SyscallError> {
+        self.record("FIFREEZE", path)
+    }
+
+    async fn thaw(&self, path: &Path) -> Result<(), SyscallError> {
+        self.record("FITHAW", path)
+    }
+}
