@@ -3,7 +3,9 @@
 //! scaling, resident memory and start-up time of the real daemon process.
 //!
 //! Results print as a table and go to `target/bench/lifecycle.json`.
-//! `-- --quick` runs fewer iterations (for CI smoke runs).
+//! `-- --quick` runs fewer iterations (for CI smoke runs). `-- --only-publish` runs
+//! publish+unpublish alone, in a loop of `LOCALVOL_BENCH_ROUNDS` (default 2000), and
+//! prints its figures: the loop to profile the daemon's node calls against.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -90,6 +92,10 @@ async fn main() {
     }
     starts.sort();
     let startup = percentile(&starts, 0.5);
+
+    if std::env::args().any(|a| a == "--only-publish") {
+        return only_publish(base.path()).await;
+    }
 
     let (daemon, _) = Daemon::start(
         &base.path().join("main"),
@@ -392,6 +398,35 @@ async fn main() {
     );
     report.insert("startup_ms".into(), json!(ms(startup)));
     harness::write_report("lifecycle.json", report);
+}
+
+/// `--only-publish`: publish+unpublish and the empty calls alone, printed, not written.
+async fn only_publish(base: &Path) {
+    let rounds = std::env::var("LOCALVOL_BENCH_ROUNDS").map_or(2000, |r| r.parse().unwrap());
+    let (daemon, _) = Daemon::start(&base.join("main"), Launch::default()).await;
+    println!("daemon pid {}", daemon.pid());
+    let channel = localvol::csi::socket::connect(&daemon.socket).await.unwrap();
+    let work = daemon.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let latency = publish_latency(channel.clone(), &work, rounds).await;
+    let (empty_ours, empty_bare) = empty_calls(channel, &work, rounds).await;
+    let work_p50 = latency.ours.0.saturating_sub(latency.rpc_floor);
+    println!(
+        "publish+unpublish p50 {:.3} ms, p99 {:.3} ms; bind-mount syscalls p50 {:.3} ms ({:.2}x); \
+         2 empty calls {:.3} ms; the rest {:.3} ms ({:.2}x); stats {:.3} ms; \
+         GetPluginInfo {:.3} ms, bare tonic {:.3} ms",
+        ms(latency.ours.0),
+        ms(latency.ours.1),
+        ms(latency.syscall.0),
+        ms(latency.ours.0) / ms(latency.syscall.0),
+        ms(latency.rpc_floor),
+        ms(work_p50),
+        ms(work_p50) / ms(latency.syscall.0),
+        ms(latency.stats),
+        ms(empty_ours),
+        ms(empty_bare),
+    );
+    daemon.stop().await;
 }
 
 /// NodePublish+NodeUnpublish of one staged volume against mkdir + bind mount + umount +

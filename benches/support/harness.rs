@@ -82,6 +82,10 @@ impl Daemon {
         )
     }
 
+    pub fn pid(&self) -> i32 {
+        self.process.pid
+    }
+
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid)).unwrap();
         status

@@ -5,13 +5,14 @@ use std::path::{Path, PathBuf};
 use super::BackendError;
 use crate::model::Token;
 
-/// Runs `f` on the blocking pool, where the backends' file work leaves the async
-/// workers; `path` names the failure if the task itself is lost.
+/// Runs `f` where blocking is allowed ([`crate::host::blocking::run`]): where the
+/// backends' file work leaves the async workers; `path` names the failure if the task
+/// itself is lost.
 pub async fn blocking<T: Send + 'static>(
     path: &Path,
     f: impl FnOnce() -> Result<T, BackendError> + Send + 'static,
 ) -> Result<T, BackendError> {
-    tokio::task::spawn_blocking(f)
+    crate::host::blocking::run(f)
         .await
         .map_err(|e| BackendError::io("spawn", path)(std::io::Error::other(e)))?
 }
@@ -59,7 +60,9 @@ pub async fn read_json<T: serde::de::DeserializeOwned>(
     path: PathBuf,
     token: &Token,
 ) -> Result<Option<T>, BackendError> {
-    match tokio::fs::read(&path).await {
+    let owned = path.clone();
+    let read = blocking(&path, move || Ok(std::fs::read(owned))).await?;
+    match read {
         Ok(bytes) => parse_json(&bytes, path, token).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(BackendError::io("read", path)(e)),

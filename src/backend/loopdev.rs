@@ -321,13 +321,18 @@ impl LoopBackend {
                 by: format!("attached to {}", device.display()),
             });
         }
-        for path in [self.record_path(token), self.image_path(token)] {
-            match tokio::fs::remove_file(&path).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(BackendError::io("unlink", path)(e)),
+        let paths = [self.record_path(token), self.image_path(token)];
+        files::blocking(&self.dir, move || {
+            for path in paths {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(BackendError::io("unlink", path)(e)),
+                }
             }
-        }
+            Ok(())
+        })
+        .await?;
         files::sync_dir_async(&self.dir).await
     }
 
@@ -343,15 +348,16 @@ impl LoopBackend {
             return Err(self.no_space(growth, available));
         }
         let image = self.image_path(token);
-        let img = tokio::fs::OpenOptions::new()
-            .write(true)
-            .open(&image)
-            .await
-            .map_err(BackendError::io("open", &image))?;
-        img.set_len(size_bytes)
-            .await
-            .map_err(BackendError::io("truncate", &image))?;
-        img.sync_all().await.map_err(BackendError::io("fsync", &image))?;
+        files::blocking(&image.clone(), move || {
+            let img = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&image)
+                .map_err(BackendError::io("open", &image))?;
+            img.set_len(size_bytes)
+                .map_err(BackendError::io("truncate", &image))?;
+            img.sync_all().map_err(BackendError::io("fsync", &image))
+        })
+        .await?;
         // The record follows the file: after a crash between the two, the retry finds the
         // file already grown and only rewrites the record.
         file.size_bytes = size_bytes;
@@ -364,10 +370,11 @@ impl LoopBackend {
     pub async fn allocated_bytes(&self, token: &Token) -> Result<u64, BackendError> {
         use std::os::unix::fs::MetadataExt;
         let image = self.image_path(token);
-        let meta = tokio::fs::metadata(&image)
-            .await
-            .map_err(BackendError::io("stat", &image))?;
-        Ok(meta.blocks() * 512)
+        files::blocking(&image.clone(), move || {
+            let meta = std::fs::metadata(&image).map_err(BackendError::io("stat", &image))?;
+            Ok(meta.blocks() * 512)
+        })
+        .await
     }
 
     /// What the record's `formatted` says (see `RecordFile`).
@@ -456,5 +463,11 @@ mod tests;
 /// `None` when it does not exist.
 async fn image_inode(image: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    tokio::fs::metadata(image).await.ok().map(|m| (m.dev(), m.ino()))
+    let owned = image.to_path_buf();
+    files::blocking(image, move || {
+        Ok(std::fs::metadata(owned).ok().map(|m| (m.dev(), m.ino())))
+    })
+    .await
+    .ok()
+    .flatten()
 }

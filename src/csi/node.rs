@@ -6,6 +6,7 @@ use tonic::{Request, Response, Status};
 
 use super::Driver;
 use crate::error::Error;
+use crate::host::blocking::on_one_thread;
 use crate::model::full_message;
 use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capability};
 use crate::request::{
@@ -57,14 +58,19 @@ impl Node for NodeService {
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let raw = request.into_inner();
+        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe("NodeStageVolume", &raw.volume_id, async {
-                let req = StageRequest::parse(&raw, &self.0.roots)?;
-                self.0.owner_check.before_stage(&req).await?;
-                let guard = self.0.lock(&req.id.token, "NodeStageVolume")?;
-                self.0.volumes.stage(&guard, &req).await?;
-                Ok(csi::NodeStageVolumeResponse {})
-            })
+            .observe(
+                "NodeStageVolume",
+                &volume,
+                on_one_thread(async move {
+                    let req = StageRequest::parse(&raw, &driver.roots)?;
+                    driver.owner_check.before_stage(&req).await?;
+                    let guard = driver.lock(&req.id.token, "NodeStageVolume")?;
+                    driver.volumes.stage(&guard, &req).await?;
+                    Ok(csi::NodeStageVolumeResponse {})
+                }),
+            )
             .await
     }
 
@@ -73,13 +79,18 @@ impl Node for NodeService {
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let raw = request.into_inner();
+        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe("NodeUnstageVolume", &raw.volume_id, async {
-                let req = UnstageRequest::parse(&raw, &self.0.roots)?;
-                let guard = self.0.lock(&req.id.token, "NodeUnstageVolume")?;
-                self.0.volumes.unstage(&guard, &req).await?;
-                Ok(csi::NodeUnstageVolumeResponse {})
-            })
+            .observe(
+                "NodeUnstageVolume",
+                &volume,
+                on_one_thread(async move {
+                    let req = UnstageRequest::parse(&raw, &driver.roots)?;
+                    let guard = driver.lock(&req.id.token, "NodeUnstageVolume")?;
+                    driver.volumes.unstage(&guard, &req).await?;
+                    Ok(csi::NodeUnstageVolumeResponse {})
+                }),
+            )
             .await
     }
 
@@ -88,18 +99,23 @@ impl Node for NodeService {
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let raw = request.into_inner();
+        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe("NodePublishVolume", &raw.volume_id, async {
-                let req = PublishRequest::parse(&raw, &self.0.roots)?;
-                self.0.owner_check.before_publish(&req).await?;
-                let guard = self.0.lock(&req.id.token, "NodePublishVolume")?;
-                self.0.volumes.publish(&guard, &req).await?;
-                let (claim, pod) = publication_of(&req);
-                self.0
-                    .states
-                    .published(&req.id, req.target_path.as_path(), claim, pod);
-                Ok(csi::NodePublishVolumeResponse {})
-            })
+            .observe(
+                "NodePublishVolume",
+                &volume,
+                on_one_thread(async move {
+                    let req = PublishRequest::parse(&raw, &driver.roots)?;
+                    driver.owner_check.before_publish(&req).await?;
+                    let guard = driver.lock(&req.id.token, "NodePublishVolume")?;
+                    driver.volumes.publish(&guard, &req).await?;
+                    let (claim, pod) = publication_of(&req);
+                    driver
+                        .states
+                        .published(&req.id, req.target_path.as_path(), claim, pod);
+                    Ok(csi::NodePublishVolumeResponse {})
+                }),
+            )
             .await
     }
 
@@ -108,14 +124,19 @@ impl Node for NodeService {
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let raw = request.into_inner();
+        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe("NodeUnpublishVolume", &raw.volume_id, async {
-                let req = UnpublishRequest::parse(&raw, &self.0.roots)?;
-                let guard = self.0.lock(&req.id.token, "NodeUnpublishVolume")?;
-                self.0.volumes.unpublish(&guard, &req).await?;
-                self.0.states.unpublished(&req.id, req.target_path.as_path());
-                Ok(csi::NodeUnpublishVolumeResponse {})
-            })
+            .observe(
+                "NodeUnpublishVolume",
+                &volume,
+                on_one_thread(async move {
+                    let req = UnpublishRequest::parse(&raw, &driver.roots)?;
+                    let guard = driver.lock(&req.id.token, "NodeUnpublishVolume")?;
+                    driver.volumes.unpublish(&guard, &req).await?;
+                    driver.states.unpublished(&req.id, req.target_path.as_path());
+                    Ok(csi::NodeUnpublishVolumeResponse {})
+                }),
+            )
             .await
     }
 
@@ -125,31 +146,36 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         use csi::volume_usage::Unit;
         let raw = request.into_inner();
+        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe("NodeGetVolumeStats", &raw.volume_id, async {
-                // Read-only: no lock, so stats never make a stage or publish wait.
-                let req = StatsRequest::parse(&raw, &self.0.roots)?;
-                let (usage, volume_condition) = match self.0.volumes.stats(&req).await? {
-                    VolumeStats::Filesystem {
-                        usage: u,
-                        condition: c,
-                    } => (
-                        vec![
-                            usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
-                            usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
-                        ],
-                        c,
-                    ),
-                    VolumeStats::Block {
-                        size_bytes,
-                        condition: c,
-                    } => (vec![usage(Unit::Bytes, size_bytes, 0, 0)], c),
-                };
-                Ok(csi::NodeGetVolumeStatsResponse {
-                    usage,
-                    volume_condition: condition(volume_condition),
-                })
-            })
+            .observe(
+                "NodeGetVolumeStats",
+                &volume,
+                on_one_thread(async move {
+                    // Read-only: no lock, so stats never make a stage or publish wait.
+                    let req = StatsRequest::parse(&raw, &driver.roots)?;
+                    let (usage, volume_condition) = match driver.volumes.stats(&req).await? {
+                        VolumeStats::Filesystem {
+                            usage: u,
+                            condition: c,
+                        } => (
+                            vec![
+                                usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
+                                usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
+                            ],
+                            c,
+                        ),
+                        VolumeStats::Block {
+                            size_bytes,
+                            condition: c,
+                        } => (vec![usage(Unit::Bytes, size_bytes, 0, 0)], c),
+                    };
+                    Ok(csi::NodeGetVolumeStatsResponse {
+                        usage,
+                        volume_condition: condition(volume_condition),
+                    })
+                }),
+            )
             .await
     }
 
@@ -158,43 +184,47 @@ impl Node for NodeService {
         request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let raw = request.into_inner();
+        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe("NodeExpandVolume", &raw.volume_id, async {
-                let req = NodeExpandRequest::parse(&raw, &self.0.roots)?;
-                let guard = self.0.lock(&req.id.token, "NodeExpandVolume")?;
-                let resize = &self.0.resize;
-                let target_bytes = req.capacity.required;
-                let states = &self.0.states;
-                states.resized(
-                    &req.id,
-                    ResizeStep::Node,
-                    ResizeState::InProgress { target_bytes },
-                );
-                let report = resize.started(&self.0.volumes, &req.id, target_bytes).await;
-                let result = self
-                    .0
-                    .volumes
-                    .expand_on_node(&guard, &req)
-                    .await
-                    .map_err(Error::from);
-                resize.finished(report, &result).await;
-                let state = match &result {
-                    Ok(size_bytes) => ResizeState::Done {
-                        size_bytes: *size_bytes,
-                    },
-                    Err(e) => ResizeState::Failed {
-                        target_bytes,
-                        reason: full_message(e),
-                    },
-                };
-                states.resized(&req.id, ResizeStep::Node, state);
-                let label = result.as_ref().map_or_else(Error::label, |_| "ok");
-                self.0.metrics.observe_resize(&req.id.class, label);
-                let size = result?;
-                Ok(csi::NodeExpandVolumeResponse {
-                    capacity_bytes: size as i64,
-                })
-            })
+            .observe(
+                "NodeExpandVolume",
+                &volume,
+                on_one_thread(async move {
+                    let req = NodeExpandRequest::parse(&raw, &driver.roots)?;
+                    let guard = driver.lock(&req.id.token, "NodeExpandVolume")?;
+                    let resize = &driver.resize;
+                    let target_bytes = req.capacity.required;
+                    let states = &driver.states;
+                    states.resized(
+                        &req.id,
+                        ResizeStep::Node,
+                        ResizeState::InProgress { target_bytes },
+                    );
+                    let report = resize.started(&driver.volumes, &req.id, target_bytes).await;
+                    let result = driver
+                        .volumes
+                        .expand_on_node(&guard, &req)
+                        .await
+                        .map_err(Error::from);
+                    resize.finished(report, &result).await;
+                    let state = match &result {
+                        Ok(size_bytes) => ResizeState::Done {
+                            size_bytes: *size_bytes,
+                        },
+                        Err(e) => ResizeState::Failed {
+                            target_bytes,
+                            reason: full_message(e),
+                        },
+                    };
+                    states.resized(&req.id, ResizeStep::Node, state);
+                    let label = result.as_ref().map_or_else(Error::label, |_| "ok");
+                    driver.metrics.observe_resize(&req.id.class, label);
+                    let size = result?;
+                    Ok(csi::NodeExpandVolumeResponse {
+                        capacity_bytes: size as i64,
+                    })
+                }),
+            )
             .await
     }
 

@@ -12,6 +12,7 @@
 //! act on paths localvol owns or was handed, need no privilege beyond the directory's,
 //! and their tests run against temporary directories rather than a fake.
 
+pub mod blocking;
 pub mod command;
 #[cfg(test)]
 pub mod fake;

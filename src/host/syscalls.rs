@@ -179,8 +179,8 @@ pub enum CopyMethod {
 #[derive(Debug, Default, Clone)]
 pub struct SystemSyscalls;
 
-/// Runs a blocking closure on the blocking pool: the one place syscalls leave the
-/// async workers.
+/// Runs a blocking closure where blocking is allowed ([`super::blocking::run`]): the one
+/// place syscalls leave the async workers.
 async fn blocking<T: Send + 'static>(
     call: &'static str,
     path: &Path,
@@ -188,7 +188,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, SyscallError> {
     let owned = path.to_path_buf();
     let started = std::time::Instant::now();
-    let result = tokio::task::spawn_blocking(move || f(&owned))
+    let result = super::blocking::run(move || f(&owned))
         .await
         .map_err(|join| SyscallError::new(call, path, std::io::Error::other(join)))?;
     // What a slow node call waited on, for `RUST_LOG=localvol::host=debug`; the time

@@ -265,8 +265,9 @@ impl Volumes {
 /// redirect a mount or an unlink to a place kubelet never named.
 async fn check_no_symlinks(path: &Path) -> Result<(), VolumeError> {
     let owned = path.to_path_buf();
-    // One trip to the blocking pool for the whole walk up (each is a thread hand-off).
-    tokio::task::spawn_blocking(move || {
+    // One blocking step for the whole walk up (off a node call's thread, each is a
+    // thread hand-off).
+    crate::host::blocking::run(move || {
         let path = owned.as_path();
         let mut existing = path;
         loop {

@@ -1,9 +1,11 @@
 //! Node operations: stage, publish, unpublish, unstage, expand, stats.
 
+use std::path::PathBuf;
+
 use tracing::{info, warn};
 
 use super::grow::GrowAfterMount;
-use super::ownership::{Holding, describe, holding, refuse_mounts_below, refuse_other};
+use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below, refuse_other};
 use super::targets::{create_dir, create_file, remove_target};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, FormatMark, VolumeRecord};
@@ -213,9 +215,10 @@ impl Volumes {
         let staging = req.staging_path.as_path();
         let backend = self.backend_of(&req.id)?;
         let is_mount = matches!(req.capability.access, AccessType::Mount { .. });
-        // Independent reads, at once (each is a trip to the blocking pool); their
-        // errors are taken in the order the checks mean.
-        let (record, target_links, staging_links, table, identity) = tokio::join!(
+        // Independent reads, at once; their errors are taken in the order the checks
+        // mean. The kernel is asked about the two paths themselves; the whole table is
+        // read only where that cannot prove the publish (below).
+        let (record, target_links, staging_links, identity, staging_mount, target_clear) = tokio::join!(
             self.record(&req.id),
             check_no_symlinks(target),
             async {
@@ -225,8 +228,15 @@ impl Volumes {
                     Ok(())
                 }
             },
-            MountTable::read(&self.host),
-            self.identity(backend, &req.id.token)
+            self.identity(backend, &req.id.token),
+            async {
+                if is_mount {
+                    self.host.syscalls.mount_at(staging).await.ok().flatten()
+                } else {
+                    None
+                }
+            },
+            self.clear_at_and_below(target)
         );
         let (_, record) = record?;
         check_access(&record, &req.capability)?;
@@ -237,32 +247,76 @@ impl Volumes {
             }));
         }
         target_links?;
-        let table = table?;
         let identity = identity?;
-        let not_staged = || VolumeError::NotStaged {
-            id: req.id.clone(),
-            path: staging.to_path_buf(),
+        staging_links?;
+        // The short way: the kernel shows this volume's filesystem at the staging path
+        // (or the volume is raw block) and nothing at or below the target. A single
+        // writer must also be published nowhere else, which only the table shows.
+        let shown_staged = |i: &Identity| match &staging_mount {
+            Some(m) => i.is_filesystem_shown_by(m),
+            None => !is_mount,
         };
+        let source = match &identity {
+            Some(i)
+                if target_clear
+                    && shown_staged(i)
+                    && req.capability.mode != AccessMode::SingleNodeSingleWriter =>
+            {
+                self.source_of(backend, req).await?
+            }
+            _ => match self.prove_publish_by_table(backend, req, identity).await? {
+                Some(source) => source,
+                None => return Ok(()),
+            },
+        };
+        match req.capability.access {
+            AccessType::Mount { .. } => create_dir(target).await?,
+            AccessType::Block => create_file(target).await?,
+        }
+        mount::bind(&self.host, &source, target, req.read_only).await?;
+        Ok(())
+    }
+
+    /// What a publish binds at its target: the staging mount, or the volume's own device
+    /// node; NOT_STAGED without one.
+    async fn source_of(&self, backend: &Backend, req: &PublishRequest) -> Result<PathBuf, VolumeError> {
+        match &req.capability.access {
+            AccessType::Mount { .. } => Ok(req.staging_path.as_path().to_path_buf()),
+            AccessType::Block => backend
+                .device(&req.id.token)
+                .await?
+                .ok_or_else(|| not_staged(req)),
+        }
+    }
+
+    /// A publish proven from the whole mount table: the source it binds, or `None` when
+    /// the target already holds this publication (done).
+    async fn prove_publish_by_table(
+        &self,
+        backend: &Backend,
+        req: &PublishRequest,
+        identity: Option<Identity>,
+    ) -> Result<Option<PathBuf>, VolumeError> {
+        let target = req.target_path.as_path();
+        let staging = req.staging_path.as_path();
+        let table = MountTable::read(&self.host).await?;
         // The source must be this volume: its staging mount, or its own device node.
         let source = match &req.capability.access {
-            AccessType::Mount { .. } => {
-                staging_links?;
-                match holding(&table, staging, identity.as_ref()) {
-                    Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
-                        staging.to_path_buf()
-                    }
-                    Holding::This(e) | Holding::Other(e) => {
-                        return Err(VolumeError::Occupied {
-                            path: staging.to_path_buf(),
-                            holder: describe(e),
-                        });
-                    }
-                    Holding::Nothing => return Err(not_staged()),
+            AccessType::Mount { .. } => match holding(&table, staging, identity.as_ref()) {
+                Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
+                    staging.to_path_buf()
                 }
-            }
-            AccessType::Block => backend.device(&req.id.token).await?.ok_or_else(not_staged)?,
+                Holding::This(e) | Holding::Other(e) => {
+                    return Err(VolumeError::Occupied {
+                        path: staging.to_path_buf(),
+                        holder: describe(e),
+                    });
+                }
+                Holding::Nothing => return Err(not_staged(req)),
+            },
+            AccessType::Block => self.source_of(backend, req).await?,
         };
-        let identity = identity.ok_or_else(not_staged)?;
+        let identity = identity.ok_or_else(|| not_staged(req))?;
         let is_publication = |e: &MountEntry| match req.capability.access {
             AccessType::Mount { .. } => identity.is_filesystem(e) && e.mount_point != staging,
             AccessType::Block => identity.is_device_bind(e),
@@ -271,7 +325,7 @@ impl Volumes {
             Holding::This(existing) if is_publication(existing) => {
                 if existing.is_read_only() == req.read_only {
                     info!(volume.id = %req.id, path = %target.display(), "already published");
-                    return Ok(());
+                    return Ok(None);
                 }
                 return Err(VolumeError::PathInUse {
                     path: target.to_path_buf(),
@@ -297,12 +351,7 @@ impl Volumes {
                 path: other.mount_point.clone(),
             });
         }
-        match req.capability.access {
-            AccessType::Mount { .. } => create_dir(target).await?,
-            AccessType::Block => create_file(target).await?,
-        }
-        mount::bind(&self.host, &source, target, req.read_only).await?;
-        Ok(())
+        Ok(Some(source))
     }
 
     /// Unmounts this volume from the target, then removes the target if it is what
@@ -312,18 +361,37 @@ impl Volumes {
         guard_matches(guard, &req.id);
         let target = req.target_path.as_path();
         let backend = self.backend_of(&req.id)?;
-        let (identity, table) = self.look_at(backend, &req.id.token, target).await?;
-        let mut first_table = Some(table);
+        let (links, identity, mut shown) = tokio::join!(
+            check_no_symlinks(target),
+            self.identity(backend, &req.id.token),
+            self.host.syscalls.mount_at(target)
+        );
+        links?;
+        let identity = identity?;
         // Bounded: a path with more stacked mounts than this is not ours to untangle.
-        for _ in 0..16 {
-            let table = match first_table.take() {
-                Some(table) => table,
-                None => MountTable::read(&self.host).await?,
-            };
+        let mut budget = 16;
+        // The short way: the kernel, asked about the target itself, shows this volume
+        // there or nothing. Anything else (another mount, a kernel without statmount)
+        // is for the table to show and name.
+        while budget > 0 {
+            match shown {
+                Ok(None) => return remove_target(target).await,
+                Err(e) if e.is_not_found() => return remove_target(target).await,
+                Ok(Some(m)) if identity.as_ref().is_some_and(|i| i.is_shown_by(&m)) => {
+                    mount::unmount(&self.host, target).await?;
+                    budget -= 1;
+                    shown = self.host.syscalls.mount_at(target).await;
+                }
+                Ok(Some(_)) | Err(_) => break,
+            }
+        }
+        while budget > 0 {
+            let table = MountTable::read(&self.host).await?;
             match holding(&table, target, identity.as_ref()) {
                 Holding::Nothing => return remove_target(target).await,
                 Holding::This(_) => {
                     mount::unmount(&self.host, target).await?;
+                    budget -= 1;
                     // It was the only mount there: nothing is left to look at.
                     if table.count_at(target) == 1 {
                         return remove_target(target).await;
@@ -441,10 +509,17 @@ impl Volumes {
     }
 }
 
+fn not_staged(req: &PublishRequest) -> VolumeError {
+    VolumeError::NotStaged {
+        id: req.id.clone(),
+        path: req.staging_path.as_path().to_path_buf(),
+    }
+}
+
 /// Healthy when the backend still provides the device behind the volume.
 async fn condition_of(backend: &Backend, id: &VolumeId) -> Result<VolumeCondition, VolumeError> {
     Ok(match backend.device(&id.token).await {
-        Ok(Some(device)) if tokio::fs::metadata(&device).await.is_ok() => VolumeCondition {
+        Ok(Some(device)) if device_exists(&device).await => VolumeCondition {
             abnormal: false,
             message: format!("healthy on {}", device.display()),
         },
@@ -460,4 +535,11 @@ async fn condition_of(backend: &Backend, id: &VolumeId) -> Result<VolumeConditio
             }
         }
     })
+}
+
+async fn device_exists(device: &std::path::Path) -> bool {
+    let owned = device.to_path_buf();
+    crate::host::blocking::run(move || std::fs::metadata(owned).is_ok())
+        .await
+        .unwrap_or(false)
 }

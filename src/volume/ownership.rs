@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::targets::nothing_below;
 use super::{VolumeError, Volumes, check_no_symlinks, io_error};
 use crate::backend::Backend;
 use crate::host::MountedAt;
@@ -45,8 +46,13 @@ impl Identity {
 
     /// The same two tests on a mount as statmount(2) shows it.
     pub fn is_shown_by(&self, mount: &MountedAt) -> bool {
+        self.is_filesystem_shown_by(mount) || self.is_device_node(&mount.fs_type, &mount.root)
+    }
+
+    /// [`is_filesystem`](Self::is_filesystem) on a mount as statmount(2) shows it.
+    pub fn is_filesystem_shown_by(&self, mount: &MountedAt) -> bool {
         let dev = nix::sys::stat::makedev(mount.major.into(), mount.minor.into());
-        self.is_filesystem_root(dev, &mount.root) || self.is_device_node(&mount.fs_type, &mount.root)
+        self.is_filesystem_root(dev, &mount.root)
     }
 
     fn is_filesystem_root(&self, dev: u64, root: &Path) -> bool {
@@ -153,6 +159,17 @@ impl Volumes {
         Ok((identity?, table?))
     }
 
+    /// Whether the kernel shows nothing mounted at `path` nor below it, asked by path
+    /// (statx, statmount) rather than read from the whole table; `false` when it cannot
+    /// show that. An absent path is clear on any kernel.
+    pub(super) async fn clear_at_and_below(&self, path: &Path) -> bool {
+        match self.host.syscalls.mount_at(path).await {
+            Ok(None) => nothing_below(path).await,
+            Err(e) if e.is_not_found() => nothing_below(path).await,
+            Ok(Some(_)) | Err(_) => false,
+        }
+    }
+
     /// The mount of this volume at `path` (its filesystem, or a bind of its raw device
     /// node), proven as for NodeGetVolumeStats: a symlink on the way, nothing or
     /// anything else mounted there is NOT_FOUND. (ReclaimSpace checks its paths so.)
@@ -247,7 +264,11 @@ fn held_at(
 /// Where a raw block volume's device node appears in the mount table when bind-mounted:
 /// devtmpfs, with the device's name below /dev as the mount root.
 pub(super) async fn devtmpfs_root(device: &Path) -> Result<PathBuf, VolumeError> {
-    let real = match tokio::fs::canonicalize(device).await {
+    let owned = device.to_path_buf();
+    let resolved = crate::host::blocking::run(move || std::fs::canonicalize(owned))
+        .await
+        .map_err(|e| io_error("resolve", device)(std::io::Error::other(e)))?;
+    let real = match resolved {
         Ok(real) => real,
         // A device node that vanished can still be named in the mount table as it was.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => device.to_path_buf(),

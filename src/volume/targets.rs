@@ -10,7 +10,7 @@ use super::{VolumeError, io_error};
 pub(super) async fn create_dir(path: &Path) -> Result<(), VolumeError> {
     use std::os::unix::fs::DirBuilderExt;
     let owned = path.to_path_buf();
-    tokio::task::spawn_blocking(move || {
+    crate::host::blocking::run(move || {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o750)
@@ -22,16 +22,35 @@ pub(super) async fn create_dir(path: &Path) -> Result<(), VolumeError> {
 }
 
 pub(super) async fn create_file(path: &Path) -> Result<(), VolumeError> {
-    let result = tokio::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .await;
-    match result {
-        Ok(_) => Ok(()),
-        Err(e) => Err(io_error("create", path)(e)),
-    }
+    let owned = path.to_path_buf();
+    crate::host::blocking::run(move || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&owned)
+            .map(drop)
+    })
+    .await
+    .map_err(|e| io_error("create", path)(std::io::Error::other(e)))?
+    .map_err(io_error("create", path))
+}
+
+/// Whether nothing can be mounted below `path`: it does not exist, or it is an empty
+/// directory or a plain file (a mount point below a path is an entry of a directory
+/// below it). `false` whenever that cannot be seen.
+pub(super) async fn nothing_below(path: &Path) -> bool {
+    let owned = path.to_path_buf();
+    crate::host::blocking::run(move || match std::fs::symlink_metadata(&owned) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(meta) if meta.is_file() => true,
+        Ok(meta) if meta.is_dir() => {
+            std::fs::read_dir(&owned).is_ok_and(|mut entries| entries.next().is_none())
+        }
+        Ok(_) => false,
+    })
+    .await
+    .unwrap_or(false)
 }
 
 /// Removes a target publish made: an empty directory, or the empty file a raw block
@@ -40,8 +59,8 @@ pub(super) async fn create_file(path: &Path) -> Result<(), VolumeError> {
 /// across mount namespaces, and a removal cannot be undone. Gone is fine.
 pub(super) async fn remove_target(path: &Path) -> Result<(), VolumeError> {
     let owned = path.to_path_buf();
-    // One trip to the blocking pool for the checks and the removal.
-    tokio::task::spawn_blocking(move || remove_target_blocking(&owned))
+    // One blocking step for the checks and the removal.
+    crate::host::blocking::run(move || remove_target_blocking(&owned))
         .await
         .map_err(|e| io_error("remove", path)(std::io::Error::other(e)))?
 }
