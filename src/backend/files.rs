@@ -17,7 +17,7 @@ pub async fn blocking<T: Send + 'static>(
         .map_err(|e| BackendError::io("spawn", path)(std::io::Error::other(e)))?
 }
 
-/// [`sync_dir`] on the blocking pool.
+/// [`sync_dir`] where blocking is allowed.
 pub async fn sync_dir_async(dir: &Path) -> Result<(), BackendError> {
     let owned = dir.to_path_buf();
     blocking(dir, move || sync_dir(&owned)).await

@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 use super::{Driver, not_supported};
 use crate::backend::{SnapshotRecord, VolumeRecord};
 use crate::error::Error;
+use crate::host::blocking::on_one_thread;
 use crate::model::ValidationError;
 use crate::model::{ClassName, SnapshotId, VolumeId};
 use crate::proto::csi::v1::{self as csi, controller_server::Controller, controller_service_capability};
@@ -20,19 +21,18 @@ use crate::status_registry::{ResizeState, ResizeStep};
 #[derive(Debug)]
 pub struct ControllerService(pub Arc<Driver>);
 
-impl ControllerService {
-    fn volume(&self, record: &VolumeRecord, source: Option<&ContentSource>) -> csi::Volume {
-        let mut context = record.claim.to_context();
-        context.insert(PARAM_DEVICE_CLASS.to_string(), record.id.class.to_string());
-        csi::Volume {
-            capacity_bytes: record.size_bytes as i64,
-            volume_id: record.id.to_string(),
-            volume_context: context,
-            content_source: source.map(content_source),
-            accessible_topology: vec![csi::Topology {
-                segments: self.0.volumes.topology().into_iter().collect(),
-            }],
-        }
+/// A volume as CSI shows it: its id, size, context and this node's topology.
+fn volume(driver: &Driver, record: &VolumeRecord, source: Option<&ContentSource>) -> csi::Volume {
+    let mut context = record.claim.to_context();
+    context.insert(PARAM_DEVICE_CLASS.to_string(), record.id.class.to_string());
+    csi::Volume {
+        capacity_bytes: record.size_bytes as i64,
+        volume_id: record.id.to_string(),
+        volume_context: context,
+        content_source: source.map(content_source),
+        accessible_topology: vec![csi::Topology {
+            segments: driver.volumes.topology().into_iter().collect(),
+        }],
     }
 }
 
@@ -117,21 +117,26 @@ impl Controller for ControllerService {
         request: Request<csi::CreateVolumeRequest>,
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
         let raw = request.into_inner();
+        let (driver, name) = (self.0.clone(), raw.name.clone());
         self.0
-            .observe("CreateVolume", &raw.name, async {
-                let req = CreateRequest::try_from(&raw)?;
-                let guard = self.0.lock(&req.token, "CreateVolume")?;
-                // A clone reads its source: nothing may change or delete it meanwhile.
-                let _source_guard = match &req.source {
-                    Some(ContentSource::Volume(id)) => Some(self.0.lock(&id.token, "CreateVolume")?),
-                    _ => None,
-                };
-                let created = self.0.volumes.create(&guard, &req).await?;
-                self.0.owner_check.volume_created(&req.claim);
-                Ok(csi::CreateVolumeResponse {
-                    volume: Some(self.volume(&created.record, req.source.as_ref())),
-                })
-            })
+            .observe(
+                "CreateVolume",
+                &name,
+                on_one_thread(async move {
+                    let req = CreateRequest::try_from(&raw)?;
+                    let guard = driver.lock(&req.token, "CreateVolume")?;
+                    // A clone reads its source: nothing may change or delete it meanwhile.
+                    let _source_guard = match &req.source {
+                        Some(ContentSource::Volume(id)) => Some(driver.lock(&id.token, "CreateVolume")?),
+                        _ => None,
+                    };
+                    let created = driver.volumes.create(&guard, &req).await?;
+                    driver.owner_check.volume_created(&req.claim);
+                    Ok(csi::CreateVolumeResponse {
+                        volume: Some(volume(&driver, &created.record, req.source.as_ref())),
+                    })
+                }),
+            )
             .await
     }
 
@@ -140,24 +145,29 @@ impl Controller for ControllerService {
         request: Request<csi::DeleteVolumeRequest>,
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         let raw = request.into_inner();
+        let (driver, volume_id) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe("DeleteVolume", &raw.volume_id, async {
-                let id = match VolumeId::parse(&raw.volume_id) {
-                    Ok(id) => id,
-                    Err(crate::model::IdError::NotOurs(_)) => {
-                        tracing::info!("not an id of this driver: nothing to delete");
-                        return Ok(csi::DeleteVolumeResponse {});
-                    }
-                    Err(crate::model::IdError::Empty) => {
-                        return Err(ValidationError::Missing { field: "volume_id" }.into());
-                    }
-                    Err(e) => return Err(ValidationError::Id(e).into()),
-                };
-                let guard = self.0.lock(&id.token, "DeleteVolume")?;
-                self.0.volumes.delete(&guard, &id).await?;
-                self.0.states.forget(&id);
-                Ok(csi::DeleteVolumeResponse {})
-            })
+            .observe(
+                "DeleteVolume",
+                &volume_id,
+                on_one_thread(async move {
+                    let id = match VolumeId::parse(&raw.volume_id) {
+                        Ok(id) => id,
+                        Err(crate::model::IdError::NotOurs(_)) => {
+                            tracing::info!("not an id of this driver: nothing to delete");
+                            return Ok(csi::DeleteVolumeResponse {});
+                        }
+                        Err(crate::model::IdError::Empty) => {
+                            return Err(ValidationError::Missing { field: "volume_id" }.into());
+                        }
+                        Err(e) => return Err(ValidationError::Id(e).into()),
+                    };
+                    let guard = driver.lock(&id.token, "DeleteVolume")?;
+                    driver.volumes.delete(&guard, &id).await?;
+                    driver.states.forget(&id);
+                    Ok(csi::DeleteVolumeResponse {})
+                }),
+            )
             .await
     }
 
@@ -252,7 +262,7 @@ impl Controller for ControllerService {
                     entries: page
                         .into_iter()
                         .map(|r| csi::list_volumes_response::Entry {
-                            volume: Some(self.volume(r, None)),
+                            volume: Some(volume(&self.0, r, None)),
                             status: None,
                         })
                         .collect(),
@@ -267,29 +277,34 @@ impl Controller for ControllerService {
         request: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
         let raw = request.into_inner();
+        let driver = self.0.clone();
         self.0
-            .observe("GetCapacity", "", async {
-                let class = class_parameter(&raw.parameters)?;
-                let unsupported = raw
-                    .volume_capabilities
-                    .iter()
-                    .any(|c| request::capability(c).is_err());
-                let topology = raw
-                    .accessible_topology
-                    .as_ref()
-                    .map(|t| t.segments.clone().into_iter().collect());
-                let capacity = self.0.volumes.capacity(class.as_ref(), topology.as_ref()).await?;
-                let (available, max) = if unsupported {
-                    (0, 0)
-                } else {
-                    (capacity.available, capacity.max_volume)
-                };
-                Ok(csi::GetCapacityResponse {
-                    available_capacity: available as i64,
-                    maximum_volume_size: Some(max as i64),
-                    minimum_volume_size: None,
-                })
-            })
+            .observe(
+                "GetCapacity",
+                "",
+                on_one_thread(async move {
+                    let class = class_parameter(&raw.parameters)?;
+                    let unsupported = raw
+                        .volume_capabilities
+                        .iter()
+                        .any(|c| request::capability(c).is_err());
+                    let topology = raw
+                        .accessible_topology
+                        .as_ref()
+                        .map(|t| t.segments.clone().into_iter().collect());
+                    let capacity = driver.volumes.capacity(class.as_ref(), topology.as_ref()).await?;
+                    let (available, max) = if unsupported {
+                        (0, 0)
+                    } else {
+                        (capacity.available, capacity.max_volume)
+                    };
+                    Ok(csi::GetCapacityResponse {
+                        available_capacity: available as i64,
+                        maximum_volume_size: Some(max as i64),
+                        minimum_volume_size: None,
+                    })
+                }),
+            )
             .await
     }
 

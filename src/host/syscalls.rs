@@ -192,7 +192,7 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|join| SyscallError::new(call, path, std::io::Error::other(join)))?;
     // What a slow node call waited on, for `RUST_LOG=localvol::host=debug`; the time
-    // includes the hand-off to the blocking pool.
+    // includes any hand-off to the blocking pool.
     tracing::debug!(call, path = %path.display(), elapsed_us = started.elapsed().as_micros() as u64,
         ok = result.is_ok(), "syscall");
     result

@@ -62,8 +62,8 @@ impl Volumes {
         guard_matches(guard, &req.id);
         let staging = req.staging_path.as_path();
         let backend = self.backend_of(&req.id)?;
-        // Independent reads, at once (each is a trip to the blocking pool); their
-        // errors are taken in the order the checks mean.
+        // Independent reads, at once (each is a trip to the blocking pool, unless the
+        // call has its own thread); their errors are taken in the order the checks mean.
         let (record, links, table, identity) = tokio::join!(
             self.record(&req.id),
             check_no_symlinks(staging),

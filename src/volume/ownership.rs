@@ -143,7 +143,7 @@ impl Volumes {
 
     /// What an unpublish or unstage starts from: `path` checked for symbolic links, the
     /// volume's identity and the mount table, read at once (each is a trip to the
-    /// blocking pool); errors in that order.
+    /// blocking pool, unless the call has its own thread); errors in that order.
     pub(super) async fn look_at(
         &self,
         backend: &Backend,
