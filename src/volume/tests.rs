@@ -126,6 +126,20 @@ impl Fixture {
         self.volumes.stage(&guard, req).await
     }
 
+    /// Something else, mounted at `name` (in the fake syscalls only).
+    async fn mount_tmpfs(&self, name: &str) {
+        self.syscalls
+            .mount(MountCall {
+                source: "tmpfs".into(),
+                target: self.path(name),
+                fs_type: Some("tmpfs".into()),
+                flags: nix::mount::MsFlags::empty(),
+                data: None,
+            })
+            .await
+            .unwrap();
+    }
+
     async fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
         let guard = self.locks.try_lock(&req.id.token, "publish").unwrap();
         self.volumes.publish(&guard, req).await
@@ -439,16 +453,7 @@ async fn stats_ask_the_kernel_for_the_one_mount_not_the_whole_table() {
 
     // What statmount cannot confirm goes the long way, with the answer it always had:
     // a path holding something else, and a path holding nothing.
-    f.syscalls
-        .mount(MountCall {
-            source: "tmpfs".into(),
-            target: f.path("target"),
-            fs_type: Some("tmpfs".into()),
-            flags: nix::mount::MsFlags::empty(),
-            data: None,
-        })
-        .await
-        .unwrap();
+    f.mount_tmpfs("target").await;
     let err = stats("target").await.unwrap_err();
     assert!(matches!(err, VolumeError::NotAtPath { .. }), "{err:?}");
     let err = stats("elsewhere").await.unwrap_err();
@@ -516,16 +521,7 @@ async fn publish_and_unpublish_ask_the_kernel_about_their_paths_not_the_whole_ta
     assert!(matches!(err, VolumeError::SingleWriter { .. }), "{err:?}");
     assert_eq!(f.syscalls.mountinfo_reads(), reads + 2);
     std::fs::create_dir_all(f.path("d/inside")).unwrap();
-    f.syscalls
-        .mount(MountCall {
-            source: "tmpfs".into(),
-            target: f.path("d/inside"),
-            fs_type: Some("tmpfs".into()),
-            flags: nix::mount::MsFlags::empty(),
-            data: None,
-        })
-        .await
-        .unwrap();
+    f.mount_tmpfs("d/inside").await;
     let err = f
         .publish(&writer("d", AccessMode::SingleNodeWriter))
         .await
@@ -533,16 +529,7 @@ async fn publish_and_unpublish_ask_the_kernel_about_their_paths_not_the_whole_ta
     assert!(matches!(err, VolumeError::Occupied { .. }), "{err:?}");
     assert_eq!(f.syscalls.mountinfo_reads(), reads + 3);
     // Another mount on top of the publication: unpublish names it from the table.
-    f.syscalls
-        .mount(MountCall {
-            source: "tmpfs".into(),
-            target: f.path("b"),
-            fs_type: Some("tmpfs".into()),
-            flags: nix::mount::MsFlags::empty(),
-            data: None,
-        })
-        .await
-        .unwrap();
+    f.mount_tmpfs("b").await;
     let err = unpublish("b").await.unwrap_err();
     assert!(matches!(err, VolumeError::Occupied { .. }), "{err:?}");
     assert_eq!(f.syscalls.mountinfo_reads(), reads + 4);
