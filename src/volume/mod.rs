@@ -10,6 +10,7 @@ mod controller;
 mod grow;
 mod node;
 mod ownership;
+mod publish_proof;
 mod snapshots;
 mod targets;
 
