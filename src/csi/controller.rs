@@ -8,7 +8,6 @@ use tonic::{Request, Response, Status};
 use super::{Driver, not_supported};
 use crate::backend::{SnapshotRecord, VolumeRecord};
 use crate::error::Error;
-use crate::host::blocking::on_one_thread;
 use crate::model::ValidationError;
 use crate::model::{ClassName, SnapshotId, VolumeId};
 use crate::proto::csi::v1::{self as csi, controller_server::Controller, controller_service_capability};
@@ -117,26 +116,21 @@ impl Controller for ControllerService {
         request: Request<csi::CreateVolumeRequest>,
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
         let raw = request.into_inner();
-        let (driver, name) = (self.0.clone(), raw.name.clone());
         self.0
-            .observe(
-                "CreateVolume",
-                &name,
-                on_one_thread(async move {
-                    let req = CreateRequest::try_from(&raw)?;
-                    let guard = driver.lock(&req.token, "CreateVolume")?;
-                    // A clone reads its source: nothing may change or delete it meanwhile.
-                    let _source_guard = match &req.source {
-                        Some(ContentSource::Volume(id)) => Some(driver.lock(&id.token, "CreateVolume")?),
-                        _ => None,
-                    };
-                    let created = driver.volumes.create(&guard, &req).await?;
-                    driver.owner_check.volume_created(&req.claim);
-                    Ok(csi::CreateVolumeResponse {
-                        volume: Some(volume(&driver, &created.record, req.source.as_ref())),
-                    })
-                }),
-            )
+            .observe_on_one_thread("CreateVolume", raw.name.clone(), |driver| async move {
+                let req = CreateRequest::try_from(&raw)?;
+                let guard = driver.lock(&req.token, "CreateVolume")?;
+                // A clone reads its source: nothing may change or delete it meanwhile.
+                let _source_guard = match &req.source {
+                    Some(ContentSource::Volume(id)) => Some(driver.lock(&id.token, "CreateVolume")?),
+                    _ => None,
+                };
+                let created = driver.volumes.create(&guard, &req).await?;
+                driver.owner_check.volume_created(&req.claim);
+                Ok(csi::CreateVolumeResponse {
+                    volume: Some(volume(&driver, &created.record, req.source.as_ref())),
+                })
+            })
             .await
     }
 
@@ -145,29 +139,24 @@ impl Controller for ControllerService {
         request: Request<csi::DeleteVolumeRequest>,
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
         let raw = request.into_inner();
-        let (driver, volume_id) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe(
-                "DeleteVolume",
-                &volume_id,
-                on_one_thread(async move {
-                    let id = match VolumeId::parse(&raw.volume_id) {
-                        Ok(id) => id,
-                        Err(crate::model::IdError::NotOurs(_)) => {
-                            tracing::info!("not an id of this driver: nothing to delete");
-                            return Ok(csi::DeleteVolumeResponse {});
-                        }
-                        Err(crate::model::IdError::Empty) => {
-                            return Err(ValidationError::Missing { field: "volume_id" }.into());
-                        }
-                        Err(e) => return Err(ValidationError::Id(e).into()),
-                    };
-                    let guard = driver.lock(&id.token, "DeleteVolume")?;
-                    driver.volumes.delete(&guard, &id).await?;
-                    driver.states.forget(&id);
-                    Ok(csi::DeleteVolumeResponse {})
-                }),
-            )
+            .observe_on_one_thread("DeleteVolume", raw.volume_id.clone(), |driver| async move {
+                let id = match VolumeId::parse(&raw.volume_id) {
+                    Ok(id) => id,
+                    Err(crate::model::IdError::NotOurs(_)) => {
+                        tracing::info!("not an id of this driver: nothing to delete");
+                        return Ok(csi::DeleteVolumeResponse {});
+                    }
+                    Err(crate::model::IdError::Empty) => {
+                        return Err(ValidationError::Missing { field: "volume_id" }.into());
+                    }
+                    Err(e) => return Err(ValidationError::Id(e).into()),
+                };
+                let guard = driver.lock(&id.token, "DeleteVolume")?;
+                driver.volumes.delete(&guard, &id).await?;
+                driver.states.forget(&id);
+                Ok(csi::DeleteVolumeResponse {})
+            })
             .await
     }
 
@@ -277,34 +266,29 @@ impl Controller for ControllerService {
         request: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
         let raw = request.into_inner();
-        let driver = self.0.clone();
         self.0
-            .observe(
-                "GetCapacity",
-                "",
-                on_one_thread(async move {
-                    let class = class_parameter(&raw.parameters)?;
-                    let unsupported = raw
-                        .volume_capabilities
-                        .iter()
-                        .any(|c| request::capability(c).is_err());
-                    let topology = raw
-                        .accessible_topology
-                        .as_ref()
-                        .map(|t| t.segments.clone().into_iter().collect());
-                    let capacity = driver.volumes.capacity(class.as_ref(), topology.as_ref()).await?;
-                    let (available, max) = if unsupported {
-                        (0, 0)
-                    } else {
-                        (capacity.available, capacity.max_volume)
-                    };
-                    Ok(csi::GetCapacityResponse {
-                        available_capacity: available as i64,
-                        maximum_volume_size: Some(max as i64),
-                        minimum_volume_size: None,
-                    })
-                }),
-            )
+            .observe_on_one_thread("GetCapacity", String::new(), |driver| async move {
+                let class = class_parameter(&raw.parameters)?;
+                let unsupported = raw
+                    .volume_capabilities
+                    .iter()
+                    .any(|c| request::capability(c).is_err());
+                let topology = raw
+                    .accessible_topology
+                    .as_ref()
+                    .map(|t| t.segments.clone().into_iter().collect());
+                let capacity = driver.volumes.capacity(class.as_ref(), topology.as_ref()).await?;
+                let (available, max) = if unsupported {
+                    (0, 0)
+                } else {
+                    (capacity.available, capacity.max_volume)
+                };
+                Ok(csi::GetCapacityResponse {
+                    available_capacity: available as i64,
+                    maximum_volume_size: Some(max as i64),
+                    minimum_volume_size: None,
+                })
+            })
             .await
     }
 

@@ -60,6 +60,22 @@ impl Driver {
         Ok(self.locks.try_lock(token, method)?)
     }
 
+    /// [`observe`](Self::observe) for a call that owns its driver and runs on one
+    /// thread ([`on_one_thread`](crate::host::blocking::on_one_thread)).
+    async fn observe_on_one_thread<T, Call>(
+        self: &Arc<Self>,
+        method: &'static str,
+        volume: String,
+        call: impl FnOnce(Arc<Self>) -> Call,
+    ) -> Result<Response<T>, Status>
+    where
+        T: Send + 'static,
+        Call: Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let call = crate::host::blocking::on_one_thread(call(self.clone()));
+        self.observe(method, &volume, call).await
+    }
+
     /// Runs one RPC: a span with the method and volume, metrics by code, and the error
     /// logged once and turned into a status.
     async fn observe<T>(

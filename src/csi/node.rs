@@ -6,7 +6,6 @@ use tonic::{Request, Response, Status};
 
 use super::Driver;
 use crate::error::Error;
-use crate::host::blocking::on_one_thread;
 use crate::model::full_message;
 use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capability};
 use crate::request::{
@@ -58,19 +57,14 @@ impl Node for NodeService {
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let raw = request.into_inner();
-        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe(
-                "NodeStageVolume",
-                &volume,
-                on_one_thread(async move {
-                    let req = StageRequest::parse(&raw, &driver.roots)?;
-                    driver.owner_check.before_stage(&req).await?;
-                    let guard = driver.lock(&req.id.token, "NodeStageVolume")?;
-                    driver.volumes.stage(&guard, &req).await?;
-                    Ok(csi::NodeStageVolumeResponse {})
-                }),
-            )
+            .observe_on_one_thread("NodeStageVolume", raw.volume_id.clone(), |driver| async move {
+                let req = StageRequest::parse(&raw, &driver.roots)?;
+                driver.owner_check.before_stage(&req).await?;
+                let guard = driver.lock(&req.id.token, "NodeStageVolume")?;
+                driver.volumes.stage(&guard, &req).await?;
+                Ok(csi::NodeStageVolumeResponse {})
+            })
             .await
     }
 
@@ -79,18 +73,13 @@ impl Node for NodeService {
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let raw = request.into_inner();
-        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe(
-                "NodeUnstageVolume",
-                &volume,
-                on_one_thread(async move {
-                    let req = UnstageRequest::parse(&raw, &driver.roots)?;
-                    let guard = driver.lock(&req.id.token, "NodeUnstageVolume")?;
-                    driver.volumes.unstage(&guard, &req).await?;
-                    Ok(csi::NodeUnstageVolumeResponse {})
-                }),
-            )
+            .observe_on_one_thread("NodeUnstageVolume", raw.volume_id.clone(), |driver| async move {
+                let req = UnstageRequest::parse(&raw, &driver.roots)?;
+                let guard = driver.lock(&req.id.token, "NodeUnstageVolume")?;
+                driver.volumes.unstage(&guard, &req).await?;
+                Ok(csi::NodeUnstageVolumeResponse {})
+            })
             .await
     }
 
@@ -99,23 +88,18 @@ impl Node for NodeService {
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let raw = request.into_inner();
-        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe(
-                "NodePublishVolume",
-                &volume,
-                on_one_thread(async move {
-                    let req = PublishRequest::parse(&raw, &driver.roots)?;
-                    driver.owner_check.before_publish(&req).await?;
-                    let guard = driver.lock(&req.id.token, "NodePublishVolume")?;
-                    driver.volumes.publish(&guard, &req).await?;
-                    let (claim, pod) = publication_of(&req);
-                    driver
-                        .states
-                        .published(&req.id, req.target_path.as_path(), claim, pod);
-                    Ok(csi::NodePublishVolumeResponse {})
-                }),
-            )
+            .observe_on_one_thread("NodePublishVolume", raw.volume_id.clone(), |driver| async move {
+                let req = PublishRequest::parse(&raw, &driver.roots)?;
+                driver.owner_check.before_publish(&req).await?;
+                let guard = driver.lock(&req.id.token, "NodePublishVolume")?;
+                driver.volumes.publish(&guard, &req).await?;
+                let (claim, pod) = publication_of(&req);
+                driver
+                    .states
+                    .published(&req.id, req.target_path.as_path(), claim, pod);
+                Ok(csi::NodePublishVolumeResponse {})
+            })
             .await
     }
 
@@ -124,18 +108,17 @@ impl Node for NodeService {
         request: Request<csi::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let raw = request.into_inner();
-        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe(
+            .observe_on_one_thread(
                 "NodeUnpublishVolume",
-                &volume,
-                on_one_thread(async move {
+                raw.volume_id.clone(),
+                |driver| async move {
                     let req = UnpublishRequest::parse(&raw, &driver.roots)?;
                     let guard = driver.lock(&req.id.token, "NodeUnpublishVolume")?;
                     driver.volumes.unpublish(&guard, &req).await?;
                     driver.states.unpublished(&req.id, req.target_path.as_path());
                     Ok(csi::NodeUnpublishVolumeResponse {})
-                }),
+                },
             )
             .await
     }
@@ -146,36 +129,31 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
         use csi::volume_usage::Unit;
         let raw = request.into_inner();
-        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe(
-                "NodeGetVolumeStats",
-                &volume,
-                on_one_thread(async move {
-                    // Read-only: no lock, so stats never make a stage or publish wait.
-                    let req = StatsRequest::parse(&raw, &driver.roots)?;
-                    let (usage, volume_condition) = match driver.volumes.stats(&req).await? {
-                        VolumeStats::Filesystem {
-                            usage: u,
-                            condition: c,
-                        } => (
-                            vec![
-                                usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
-                                usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
-                            ],
-                            c,
-                        ),
-                        VolumeStats::Block {
-                            size_bytes,
-                            condition: c,
-                        } => (vec![usage(Unit::Bytes, size_bytes, 0, 0)], c),
-                    };
-                    Ok(csi::NodeGetVolumeStatsResponse {
-                        usage,
-                        volume_condition: condition(volume_condition),
-                    })
-                }),
-            )
+            .observe_on_one_thread("NodeGetVolumeStats", raw.volume_id.clone(), |driver| async move {
+                // Read-only: no lock, so stats never make a stage or publish wait.
+                let req = StatsRequest::parse(&raw, &driver.roots)?;
+                let (usage, volume_condition) = match driver.volumes.stats(&req).await? {
+                    VolumeStats::Filesystem {
+                        usage: u,
+                        condition: c,
+                    } => (
+                        vec![
+                            usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
+                            usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
+                        ],
+                        c,
+                    ),
+                    VolumeStats::Block {
+                        size_bytes,
+                        condition: c,
+                    } => (vec![usage(Unit::Bytes, size_bytes, 0, 0)], c),
+                };
+                Ok(csi::NodeGetVolumeStatsResponse {
+                    usage,
+                    volume_condition: condition(volume_condition),
+                })
+            })
             .await
     }
 
@@ -184,47 +162,42 @@ impl Node for NodeService {
         request: Request<csi::NodeExpandVolumeRequest>,
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let raw = request.into_inner();
-        let (driver, volume) = (self.0.clone(), raw.volume_id.clone());
         self.0
-            .observe(
-                "NodeExpandVolume",
-                &volume,
-                on_one_thread(async move {
-                    let req = NodeExpandRequest::parse(&raw, &driver.roots)?;
-                    let guard = driver.lock(&req.id.token, "NodeExpandVolume")?;
-                    let resize = &driver.resize;
-                    let target_bytes = req.capacity.required;
-                    let states = &driver.states;
-                    states.resized(
-                        &req.id,
-                        ResizeStep::Node,
-                        ResizeState::InProgress { target_bytes },
-                    );
-                    let report = resize.started(&driver.volumes, &req.id, target_bytes).await;
-                    let result = driver
-                        .volumes
-                        .expand_on_node(&guard, &req)
-                        .await
-                        .map_err(Error::from);
-                    resize.finished(report, &result).await;
-                    let state = match &result {
-                        Ok(size_bytes) => ResizeState::Done {
-                            size_bytes: *size_bytes,
-                        },
-                        Err(e) => ResizeState::Failed {
-                            target_bytes,
-                            reason: full_message(e),
-                        },
-                    };
-                    states.resized(&req.id, ResizeStep::Node, state);
-                    let label = result.as_ref().map_or_else(Error::label, |_| "ok");
-                    driver.metrics.observe_resize(&req.id.class, label);
-                    let size = result?;
-                    Ok(csi::NodeExpandVolumeResponse {
-                        capacity_bytes: size as i64,
-                    })
-                }),
-            )
+            .observe_on_one_thread("NodeExpandVolume", raw.volume_id.clone(), |driver| async move {
+                let req = NodeExpandRequest::parse(&raw, &driver.roots)?;
+                let guard = driver.lock(&req.id.token, "NodeExpandVolume")?;
+                let resize = &driver.resize;
+                let target_bytes = req.capacity.required;
+                let states = &driver.states;
+                states.resized(
+                    &req.id,
+                    ResizeStep::Node,
+                    ResizeState::InProgress { target_bytes },
+                );
+                let report = resize.started(&driver.volumes, &req.id, target_bytes).await;
+                let result = driver
+                    .volumes
+                    .expand_on_node(&guard, &req)
+                    .await
+                    .map_err(Error::from);
+                resize.finished(report, &result).await;
+                let state = match &result {
+                    Ok(size_bytes) => ResizeState::Done {
+                        size_bytes: *size_bytes,
+                    },
+                    Err(e) => ResizeState::Failed {
+                        target_bytes,
+                        reason: full_message(e),
+                    },
+                };
+                states.resized(&req.id, ResizeStep::Node, state);
+                let label = result.as_ref().map_or_else(Error::label, |_| "ok");
+                driver.metrics.observe_resize(&req.id.class, label);
+                let size = result?;
+                Ok(csi::NodeExpandVolumeResponse {
+                    capacity_bytes: size as i64,
+                })
+            })
             .await
     }
 
