@@ -168,6 +168,12 @@ impl LoopBackend {
                 token: token.clone(),
             });
         }
+        self.attach_unheld(token).await
+    }
+
+    /// Attaches the image of a volume whose record exists and which is on no device
+    /// (see [`Backend::attach_unheld`](crate::backend::Backend::attach_unheld)).
+    pub async fn attach_unheld(&self, token: &Token) -> Result<PathBuf, BackendError> {
         // Ioctls, not `losetup --find --show`: the kernel calls it makes, without a
         // process to spawn (milliseconds of every stage).
         let image = self.image_path(token);

@@ -245,6 +245,19 @@ impl Backend {
         }
     }
 
+    /// [`Backend::attach`] for a volume whose record exists and which its caller, holding
+    /// the volume's lock, has just found on no device ([`Backend::holding_device`] was
+    /// `None`): the loop backend does not look for its device again (a list of every
+    /// loop device of the node). The others are [`Backend::attach`], which is one call
+    /// to the tool either way.
+    pub async fn attach_unheld(&self, token: &Token) -> Result<PathBuf, BackendError> {
+        match self {
+            Backend::Loop(b) => b.attach_unheld(token).await,
+            Backend::Lvm(b) => b.attach(token).await,
+            Backend::Pmem(b) => b.attach(token).await,
+        }
+    }
+
     /// The volume's block device if it is available now.
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
         match self {

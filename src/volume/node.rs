@@ -60,55 +60,52 @@ impl Volumes {
         guard_matches(guard, &req.id);
         let staging = req.staging_path.as_path();
         let backend = self.backend_of(&req.id)?;
-        // Independent reads, at once (each is a trip to the blocking pool, unless the
-        // call has its own thread); their errors are taken in the order the checks mean.
-        let (record, links, table, identity) = tokio::join!(
+        // Independent reads, at once; their errors are taken in the order the checks
+        // mean. The kernel is asked about the staging path itself; the whole table is
+        // read only where that cannot prove the path free (below).
+        let (record, links, clear, held_by) = tokio::join!(
             self.record(&req.id),
             check_no_symlinks(staging),
-            MountTable::read(&self.host),
-            self.identity(backend, &req.id.token)
+            self.clear_at_and_below(staging),
+            backend.holding_device(&req.id.token)
         );
         let (_, record) = record?;
         check_access(&record, &req.capability)?;
         links?;
+        let held_by = held_by?;
+        let identity = match &held_by {
+            Some(device) => self.identity_of(device).await?,
+            None => None,
+        };
         // Before attaching anything: the staging path holds this volume or nothing, and
-        // hides no mount below it.
-        let table = table?;
-        let identity = identity?;
-        let held = holding(&table, staging, identity.as_ref());
-        refuse_other(staging, &held)?;
-        let AccessType::Mount { fs_type, mount_flags } = &req.capability.access else {
-            if let Holding::This(e) = held {
-                // Raw block volumes are never mounted at their staging path.
-                return Err(VolumeError::Occupied {
-                    path: staging.to_path_buf(),
-                    holder: describe(e),
-                });
+        // hides no mount below it. The short way: the kernel shows nothing at or below
+        // it, as on every first stage. Anything else (a retry onto the staged volume,
+        // another mount, a kernel without statmount) is proven from the whole table.
+        if !clear
+            && self
+                .staged_by_table(backend, req, &record, identity.as_ref())
+                .await?
+        {
+            return Ok(());
+        }
+        // Found on no device just now, under the volume's lock: attached without looking
+        // again (on a node with hundreds of loop devices, a list of them all).
+        let attach = || async {
+            match held_by {
+                None => backend.attach_unheld(&req.id.token).await,
+                Some(_) => backend.attach(&req.id.token).await,
             }
+        };
+        let AccessType::Mount { fs_type, mount_flags } = &req.capability.access else {
             // Raw block: attaching is all staging means; publish binds the device node.
-            backend.attach(&req.id.token).await?;
+            attach().await?;
             return Ok(());
         };
-        match held {
-            Holding::This(e) if identity.as_ref().is_some_and(|i| i.is_filesystem(e)) => {
-                self.grow_if_pending(backend, &record, e).await?;
-                info!(volume.id = %req.id, path = %staging.display(), "already staged");
-                return Ok(());
-            }
-            Holding::This(e) => {
-                return Err(VolumeError::Occupied {
-                    path: staging.to_path_buf(),
-                    holder: describe(e),
-                });
-            }
-            Holding::Nothing | Holding::Other(_) => {}
-        }
-        refuse_mounts_below(&table, staging)?;
         let fs_type = fs_type
             .or(record.fs_type)
             .unwrap_or_else(|| self.default_fs(&req.id.class));
         let options = self.stage_options(backend, req, fs_type, mount_flags)?;
-        let device = backend.attach(&req.id.token).await?;
+        let device = attach().await?;
         let mount = || {
             self.host
                 .syscalls
@@ -175,6 +172,39 @@ impl Volumes {
             self.grow_mounted(backend, &req.id, &device, mount).await?;
         }
         Ok(())
+    }
+
+    /// Whether the volume is staged at the staging path already, as the whole mount table
+    /// shows (growing its filesystem if a resize is pending); `false` when the path holds
+    /// nothing. A path holding anything else, or a filesystem's staging path hiding a
+    /// mount below it, is refused: mounting over it would hide that.
+    async fn staged_by_table(
+        &self,
+        backend: &Backend,
+        req: &StageRequest,
+        record: &VolumeRecord,
+        identity: Option<&Identity>,
+    ) -> Result<bool, VolumeError> {
+        let staging = req.staging_path.as_path();
+        let table = MountTable::read(&self.host).await?;
+        let held = holding(&table, staging, identity);
+        refuse_other(staging, &held)?;
+        let Holding::This(e) = held else {
+            if !req.capability.access.is_block() {
+                refuse_mounts_below(&table, staging)?;
+            }
+            return Ok(false);
+        };
+        // Raw block volumes are never mounted at their staging path.
+        if req.capability.access.is_block() || !identity.is_some_and(|i| i.is_filesystem(e)) {
+            return Err(VolumeError::Occupied {
+                path: staging.to_path_buf(),
+                holder: describe(e),
+            });
+        }
+        self.grow_if_pending(backend, record, e).await?;
+        info!(volume.id = %req.id, path = %staging.display(), "already staged");
+        Ok(true)
     }
 
     /// The mount(2) options of a staging mount: the class's, then the request's, then

@@ -129,9 +129,15 @@ impl Volumes {
         let Some(device) = backend.holding_device(token).await? else {
             return Ok(None);
         };
+        self.identity_of(&device).await
+    }
+
+    /// The identity of `device`, the volume's [`Backend::holding_device`]; `None` when
+    /// its node is gone (detached since it was found).
+    pub(super) async fn identity_of(&self, device: &Path) -> Result<Option<Identity>, VolumeError> {
         // Two independent lookups, at once.
         let (dev, devtmpfs_root) =
-            tokio::join!(self.host.syscalls.device_number(&device), devtmpfs_root(&device));
+            tokio::join!(self.host.syscalls.device_number(device), devtmpfs_root(device));
         let Some(dev) = dev? else {
             return Ok(None);
         };

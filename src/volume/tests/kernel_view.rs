@@ -124,3 +124,73 @@ async fn publish_and_unpublish_ask_the_kernel_about_their_paths_not_the_whole_ta
         vec![f.path("stage"), f.path("d/inside")]
     );
 }
+
+#[tokio::test]
+async fn a_first_stage_asks_the_kernel_about_its_path_and_looks_for_the_device_once() {
+    let f = Fixture::new();
+    let lists = || {
+        f.syscalls
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("list loop devices"))
+            .count()
+    };
+    let stage_at = |id: &VolumeId, path: &str, access: AccessType| {
+        std::fs::create_dir_all(f.path(path)).unwrap();
+        StageRequest {
+            staging_path: f.host_path(path),
+            ..f.stage_req(id, access)
+        }
+    };
+    // Three volumes attached at once: two more loop devices than the fixture's.
+    for (device, minor) in [("/dev/loop8", 8), ("/dev/loop9", 9)] {
+        f.syscalls.add_device(device, 7, minor, 64 << 20);
+        f.syscalls.add_free_loop(device);
+    }
+    let id = f.create("pvc-1", ext4()).await;
+    let block = f.create("pvc-b", AccessType::Block).await;
+    let (reads, listed) = (f.syscalls.mountinfo_reads(), lists());
+    // Nothing at or below the staging path, and the volume on no device: no table, and
+    // one look for the device (attaching does not look again).
+    f.stage(&stage_at(&id, "stage", ext4())).await.unwrap();
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("stage")]);
+    assert_eq!(f.syscalls.mountinfo_reads(), reads, "answered from statmount");
+    assert_eq!(lists(), listed + 1);
+    f.stage(&stage_at(&block, "stage-b", AccessType::Block))
+        .await
+        .unwrap();
+    assert_eq!(f.syscalls.mountinfo_reads(), reads);
+    assert_eq!(lists(), listed + 2);
+
+    // What the kernel cannot prove free goes the long way, with the answer it always
+    // had: a retry onto the staged volume (done, nothing mounted again), another mount
+    // at the path or below it (refused), a raw block volume's staging path in use.
+    f.stage(&stage_at(&id, "stage", ext4())).await.unwrap();
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("stage")]);
+    assert_eq!(f.syscalls.mountinfo_reads(), reads + 1);
+    let other = f.create("pvc-2", ext4()).await;
+    std::fs::create_dir_all(f.path("taken")).unwrap();
+    f.mount_tmpfs("taken").await;
+    let err = f.stage(&stage_at(&other, "taken", ext4())).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Occupied { .. }), "{err:?}");
+    std::fs::create_dir_all(f.path("hiding/inside")).unwrap();
+    f.mount_tmpfs("hiding/inside").await;
+    let err = f.stage(&stage_at(&other, "hiding", ext4())).await.unwrap_err();
+    assert!(matches!(err, VolumeError::Occupied { .. }), "{err:?}");
+    let err = f
+        .stage(&stage_at(&block, "taken", AccessType::Block))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VolumeError::Occupied { .. }), "{err:?}");
+    assert_eq!(f.syscalls.mountinfo_reads(), reads + 4);
+    assert_eq!(
+        f.syscalls.mount_points(),
+        vec![f.path("stage"), f.path("taken"), f.path("hiding/inside")]
+    );
+
+    // A kernel before statmount (Linux 6.8): the table, and the same mount.
+    f.syscalls.without_statmount();
+    f.stage(&stage_at(&other, "stage-2", ext4())).await.unwrap();
+    assert_eq!(f.syscalls.mountinfo_reads(), reads + 5);
+    assert_eq!(f.syscalls.mount_points().last(), Some(&f.path("stage-2")));
+}
