@@ -186,25 +186,28 @@ impl Volumes {
         identity: Option<&Identity>,
     ) -> Result<bool, VolumeError> {
         let staging = req.staging_path.as_path();
+        let is_block = req.capability.access.is_block();
         let table = MountTable::read(&self.host).await?;
-        let held = holding(&table, staging, identity);
-        refuse_other(staging, &held)?;
-        let Holding::This(e) = held else {
-            if !req.capability.access.is_block() {
-                refuse_mounts_below(&table, staging)?;
+        match holding(&table, staging, identity) {
+            Holding::Nothing => {
+                // Only a filesystem is mounted over the path, hiding what is below it.
+                if !is_block {
+                    refuse_mounts_below(&table, staging)?;
+                }
+                Ok(false)
             }
-            return Ok(false);
-        };
-        // Raw block volumes are never mounted at their staging path.
-        if req.capability.access.is_block() || !identity.is_some_and(|i| i.is_filesystem(e)) {
-            return Err(VolumeError::Occupied {
+            Holding::This(e) if !is_block && identity.is_some_and(|i| i.is_filesystem(e)) => {
+                self.grow_if_pending(backend, record, e).await?;
+                info!(volume.id = %req.id, path = %staging.display(), "already staged");
+                Ok(true)
+            }
+            // Anything else, including this volume's device for a raw block volume,
+            // which is never mounted at its staging path.
+            Holding::This(e) | Holding::Other(e) => Err(VolumeError::Occupied {
                 path: staging.to_path_buf(),
                 holder: describe(e),
-            });
+            }),
         }
-        self.grow_if_pending(backend, record, e).await?;
-        info!(volume.id = %req.id, path = %staging.display(), "already staged");
-        Ok(true)
     }
 
     /// The mount(2) options of a staging mount: the class's, then the request's, then
