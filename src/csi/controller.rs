@@ -9,7 +9,7 @@ use super::{Driver, not_supported};
 use crate::backend::{SnapshotRecord, VolumeRecord};
 use crate::error::Error;
 use crate::model::ValidationError;
-use crate::model::{ClassName, SnapshotId, VolumeId};
+use crate::model::{ClassName, IdError, SnapshotId, VolumeId};
 use crate::proto::csi::v1::{self as csi, controller_server::Controller, controller_service_capability};
 use crate::request::{
     self, ContentSource, ControllerExpandRequest, CreateRequest, ListSnapshotsRequest, PARAM_DEVICE_CLASS,
@@ -65,6 +65,21 @@ fn snapshot(record: &SnapshotRecord) -> csi::Snapshot {
         // A snapshot is a complete copy by the time its record exists.
         ready_to_use: true,
         group_snapshot_id: String::new(),
+    }
+}
+
+/// The id a Delete call names; `None` for an id that is not this driver's (or not of
+/// this kind): nothing of ours to delete, which CSI counts as done.
+fn id_to_delete<T>(
+    raw: &str,
+    field: &'static str,
+    parse: fn(&str) -> Result<T, IdError>,
+) -> Result<Option<T>, ValidationError> {
+    match parse(raw) {
+        Ok(id) => Ok(Some(id)),
+        Err(IdError::NotOurs(_)) => Ok(None),
+        Err(IdError::Empty) => Err(ValidationError::Missing { field }),
+        Err(e) => Err(ValidationError::Id(e)),
     }
 }
 
@@ -141,16 +156,9 @@ impl Controller for ControllerService {
         let raw = request.into_inner();
         self.0
             .observe_on_one_thread("DeleteVolume", raw.volume_id.clone(), |driver| async move {
-                let id = match VolumeId::parse(&raw.volume_id) {
-                    Ok(id) => id,
-                    Err(crate::model::IdError::NotOurs(_)) => {
-                        tracing::info!("not an id of this driver: nothing to delete");
-                        return Ok(csi::DeleteVolumeResponse {});
-                    }
-                    Err(crate::model::IdError::Empty) => {
-                        return Err(ValidationError::Missing { field: "volume_id" }.into());
-                    }
-                    Err(e) => return Err(ValidationError::Id(e).into()),
+                let Some(id) = id_to_delete(&raw.volume_id, "volume_id", VolumeId::parse)? else {
+                    tracing::info!("not an id of this driver: nothing to delete");
+                    return Ok(csi::DeleteVolumeResponse {});
                 };
                 let guard = driver.lock(&id.token, "DeleteVolume")?;
                 driver.volumes.delete(&guard, &id).await?;
@@ -345,16 +353,9 @@ impl Controller for ControllerService {
         let raw = request.into_inner();
         self.0
             .observe("DeleteSnapshot", &raw.snapshot_id, async {
-                let id = match SnapshotId::parse(&raw.snapshot_id) {
-                    Ok(id) => id,
-                    Err(crate::model::IdError::NotOurs(_)) => {
-                        tracing::info!("not a snapshot id of this driver: nothing to delete");
-                        return Ok(csi::DeleteSnapshotResponse {});
-                    }
-                    Err(crate::model::IdError::Empty) => {
-                        return Err(ValidationError::Missing { field: "snapshot_id" }.into());
-                    }
-                    Err(e) => return Err(ValidationError::Id(e).into()),
+                let Some(id) = id_to_delete(&raw.snapshot_id, "snapshot_id", SnapshotId::parse)? else {
+                    tracing::info!("not a snapshot id of this driver: nothing to delete");
+                    return Ok(csi::DeleteSnapshotResponse {});
                 };
                 let _guard = self
                     .0
