@@ -27,6 +27,16 @@ impl FsType {
         }
     }
 
+    /// The smallest device mkfs makes this filesystem on: mkfs.xfs refuses a data
+    /// section under 300 MiB (xfsprogs 5.19 on), mke2fs fewer than 64 blocks of 4 KiB
+    /// (DAX's block size; with the 1 KiB blocks of small devices it goes to 128 KiB).
+    pub const fn min_bytes(self) -> u64 {
+        match self {
+            FsType::Ext4 => 256 << 10,
+            FsType::Xfs => 300 << 20,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             FsType::Ext4 => "ext4",

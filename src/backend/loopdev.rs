@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
+use tracing::warn;
 
 use super::files;
 use super::{BackendError, ClassCapacity, CreateSpec, FormatMark, StoreUsage, VolumeRecord};
@@ -100,6 +101,15 @@ impl LoopBackend {
 
     fn record_path(&self, token: &Token) -> PathBuf {
         self.dir.join(format!("{token}.json"))
+    }
+
+    /// Every file a volume may have here, finished or half-made: its record, the
+    /// temporary file the record is written through, the one the image is made in,
+    /// and its image.
+    fn paths_of(&self, token: &Token) -> [PathBuf; 4] {
+        let (record, image) = (self.record_path(token), self.image_path(token));
+        let (record_tmp, image_tmp) = (record.with_extension("json.tmp"), image.with_extension("img.tmp"));
+        [record, record_tmp, image_tmp, image]
     }
 
     /// Creates the class directory with owner-only access, and its snapshot directory;
@@ -230,8 +240,23 @@ impl LoopBackend {
             }
             Reservation::new(&self.reserved, spec.size_bytes)
         };
-        let image = self.image_path(&spec.token);
-        let tmp = image.with_extension("img.tmp");
+        let made = self.make(spec).await;
+        if let Err(error) = &made {
+            // No record was there (checked above, under the volume's lock), so every
+            // file of this token is this attempt's: a failed create leaves nothing.
+            let paths = self.paths_of(&spec.token);
+            let removed = files::blocking(&self.dir, move || remove_files(&paths)).await;
+            if let Err(cleanup) = removed {
+                warn!(token = %spec.token, %error, %cleanup, "cannot remove a failed create's files");
+            }
+        }
+        made
+    }
+
+    /// The files of a new volume, in the order that makes it exist: its image, then
+    /// its record.
+    async fn make(&self, spec: &CreateSpec) -> Result<VolumeRecord, BackendError> {
+        let [_, _, tmp, image] = self.paths_of(&spec.token);
         let size = spec.size_bytes;
         {
             let tmp = tmp.clone();
@@ -321,18 +346,10 @@ impl LoopBackend {
                 by: format!("attached to {}", device.display()),
             });
         }
-        let paths = [self.record_path(token), self.image_path(token)];
-        files::blocking(&self.dir, move || {
-            for path in paths {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(BackendError::io("unlink", path)(e)),
-                }
-            }
-            Ok(())
-        })
-        .await?;
+        // The temporary files too: a create killed midway leaves them for its retry,
+        // and a claim deleted instead never retries.
+        let paths = self.paths_of(token);
+        files::blocking(&self.dir, move || remove_files(&paths)).await?;
         files::sync_dir_async(&self.dir).await
     }
 
@@ -427,6 +444,20 @@ impl LoopBackend {
         }
         Ok(())
     }
+}
+
+/// Unlinks a volume's files ([`LoopBackend::paths_of`]): its record first, and the rest
+/// only once that is gone (none of them is a volume without it), each tried past any
+/// that cannot be; the first failure is the error.
+fn remove_files([record, rest @ ..]: &[PathBuf; 4]) -> Result<(), BackendError> {
+    let remove = |path: &PathBuf| match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(BackendError::io("unlink", path.clone())(e))
+        }
+        _ => Ok(()),
+    };
+    remove(record)?;
+    rest.iter().map(remove).fold(Ok(()), Result::and)
 }
 
 /// Bytes a create has promised itself until its record (which counts them from then on)

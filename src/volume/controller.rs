@@ -124,7 +124,18 @@ impl Volumes {
             }
             return Ok(CreatedVolume { record: existing });
         }
-        let size_bytes = backend.size_for(&req.capacity)?;
+        // A new filesystem volume is never smaller than mkfs accepts: the request is
+        // raised to the minimum, or refused when its limit is below it, here and not
+        // at every stage after. A copy keeps its source's filesystem and size.
+        let capacity = match (&req.source, mode) {
+            (None, VolumeMode::Filesystem) => {
+                let fs = fs_type.unwrap_or_else(|| self.default_fs(&class));
+                req.capacity
+                    .at_least(fs.min_bytes(), &format!("an {fs} filesystem"))?
+            }
+            _ => req.capacity,
+        };
+        let size_bytes = backend.size_for(&capacity)?;
         let spec = CreateSpec {
             token: req.token.clone(),
             name: req.name.clone(),

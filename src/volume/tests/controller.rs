@@ -186,3 +186,88 @@ async fn node_expand_below_the_size_is_out_of_range_and_grows_nothing() {
     assert_eq!((f.commands.calls().len(), f.syscalls.calls().len()), calls_before);
     assert_eq!(f.volumes.get(&id).await.unwrap().size_bytes, 64 << 20);
 }
+
+/// A new filesystem volume is never smaller than mkfs makes its filesystem: a small
+/// xfs request is raised to xfs's 300 MiB when its limit allows (the volume reports
+/// the size it has), and is OUT_OF_RANGE naming the minimum when not, with nothing
+/// made. The type is the request's or, unnamed, the class's default (ext4 here, whose
+/// minimum is below any allocation). Raw block volumes have no filesystem to fit.
+#[tokio::test]
+async fn a_filesystem_volume_is_at_least_what_mkfs_accepts() {
+    let f = Fixture::new();
+    let xfs = AccessType::Mount {
+        fs_type: Some(crate::fs::FsType::Xfs),
+        mount_flags: Vec::new(),
+    };
+    let unnamed = AccessType::Mount {
+        fs_type: None,
+        mount_flags: Vec::new(),
+    };
+    let create = |name: &str, access: AccessType, required: u64, limit: Option<u64>| CreateRequest {
+        name: name.into(),
+        token: crate::model::Token::for_name(name),
+        capacity: CapacityRange { required, limit },
+        capabilities: vec![Capability {
+            access,
+            mode: AccessMode::SingleNodeWriter,
+        }],
+        class: None,
+        claim: ClaimRef::default(),
+        topologies: Vec::new(),
+        source: None,
+    };
+    let xfs_min = crate::fs::FsType::Xfs.min_bytes();
+    assert_eq!(xfs_min, 300 << 20);
+    for (name, access, required, limit, size) in [
+        ("xfs-small", xfs.clone(), 64 << 20, None, xfs_min),
+        ("xfs-within", xfs.clone(), 64 << 20, Some(1 << 30), xfs_min),
+        ("xfs-big", xfs.clone(), 320 << 20, None, 320 << 20),
+        ("xfs-default", xfs.clone(), 0, Some(512 << 20), 512 << 20),
+        ("ext4-tiny", ext4(), 1, None, 1 << 20),
+        ("unnamed-tiny", unnamed.clone(), 1, None, 1 << 20),
+        (
+            "block-small",
+            AccessType::Block,
+            64 << 20,
+            Some(64 << 20),
+            64 << 20,
+        ),
+    ] {
+        let req = create(name, access, required, limit);
+        let guard = f.locks.try_lock(&req.token, "create").unwrap();
+        let created = f.volumes.create(&guard, &req).await.unwrap();
+        assert_eq!(created.record.size_bytes, size, "{name}");
+        // A retry with the same request finds the volume it made.
+        let again = f.volumes.create(&guard, &req).await.unwrap();
+        assert_eq!(again.record, created.record, "{name}");
+    }
+    let made = std::fs::read_dir(f.path("loop")).unwrap().count();
+    for (name, limit) in [
+        ("xfs-capped", Some(64 << 20)),
+        ("xfs-at-default", Some(299 << 20)),
+    ] {
+        let req = create(
+            name,
+            xfs.clone(),
+            if name == "xfs-capped" { 64 << 20 } else { 0 },
+            limit,
+        );
+        let guard = f.locks.try_lock(&req.token, "create").unwrap();
+        let err = f.volumes.create(&guard, &req).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("an xfs filesystem needs at least {xfs_min} bytes")),
+            "{name}: {err}"
+        );
+        assert_eq!(
+            crate::error::Error::from(err).code(),
+            tonic::Code::OutOfRange,
+            "{name}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(f.path("loop")).unwrap().count(),
+        made,
+        "nothing made"
+    );
+}
