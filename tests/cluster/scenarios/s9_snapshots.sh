@@ -4,6 +4,8 @@
 # holds the data as at the snapshot and a clone as at the clone, not what came after;
 # deleting everything leaves no VolumeSnapshotContent and no file in the class's data
 # directory (volume images and records, snapshot images and records, freeze records).
+# Contents made by hand for the snapshot, one Retain and one Delete, are served too
+# (s9_preprovisioned.sh).
 S9_SNAPSHOTS=$LOOP_DIR/snapshots
 
 s9_snapshots() {
@@ -73,6 +75,10 @@ YAML
   # The source kept running and writing through both copies.
   local before; before=$(s9_lines $ns writer)
   wait_until 10 "the writer still writes after the copies" s9_lines_at_least $ns writer $((before + 5))
+
+  # Contents made by hand for the same snapshot (s9_preprovisioned.sh); the last one
+  # deletes it, so deleting the dynamic VolumeSnapshot below finds nothing to delete.
+  s9_preprovisioned $ns "$handle" "$token"
 
   # Delete everything: the snapshot first (its content and copy go with it), then the
   # pods and claims.
