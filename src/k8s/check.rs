@@ -171,15 +171,20 @@ impl Checker {
         source: Source,
     ) -> Result<Option<Read<ClaimView>>, OwnerError> {
         if let (Some(namespace), Some(name)) = (&claim.pvc_namespace, &claim.pvc_name) {
-            let bound_elsewhere = |pvc: &PersistentVolumeClaim| {
+            // The claim of that name is this volume's only while it is bound to the
+            // volume's PV: it may have been deleted and made again since (a pod
+            // recreated with its ephemeral volume: the garbage collector deletes the old
+            // claim and the ephemeral volume controller makes a new one for the new
+            // pod, unbound or bound to a new volume). Kubelet stages a volume only once
+            // its claim is bound, so a claim not bound here is another claim.
+            let not_bound_here = |pvc: &PersistentVolumeClaim| {
                 let bound = pvc.spec.as_ref().and_then(|s| s.volume_name.as_ref());
-                matches!((&claim.pv_name, bound), (Some(pv), Some(bound)) if pv != bound)
+                claim.pv_name.as_ref().is_some_and(|pv| bound != Some(pv))
             };
-            // A claim of that name may have been deleted and made again (a pod recreated
-            // with its ephemeral volume) since it was cached: read it again rather than
-            // go looking through the PV.
+            // One cached before it was bound or made again: read it again rather than go
+            // looking through the PV.
             let found = match self.lookup.pvc(namespace, name, source).await? {
-                Some(read) if read.cached && bound_elsewhere(&read.value) => {
+                Some(read) if read.cached && not_bound_here(&read.value) => {
                     self.lookup.pvc(namespace, name, Source::Api).await?
                 }
                 found => found,
@@ -188,8 +193,9 @@ impl Checker {
                 Some(read) => {
                     let view = ClaimView::from_pvc(&read.value);
                     match (&claim.pv_name, &view.volume_name) {
-                        (Some(pv), Some(bound)) if pv != bound => {
-                            debug!(pvc = %view.id, pv, bound, "claim in the volume context is bound elsewhere");
+                        (Some(pv), bound) if bound.as_ref() != Some(pv) => {
+                            debug!(pvc = %view.id, pv, bound = bound.as_deref().unwrap_or("<none>"),
+                                "the claim in the volume context is not bound to this volume's PV");
                         }
                         _ => {
                             return Ok(Some(Read {

@@ -2,7 +2,7 @@
 # tests/cluster/run.sh - localvol on a real single-node Kubernetes cluster (kubelet,
 # containerd, the real CSI sidecars), deployed from deploy/ through a test overlay.
 #
-#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..9 or their names; all by default)
+#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..10 or their names; all by default)
 #
 # Needs the kube-kit at ../shared/kube-kit next to the repository (or KUBE_KIT=DIR) and
 # the apt mirror for the image's root filesystem (cached in /var/cache/localvol-image).
@@ -38,7 +38,7 @@ for f in "$HERE"/scenarios/*.sh; do source "$f"; done
 EXTRA_SCENARIOS=()
 if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi   # sets EXTRA_SCENARIOS
 
-ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots)
+ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s)
 selected=()
 for arg in "$@"; do
   match=""

@@ -146,3 +146,33 @@ async fn a_claim_replaced_within_the_ttl_is_read_again_before_it_is_not_found() 
     }
     finish(checker, server).await;
 }
+
+#[tokio::test]
+async fn a_context_naming_a_claim_made_again_and_unbound_defers_to_the_pv() {
+    // Found against a real API server (tests/e2e_k8s.rs, case 4): pod web-0 (uid A) was
+    // deleted and made again (uid B); the garbage collector deleted its claim, and the
+    // ephemeral volume controller made a new web-0-data (pvc-2) for the new pod, not
+    // bound yet. Staging pv-1, made for the old claim (pvc-1), finds the new claim by
+    // the context's name: it is not bound to pv-1, so pv-1's claimRef decides, and the
+    // claim it names is gone (another uid under that name). Before, the unbound claim
+    // was taken for this volume's and the stage allowed for the new pod.
+    let new = pvc("web-0-data", "pvc-2", Some(pod_owner("web-0", B)), None);
+    let (client, server) = mock_api(vec![
+        get(pvc_uri("web-0-data"), ok(&new)),
+        get_pv("pv-1", Some(("web-0-data", "pvc-1"))),
+        // The refusal rests on the cached claim: everything is read again first.
+        get(pvc_uri("web-0-data"), ok(&new)),
+        get_pv("pv-1", Some(("web-0-data", "pvc-1"))),
+        get(pvc_uri("web-0-data"), ok(&new)),
+    ]);
+    let checker = checker(client, vec![ephemeral_pod(B, NODE)]);
+    let mut ctx = context("web-0-data", None);
+    ctx.claim.pv_name = Some("pv-1".to_string());
+    let (code_, message) = code(checker.stage(VOLUME, &ctx).await);
+    assert_eq!(code_, Code::FailedPrecondition, "{message}");
+    assert!(
+        message.contains("bound to apps/web-0-data with another uid than pvc-2"),
+        "{message}"
+    );
+    finish(checker, server).await;
+}
