@@ -151,6 +151,8 @@ pub struct Volumes {
     mount_options: BTreeMap<ClassName, Vec<String>>,
     host: Host,
     node_id: String,
+    /// Where this daemon staged and published each volume (`ownership::PlacedPaths`).
+    placed: ownership::PlacedPaths,
 }
 
 impl Volumes {
@@ -174,6 +176,7 @@ impl Volumes {
             mount_options: BTreeMap::new(),
             host,
             node_id,
+            placed: ownership::PlacedPaths::default(),
         }
     }
 

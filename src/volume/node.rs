@@ -3,7 +3,7 @@
 use tracing::{info, warn};
 
 use super::grow::GrowAfterMount;
-use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below, refuse_other};
+use super::ownership::{Holding, Identity, Role, describe, holding, refuse_mounts_below, refuse_other};
 use super::targets::{create_dir, create_file, remove_target};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, FormatMark, VolumeRecord};
@@ -55,9 +55,29 @@ fn check_access(record: &VolumeRecord, capability: &Capability) -> Result<(), Vo
     Ok(())
 }
 
+/// Whether a stage mounted (raw block: attached) the volume, or found it staged already.
+#[derive(Debug, PartialEq, Eq)]
+enum Staged {
+    Now,
+    Already,
+}
+
 impl Volumes {
+    /// Stages the volume; a path this daemon published it at, or one inside a volume it
+    /// staged or published, is refused first.
     pub async fn stage(&self, guard: &VolumeGuard, req: &StageRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
+        let staging = req.staging_path.as_path();
+        self.placed
+            .refuse_role(&req.id, staging, "staging_target_path", Role::Publication)?;
+        self.placed.refuse_inside("staging_target_path", staging)?;
+        if self.stage_at(req).await? == Staged::Now {
+            self.placed.place(&req.id, staging, Role::Stage);
+        }
+        Ok(())
+    }
+
+    async fn stage_at(&self, req: &StageRequest) -> Result<Staged, VolumeError> {
         let staging = req.staging_path.as_path();
         let backend = self.backend_of(&req.id)?;
         // Independent reads, at once; their errors are taken in the order the checks
@@ -86,7 +106,7 @@ impl Volumes {
                 .staged_by_table(backend, req, &record, identity.as_ref())
                 .await?
         {
-            return Ok(());
+            return Ok(Staged::Already);
         }
         // Found on no device just now, under the volume's lock: attached without looking
         // again (on a node with hundreds of loop devices, a list of them all).
@@ -99,7 +119,7 @@ impl Volumes {
         let AccessType::Mount { fs_type, mount_flags } = &req.capability.access else {
             // Raw block: attaching is all staging means; publish binds the device node.
             attach().await?;
-            return Ok(());
+            return Ok(Staged::Now);
         };
         let fs_type = fs_type
             .or(record.fs_type)
@@ -120,7 +140,7 @@ impl Volumes {
         {
             create_dir(staging).await?;
             match mount().await {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(Staged::Now),
                 Err(e) => {
                     warn!(volume.id = %req.id, device = %device.display(), error = %e,
                         "the filesystem made at create did not mount; probing the device");
@@ -171,7 +191,7 @@ impl Volumes {
             })?;
             self.grow_mounted(backend, &req.id, &device, mount).await?;
         }
-        Ok(())
+        Ok(Staged::Now)
     }
 
     /// Whether the volume is staged at the staging path already, as the whole mount table
@@ -277,6 +297,12 @@ impl Volumes {
                 reason: "the target path and the staging path must not contain each other".into(),
             }));
         }
+        // Neither path may be the other's role as this daemon made it.
+        self.placed
+            .refuse_role(&req.id, target, "target_path", Role::Stage)?;
+        self.placed
+            .refuse_role(&req.id, staging, "staging_target_path", Role::Publication)?;
+        self.placed.refuse_inside("target_path", target)?;
         target_links?;
         let identity = identity?;
         staging_links?;
@@ -305,14 +331,27 @@ impl Volumes {
             AccessType::Block => create_file(target).await?,
         }
         mount::bind(&self.host, &source, target, req.read_only).await?;
+        self.placed.place(&req.id, target, Role::Publication);
         Ok(())
     }
 
     /// Unmounts this volume from the target, then removes the target if it is what
     /// publish made (an empty directory or file). A target holding nothing is done
-    /// already; one holding anything else is refused.
+    /// already; one holding anything else is refused, and so are the volume's staging
+    /// path (which holds the same mount as a target) and paths inside a volume, before
+    /// anything is touched.
     pub async fn unpublish(&self, guard: &VolumeGuard, req: &UnpublishRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
+        let target = req.target_path.as_path();
+        self.placed
+            .refuse_role(&req.id, target, "target_path", Role::Stage)?;
+        self.placed.refuse_inside("target_path", target)?;
+        self.unbind(req).await?;
+        self.placed.unplace(&req.id, target, Role::Publication);
+        Ok(())
+    }
+
+    async fn unbind(&self, req: &UnpublishRequest) -> Result<(), VolumeError> {
         let target = req.target_path.as_path();
         let backend = self.backend_of(&req.id)?;
         let (links, identity, mut shown) = tokio::join!(
@@ -322,6 +361,8 @@ impl Volumes {
         );
         links?;
         let identity = identity?;
+        // A path inside the volume's own filesystem is never a target of it.
+        let inside = identity.as_ref().map(|i| (&req.id, i.dev));
         // Bounded: a path with more stacked mounts than this is not ours to untangle.
         let mut budget = 16;
         // The short way: the kernel, asked about the target itself, shows this volume
@@ -329,8 +370,8 @@ impl Volumes {
         // is for the table to show and name.
         while budget > 0 {
             match shown {
-                Ok(None) => return remove_target(target).await,
-                Err(e) if e.is_not_found() => return remove_target(target).await,
+                Ok(None) => return remove_target(target, inside).await,
+                Err(e) if e.is_not_found() => return remove_target(target, inside).await,
                 Ok(Some(m)) if identity.as_ref().is_some_and(|i| i.is_shown_by(&m)) => {
                     mount::unmount(&self.host, target).await?;
                     budget -= 1;
@@ -342,13 +383,13 @@ impl Volumes {
         while budget > 0 {
             let table = MountTable::read(&self.host).await?;
             match holding(&table, target, identity.as_ref()) {
-                Holding::Nothing => return remove_target(target).await,
+                Holding::Nothing => return remove_target(target, inside).await,
                 Holding::This(_) => {
                     mount::unmount(&self.host, target).await?;
                     budget -= 1;
                     // It was the only mount there: nothing is left to look at.
                     if table.count_at(target) == 1 {
-                        return remove_target(target).await;
+                        return remove_target(target, inside).await;
                     }
                 }
                 Holding::Other(e) => {
@@ -365,8 +406,19 @@ impl Volumes {
         })
     }
 
+    /// Unmounts the volume from its staging path and detaches it; a target this daemon
+    /// published it at is refused before anything is touched.
     pub async fn unstage(&self, guard: &VolumeGuard, req: &UnstageRequest) -> Result<(), VolumeError> {
         guard_matches(guard, &req.id);
+        let staging = req.staging_path.as_path();
+        self.placed
+            .refuse_role(&req.id, staging, "staging_target_path", Role::Publication)?;
+        self.unmount_stage(req).await?;
+        self.placed.unplace(&req.id, staging, Role::Stage);
+        Ok(())
+    }
+
+    async fn unmount_stage(&self, req: &UnstageRequest) -> Result<(), VolumeError> {
         let staging = req.staging_path.as_path();
         let backend = self.backend_of(&req.id)?;
         let (identity, table) = self.look_at(backend, &req.id.token, staging).await?;

@@ -6,6 +6,7 @@ use std::path::Path;
 use tracing::warn;
 
 use super::{VolumeError, io_error};
+use crate::model::{ValidationError, VolumeId};
 
 pub(super) async fn create_dir(path: &Path) -> Result<(), VolumeError> {
     use std::os::unix::fs::DirBuilderExt;
@@ -57,15 +58,21 @@ pub(super) async fn nothing_below(path: &Path) -> bool {
 /// volume's node was bound onto. Anything else (content, another kind of file, a mount
 /// point of another namespace's making) is left where it is: directories are shared
 /// across mount namespaces, and a removal cannot be undone. Gone is fine.
-pub(super) async fn remove_target(path: &Path) -> Result<(), VolumeError> {
+///
+/// `volume` is the volume unpublished and its device number: a path whose directory is
+/// on that device is inside the volume's own filesystem (below its staging path or a
+/// target), which publish never makes a target of (it refuses a target below the
+/// staging path); it is refused as INVALID_ARGUMENT and left as it is, tenant data.
+pub(super) async fn remove_target(path: &Path, volume: Option<(&VolumeId, u64)>) -> Result<(), VolumeError> {
     let owned = path.to_path_buf();
+    let volume = volume.map(|(id, dev)| (id.clone(), dev));
     // One blocking step for the checks and the removal.
-    crate::host::blocking::run(move || remove_target_blocking(&owned))
+    crate::host::blocking::run(move || remove_target_blocking(&owned, volume))
         .await
         .map_err(|e| io_error("remove", path)(std::io::Error::other(e)))?
 }
 
-fn remove_target_blocking(path: &Path) -> Result<(), VolumeError> {
+fn remove_target_blocking(path: &Path, volume: Option<(VolumeId, u64)>) -> Result<(), VolumeError> {
     use std::os::unix::fs::MetadataExt;
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
@@ -76,6 +83,15 @@ fn remove_target_blocking(path: &Path) -> Result<(), VolumeError> {
     let parent_dev = std::fs::symlink_metadata(parent)
         .map_err(io_error("stat", parent))?
         .dev();
+    if let Some((id, _)) = volume.filter(|(_, dev)| *dev == parent_dev) {
+        return Err(VolumeError::Invalid(ValidationError::Invalid {
+            field: "target_path",
+            reason: format!(
+                "{} is inside the filesystem of volume {id}, where no target of it can be",
+                path.display()
+            ),
+        }));
+    }
     let leave = |why: &str| {
         warn!(path = %path.display(), "leaving the target in place: {why}");
         Ok(())

@@ -25,6 +25,10 @@ mod controller;
 #[path = "tests/kernel_view.rs"]
 mod kernel_view;
 
+/// A staging path named as a target and a target named as a staging path (issue 33).
+#[path = "tests/stage_or_target.rs"]
+mod stage_or_target;
+
 struct Fixture {
     volumes: Volumes,
     locks: VolumeLocks,

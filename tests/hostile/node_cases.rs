@@ -1,7 +1,8 @@
 //! The node calls of issue 14, one hostile case at a time, each followed by a check
 //! that nothing changed: paths outside kubelet's root or through a symlink, a tmpfs that
-//! is not a volume, another volume's staging and target paths, stats and expand on
-//! foreign paths, NodeReclaimSpace (csi-addons) on paths that do not hold the volume,
+//! is not a volume, another volume's staging and target paths, a volume's own staging
+//! path named as a target and its target as a staging path (issue 33), stats and expand
+//! on foreign paths, NodeReclaimSpace (csi-addons) on paths that do not hold the volume,
 //! and requests beyond the CSI spec's limits.
 //!
 //! The backend is a parameter ([`Backend`]): tests/hostile.rs runs the cases on the
@@ -117,6 +118,141 @@ impl Suite {
     }
 }
 
+/// Issue 33: a volume's own staging path named as a target, its target as the staging
+/// path, and paths above and below the staging path. The ownership proof passes both of
+/// A's paths (a staging mount and a bind of it look alike in the mount table); each call
+/// is still refused, and A's staging mount, its publication and the data seen through
+/// both stay as they were.
+async fn own_paths_in_the_wrong_role(t: &mut Suite, a: &str, b: &str, root: &Path) {
+    use Code::{FailedPrecondition as Busy, InvalidArgument as Invalid, Ok as Done};
+    let a_stage = root.join("plugins/a/globalmount");
+    let a_target = root.join("pods/1/volumes/a/mount");
+    let b_stage = root.join("plugins/b");
+    t.case("unpublish A at its own staging path", Invalid, async |t| {
+        t.node.node_unpublish_volume(unpublish_req(a, s(&a_stage))).await
+    })
+    .await;
+    assert_published(&a_stage, &a_target);
+    t.case(
+        "unpublish B (raw block) at its own staging directory",
+        Invalid,
+        async |t| t.node.node_unpublish_volume(unpublish_req(b, s(&b_stage))).await,
+    )
+    .await;
+    t.case("unstage A at its own target", Invalid, async |t| {
+        t.node.node_unstage_volume(unstage_req(a, s(&a_target))).await
+    })
+    .await;
+    t.case("stage A at its own target", Invalid, async |t| {
+        t.node
+            .node_stage_volume(stage(a, &s(&a_target), mount_capability()))
+            .await
+    })
+    .await;
+    for (what, target) in [
+        ("its staging path", a_stage.clone()),
+        ("below its staging path", a_stage.join("a-pod")),
+        ("above its staging path", root.join("plugins/a")),
+    ] {
+        t.case(&format!("publish A at {what}"), Invalid, async |t| {
+            t.node
+                .node_publish_volume(publish(a, &s(&a_stage), &s(&target), mount_capability()))
+                .await
+        })
+        .await;
+    }
+    t.case(
+        "publish A from its target onto its staging path",
+        Invalid,
+        async |t| {
+            t.node
+                .node_publish_volume(publish(a, &s(&a_target), &s(&a_stage), mount_capability()))
+                .await
+        },
+    )
+    .await;
+    for (what, path) in [
+        ("its staging path", a_stage.join("a-empty")),
+        ("its target", a_target.join("a-empty")),
+    ] {
+        t.case(
+            &format!("unpublish A at an empty directory of its own below {what}"),
+            Invalid,
+            async |t| t.node.node_unpublish_volume(unpublish_req(a, s(&path))).await,
+        )
+        .await;
+        t.case(
+            &format!("unstage A at an empty directory of its own below {what}"),
+            Busy,
+            async |t| t.node.node_unstage_volume(unstage_req(a, s(&path))).await,
+        )
+        .await;
+    }
+    t.case(
+        "unpublish A above its staging path, holding nothing: kept",
+        Done,
+        async |t| {
+            t.node
+                .node_unpublish_volume(unpublish_req(a, s(&root.join("plugins/a"))))
+                .await
+        },
+    )
+    .await;
+    assert_published(&a_stage, &a_target);
+}
+
+/// Paths inside volume A (below its staging path or its target) named for volume F: no
+/// staging or target path is there, and a stage or publish would make a directory in A's
+/// filesystem and mount F over it, an unpublish would remove A's empty directory.
+async fn paths_inside_another_volume(t: &mut Suite, f: &str, root: &Path) {
+    use Code::InvalidArgument as Invalid;
+    let a_stage = root.join("plugins/a/globalmount");
+    let a_target = root.join("pods/1/volumes/a/mount");
+    let f_stage = root.join("plugins/f/globalmount");
+    for (what, path) in [
+        ("below A's staging path", a_stage.join("a-empty")),
+        ("below A's target", a_target.join("a-empty")),
+    ] {
+        t.case(
+            &format!("unpublish F at an empty directory of A's {what}"),
+            Invalid,
+            async |t| t.node.node_unpublish_volume(unpublish_req(f, s(&path))).await,
+        )
+        .await;
+    }
+    let inside = a_target.join("f");
+    t.case("stage F inside A's target", Invalid, async |t| {
+        t.node
+            .node_stage_volume(stage(f, &s(&inside), mount_capability()))
+            .await
+    })
+    .await;
+    t.case("publish F inside A's target", Invalid, async |t| {
+        t.node
+            .node_publish_volume(publish(f, &s(&f_stage), &s(&inside), mount_capability()))
+            .await
+    })
+    .await;
+    assert_published(&a_stage, &a_target);
+}
+
+/// A's staging mount and its publication are both in place, each showing A's data.
+fn assert_published(stage: &Path, target: &Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for path in [stage, target] {
+        let field = format!(" {} ", s(path));
+        assert!(
+            mounts.lines().any(|l| l.contains(&field)),
+            "{path:?} is not mounted:\n{mounts}"
+        );
+        assert_eq!(
+            std::fs::read(path.join("a-data")).unwrap(),
+            b"tenant a",
+            "{path:?}"
+        );
+    }
+}
+
 pub async fn run(scratch: PathBuf, backend: Backend) {
     let started = std::time::Instant::now();
     let root = scratch.join("kubelet");
@@ -171,9 +307,13 @@ pub async fn run(scratch: PathBuf, backend: Backend) {
         .await
         .unwrap();
     std::fs::write(a_target.join("a-data"), b"tenant a").unwrap();
+    // An empty directory of tenant A's, seen at both of A's paths.
+    std::fs::create_dir(a_target.join("a-empty")).unwrap();
     node.node_stage_volume(stage(&f, &s(&f_stage), mount_capability()))
         .await
         .unwrap();
+    // kubelet makes a raw block staging directory; staging only attaches the device.
+    std::fs::create_dir_all(root.join("plugins/b")).unwrap();
     node.node_stage_volume(stage(&b, &s(&root.join("plugins/b")), block_capability()))
         .await
         .unwrap();
@@ -346,6 +486,8 @@ pub async fn run(scratch: PathBuf, backend: Backend) {
         },
     )
     .await;
+    own_paths_in_the_wrong_role(&mut t, &a, &b, &root).await;
+    paths_inside_another_volume(&mut t, &f, &root).await;
     t.case(
         "unpublish F at a directory with content, holding nothing: kept",
         Done,
