@@ -59,6 +59,7 @@ impl Error {
                 VolumeError::Symlink { .. } => "symlink",
                 VolumeError::AccessMismatch { .. } => "access_mismatch",
                 VolumeError::WrongFilesystem { .. } => "wrong_filesystem",
+                VolumeError::TooSmallForFilesystem { .. } => "too_small_for_filesystem",
                 VolumeError::Topology { .. } => "topology",
                 VolumeError::NoRoomToGrow { .. } => "no_room_to_grow",
                 VolumeError::Invalid(_) => "validation",
@@ -116,7 +117,8 @@ fn volume_code(e: &VolumeError) -> Code {
         | VolumeError::Occupied { .. }
         | VolumeError::SingleWriter { .. }
         | VolumeError::StillPublished { .. }
-        | VolumeError::WrongFilesystem { .. } => Code::FailedPrecondition,
+        | VolumeError::WrongFilesystem { .. }
+        | VolumeError::TooSmallForFilesystem { .. } => Code::FailedPrecondition,
         // As for a full class: external-provisioner then lets the scheduler pick another node.
         VolumeError::Topology { .. } | VolumeError::StorageMissing { .. } => Code::ResourceExhausted,
         // CSI's ControllerExpandVolume "unsupported capacity"; external-resizer marks it

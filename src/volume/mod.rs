@@ -70,6 +70,18 @@ pub enum VolumeError {
         found: String,
         requested: FsType,
     },
+    /// A volume made before CreateVolume kept to filesystem minimums (or made without a
+    /// type and staged with one) that is smaller than mkfs makes that filesystem on.
+    #[error(
+        "volume {id} holds {size_bytes} bytes, and mkfs makes {fs_type} on no less than {min_bytes}: \
+         expand its claim to at least that, or stage it as another filesystem"
+    )]
+    TooSmallForFilesystem {
+        id: VolumeId,
+        size_bytes: u64,
+        fs_type: FsType,
+        min_bytes: u64,
+    },
     #[error(
         "no volume can be provisioned for the requested topology: this node serves only {TOPOLOGY_KEY}={node}"
     )]
@@ -123,6 +135,8 @@ impl Terminal for VolumeError {
             | VolumeError::Occupied { .. }
             | VolumeError::SingleWriter { .. }
             | VolumeError::StillPublished { .. } => false,
+            // An expansion of the claim makes room for the filesystem.
+            VolumeError::TooSmallForFilesystem { .. } => false,
             // The storage may still appear (a disk attached late, a VG activated later).
             VolumeError::StorageMissing { .. } => false,
             VolumeError::Backend(b) => b.is_terminal(),

@@ -158,6 +158,14 @@ impl Volumes {
             fs::probe(&self.host, &device).await?
         };
         let after_mount = match found {
+            Signature::Empty if record.size_bytes < fs_type.min_bytes() => {
+                return Err(VolumeError::TooSmallForFilesystem {
+                    id: req.id.clone(),
+                    size_bytes: record.size_bytes,
+                    fs_type,
+                    min_bytes: fs_type.min_bytes(),
+                });
+            }
             Signature::Empty => {
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
                 backend.begin_format(&req.id.token).await?;

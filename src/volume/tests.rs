@@ -214,19 +214,19 @@ async fn stage_never_formats_over_another_filesystem() {
         mount_flags: vec![],
     };
     let id = f.create("pvc-1", untyped).await;
+    f.commands.ok("mkfs.ext4", "");
+    let mut req = f.stage_req(&id, ext4());
+    f.stage(&req).await.unwrap();
+    f.syscalls.umount(&f.path("stage")).await.unwrap();
+    // The device holds ext4 now; a stage naming xfs never formats over it.
     f.commands.ok("mkfs.xfs", "");
-    // Something wrote xfs on the device meanwhile.
-    let xfs = AccessType::Mount {
+    req.capability.access = AccessType::Mount {
         fs_type: Some(crate::fs::FsType::Xfs),
         mount_flags: vec![],
     };
-    let mut req = f.stage_req(&id, xfs);
-    f.stage(&req).await.unwrap();
-    f.syscalls.umount(&f.path("stage")).await.unwrap();
-    req.capability.access = ext4();
     let err = f.stage(&req).await.unwrap_err();
     assert!(matches!(err, VolumeError::WrongFilesystem { .. }), "{err}");
-    assert!(f.commands.calls_of("mkfs.ext4").is_empty());
+    assert!(f.commands.calls_of("mkfs.xfs").is_empty());
     assert!(
         f.syscalls.mount_points().is_empty(),
         "nothing mounted after a refusal"
@@ -253,6 +253,43 @@ async fn a_stage_naming_another_type_than_the_create_is_refused() {
     // The type it was created with stages without another mkfs.
     f.stage(&f.stage_req(&id, ext4())).await.unwrap();
     assert_eq!(f.commands.calls_of("mkfs.ext4").len(), 1);
+}
+
+/// A volume smaller than mkfs makes the stage's filesystem on (made without a type, or
+/// before CreateVolume kept to the minimums) is refused with what to do, before mkfs
+/// runs and its usage text becomes the stage's error on every retry.
+#[tokio::test]
+async fn a_stage_below_the_filesystems_minimum_is_refused_before_mkfs() {
+    let f = Fixture::new();
+    let unnamed = AccessType::Mount {
+        fs_type: None,
+        mount_flags: vec![],
+    };
+    let id = f.create("pvc-1", unnamed).await; // 64 MiB, no filesystem yet
+    f.commands.ok("mkfs.xfs", "");
+    let xfs = AccessType::Mount {
+        fs_type: Some(crate::fs::FsType::Xfs),
+        mount_flags: vec![],
+    };
+    let err = f.stage(&f.stage_req(&id, xfs)).await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(err, VolumeError::TooSmallForFilesystem { .. }),
+        "{message}"
+    );
+    assert!(
+        message.contains("holds 67108864 bytes, and mkfs makes xfs on no less than 314572800"),
+        "{message}"
+    );
+    assert_eq!(
+        crate::error::Error::from(err).code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert!(f.commands.calls_of("mkfs.xfs").is_empty());
+    assert!(f.syscalls.mount_points().is_empty());
+    // ext4 fits.
+    f.commands.ok("mkfs.ext4", "");
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
 }
 
 /// A filesystem made at create, of the type the stage asks for, is mounted without
