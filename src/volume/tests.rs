@@ -66,22 +66,7 @@ impl Fixture {
     }
 
     async fn create(&self, name: &str, access: AccessType) -> VolumeId {
-        let req = CreateRequest {
-            name: name.to_string(),
-            token: crate::model::Token::for_name(name),
-            capacity: CapacityRange {
-                required: 64 << 20,
-                limit: None,
-            },
-            capabilities: vec![Capability {
-                access,
-                mode: AccessMode::SingleNodeWriter,
-            }],
-            class: None,
-            claim: ClaimRef::default(),
-            topologies: Vec::new(),
-            source: None,
-        };
+        let req = create_req(name, access, 64 << 20, None);
         let guard = self.locks.try_lock(&req.token, "create").unwrap();
         self.volumes.create(&guard, &req).await.unwrap().record.id
     }
@@ -151,6 +136,24 @@ impl Fixture {
     async fn publish(&self, req: &PublishRequest) -> Result<(), VolumeError> {
         let guard = self.locks.try_lock(&req.id.token, "publish").unwrap();
         self.volumes.publish(&guard, req).await
+    }
+}
+
+/// A create request for `name` in the default class with one single-node-writer
+/// capability of `access`.
+fn create_req(name: &str, access: AccessType, required: u64, limit: Option<u64>) -> CreateRequest {
+    CreateRequest {
+        name: name.to_string(),
+        token: crate::model::Token::for_name(name),
+        capacity: CapacityRange { required, limit },
+        capabilities: vec![Capability {
+            access,
+            mode: AccessMode::SingleNodeWriter,
+        }],
+        class: None,
+        claim: ClaimRef::default(),
+        topologies: Vec::new(),
+        source: None,
     }
 }
 

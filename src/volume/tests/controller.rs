@@ -9,22 +9,7 @@ async fn create_is_idempotent_by_name_and_refuses_incompatible_repeats() {
     let a = f.create("pvc-1", ext4()).await;
     let again = f.create("pvc-1", ext4()).await;
     assert_eq!(a, again);
-    let mut req = CreateRequest {
-        name: "pvc-1".into(),
-        token: crate::model::Token::for_name("pvc-1"),
-        capacity: CapacityRange {
-            required: 128 << 20,
-            limit: Some(128 << 20),
-        },
-        capabilities: vec![Capability {
-            access: ext4(),
-            mode: AccessMode::SingleNodeWriter,
-        }],
-        class: None,
-        claim: ClaimRef::default(),
-        topologies: Vec::new(),
-        source: None,
-    };
+    let mut req = create_req("pvc-1", ext4(), 128 << 20, Some(128 << 20));
     let guard = f.locks.try_lock(&req.token, "create").unwrap();
     let err = f.volumes.create(&guard, &req).await.unwrap_err();
     assert!(matches!(err, VolumeError::AlreadyExists { .. }), "{err}");
@@ -104,20 +89,8 @@ async fn delete_refuses_an_attached_volume() {
 async fn topology_of_another_node_is_refused() {
     let f = Fixture::new();
     let req = CreateRequest {
-        name: "pvc-t".into(),
-        token: crate::model::Token::for_name("pvc-t"),
-        capacity: CapacityRange {
-            required: 1 << 20,
-            limit: None,
-        },
-        capabilities: vec![Capability {
-            access: ext4(),
-            mode: AccessMode::SingleNodeWriter,
-        }],
-        class: None,
-        claim: ClaimRef::default(),
         topologies: vec![[(TOPOLOGY_KEY.to_string(), "node-b".to_string())].into()],
-        source: None,
+        ..create_req("pvc-t", ext4(), 1 << 20, None)
     };
     let guard = f.locks.try_lock(&req.token, "create").unwrap();
     let err = f.volumes.create(&guard, &req).await.unwrap_err();
@@ -203,19 +176,6 @@ async fn a_filesystem_volume_is_at_least_what_mkfs_accepts() {
         fs_type: None,
         mount_flags: Vec::new(),
     };
-    let create = |name: &str, access: AccessType, required: u64, limit: Option<u64>| CreateRequest {
-        name: name.into(),
-        token: crate::model::Token::for_name(name),
-        capacity: CapacityRange { required, limit },
-        capabilities: vec![Capability {
-            access,
-            mode: AccessMode::SingleNodeWriter,
-        }],
-        class: None,
-        claim: ClaimRef::default(),
-        topologies: Vec::new(),
-        source: None,
-    };
     let xfs_min = crate::fs::FsType::Xfs.min_bytes();
     assert_eq!(xfs_min, 300 << 20);
     for (name, access, required, limit, size) in [
@@ -233,7 +193,7 @@ async fn a_filesystem_volume_is_at_least_what_mkfs_accepts() {
             64 << 20,
         ),
     ] {
-        let req = create(name, access, required, limit);
+        let req = create_req(name, access, required, limit);
         let guard = f.locks.try_lock(&req.token, "create").unwrap();
         let created = f.volumes.create(&guard, &req).await.unwrap();
         assert_eq!(created.record.size_bytes, size, "{name}");
@@ -246,7 +206,7 @@ async fn a_filesystem_volume_is_at_least_what_mkfs_accepts() {
         ("xfs-capped", Some(64 << 20)),
         ("xfs-at-default", Some(299 << 20)),
     ] {
-        let req = create(
+        let req = create_req(
             name,
             xfs.clone(),
             if name == "xfs-capped" { 64 << 20 } else { 0 },
