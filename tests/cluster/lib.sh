@@ -7,13 +7,25 @@ DRIVER=localvol.csi.dev
 NODE=${NODE_NAME:-node1}
 SYSTEM_NS=localvol-system
 
+# The device class the scenarios use, as the deployed overlay defines it. The host suite
+# (run.sh) uses the loop overlay's defaults; tests/vm/cluster-guest.sh sets these for the
+# lvm, lvm-thin and pmem overlays before each class's scenarios.
+CLASS_KIND=${CLASS_KIND:-loop}        # loop | lvm | lvm-thin | pmem: how the host sees a volume
+DEVICE_CLASS=${DEVICE_CLASS:-loop}    # localvol.csi.dev/device-class of the StorageClass
+SC=${SC:-localvol-loop}               # the overlay's StorageClass
+FSTYPE=${FSTYPE:-ext4}                # its csi.storage.k8s.io/fstype
+FS_SIZE=${FS_SIZE:-64Mi}              # a filesystem claim (xfs: at least 320Mi, see tests/vm/README.md)
+BLOCK_SIZE=${BLOCK_SIZE:-32Mi}        # a raw block claim
+LVM_VG=${LVM_VG:-localvol}            # the volume group of the lvm classes
+
 fail() { echo "FAIL: $*" >&2; exit 1; }
 note() { printf '  [%s] %s\n' "$(date +%T)" "$*"; }
 k() { kubectl "$@"; }
 
-# wait_until SECONDS WHAT COMMAND...: polls COMMAND every half second.
+# wait_until SECONDS WHAT COMMAND...: polls COMMAND every half second. WAIT_SCALE
+# (default 1) multiplies every limit: tests/vm/cluster-guest.sh's emulated guest is slower.
 wait_until() {
-  local limit=$1 what=$2; shift 2
+  local limit=$(( $1 * ${WAIT_SCALE:-1} )) what=$2; shift 2
   local end=$((SECONDS + limit))
   until "$@" >/dev/null 2>&1; do
     # Once more with its output, which may say what is missing.
@@ -31,12 +43,108 @@ handle_of() { k get pv "$1" -o jsonpath='{.spec.csi.volumeHandle}'; }
 # The loop backing file of a volume handle (<class>.<token>).
 backing_of() { echo "$LOOP_DIR/${1#*.}.img"; }
 loop_of() { losetup -j "$1" -O NAME -n 2>/dev/null | head -1; }
-# Mount table lines of a volume: its PV name in the mount point, or its loop device as
-# the source (filesystem) or as the bind root (raw block, devtmpfs).
-mounts_of() { # PV LOOPDEV
-  local dev=${2:-/nonexistent}
-  awk -v pv="$1" -v dev="$dev" -v root="/${dev#/dev/}" \
-    'index($5, pv) || $4 == root || $0 ~ (" - [^ ]+ " dev " ") {print}' /proc/self/mountinfo
+
+# What backs a volume on the host, per CLASS_KIND. BACKING names it: the loop backing
+# file, or VG/LV for the lvm classes. DEV is its block device while there is one (the
+# loop device attached to the file, the LV's /dev/mapper node).
+# The LV of a handle: named by the token (src/backend/lvm/tags.rs), or a hashed name
+# carrying the token in its tags when the token cannot be an LV name.
+lv_of() { # HANDLE
+  local token=${1#*.} name
+  if lvs "$LVM_VG/$token" >/dev/null 2>&1; then echo "$LVM_VG/$token"; return; fi
+  name=$(lvs --noheadings -o lv_name,lv_tags "$LVM_VG" 2>/dev/null | awk -v t="$token" 'index($2, t) {print $1; exit}')
+  [ -n "$name" ] && echo "$LVM_VG/$name"
+}
+# A field of the fsdax namespace NAME (ndctl list prints a lone object for one result).
+pmem_field() { # NAME FIELD
+  ndctl list -N -i 2>/dev/null | python3 -c 'import json, sys
+d = sys.stdin.read().strip()
+v = json.loads(d) if d else []
+for n in v if isinstance(v, list) else [v]:
+    if n.get("name") == sys.argv[1]:
+        print(n.get(sys.argv[2], "")); break' "$1" "$2"
+}
+dm_path_of() { # VG/LV: its /dev/mapper node (VG-LV, each '-' doubled)
+  local vg=${1%%/*} lv=${1#*/}
+  echo "/dev/mapper/${vg//-/--}-${lv//-/--}"
+}
+backing_for() { # HANDLE
+  case $CLASS_KIND in
+    loop) backing_of "$1" ;;
+    lvm|lvm-thin) lv_of "$1" || echo "$LVM_VG/${1#*.}" ;;
+    # The namespace's name is the token (src/backend/pmem/mod.rs: namespace_name).
+    pmem) echo "${1#*.}" ;;
+    *) fail "backing_for: class kind $CLASS_KIND" ;;
+  esac
+}
+backing_present() { # BACKING
+  case $CLASS_KIND in
+    loop) [ -f "$1" ] ;;
+    lvm|lvm-thin) lvs "$1" >/dev/null 2>&1 ;;
+    pmem) [ -n "$(pmem_field "$1" dev)" ] ;;
+  esac
+}
+# The volume's storage is gone: for LVM also no device-mapper device of it.
+backing_gone() { # BACKING
+  case $CLASS_KIND in
+    loop) [ ! -e "$1" ] ;;
+    lvm|lvm-thin) ! lvs "$1" >/dev/null 2>&1 && ! dmsetup info "$(basename "$(dm_path_of "$1")")" >/dev/null 2>&1 &&
+      [ ! -e "$(dm_path_of "$1")" ] ;;
+    pmem) [ -z "$(pmem_field "$1" dev)" ] ;;
+  esac
+}
+# The block device of the volume now, or nothing.
+device_of() { # BACKING
+  case $CLASS_KIND in
+    loop) loop_of "$1" ;;
+    lvm|lvm-thin) local d; d=$(dm_path_of "$1"); [ -b "$d" ] && echo "$d" ;;
+    pmem) local b; b=$(pmem_field "$1" blockdev); [ -n "$b" ] && [ -b "/dev/$b" ] && echo "/dev/$b" ;;
+  esac
+}
+# Still attached after its last unstage? (A loop device is detached at unstage; an LV
+# stays as it is until the volume is deleted.)
+still_attached() { # BACKING
+  case $CLASS_KIND in
+    loop) loop_of "$1" ;;
+    *) true ;;
+  esac
+}
+read_backing() { # BACKING BYTES: the first bytes of the volume, read on the host
+  case $CLASS_KIND in
+    loop) head -c "$2" "$1" ;;
+    lvm|lvm-thin) head -c "$2" "$(dm_path_of "$1")" ;;
+    pmem) head -c "$2" "$(device_of "$1")" ;;
+  esac
+}
+backing_bytes() { # BACKING: the volume's size on the host
+  case $CLASS_KIND in
+    loop) stat -c %s "$1" ;;
+    lvm|lvm-thin) lvs --noheadings --units b --nosuffix -o lv_size "$1" | tr -d ' ' ;;
+    pmem) pmem_field "$1" size ;;
+  esac
+}
+describe_backing() { # BACKING, for failure messages
+  case $CLASS_KIND in
+    loop) echo "backing file $1" ;;
+    pmem) echo "fsdax namespace $1" ;;
+    *) echo "LV $1" ;;
+  esac
+}
+
+# major:minor of a block device ("" if none).
+majmin() { [ -b "${1:-}" ] && echo "$(( 0x$(stat -L -c %t "$1") )):$(( 0x$(stat -L -c %T "$1") ))"; }
+# major:minor of the device node PATH in a pod.
+pod_dev_majmin() { # NAMESPACE POD PATH
+  local t; t=$(k -n "$1" exec "$2" -- stat -c '%t %T' "$3") || return 1
+  set -- $t; echo "$(( 0x$1 )):$(( 0x$2 ))"
+}
+# Mount table lines of a volume: its PV name in the mount point, or its device as the
+# source (filesystem: by path or by major:minor) or as the bind root (raw block, devtmpfs).
+mounts_of() { # PV DEV
+  local dev=${2:-/nonexistent} mm="" real=/nonexistent
+  if [ -b "$dev" ]; then mm=$(majmin "$dev"); real=$(realpath "$dev"); fi
+  awk -v pv="$1" -v dev="$dev" -v root="/${dev#/dev/}" -v rroot="/${real#/dev/}" -v mm="$mm" \
+    'index($5, pv) || $4 == root || $4 == rroot || (mm != "" && $3 == mm) || $0 ~ (" - [^ ]+ " dev " ") {print}' /proc/self/mountinfo
 }
 mounts_count() { mounts_of "$@" | wc -l; }
 
@@ -73,7 +181,7 @@ YAML
 }
 
 apply_pvc() { # NAMESPACE NAME SIZE [CLASS] [MODE] [ANNOTATIONS-JSON]
-  local ns=$1 name=$2 size=$3 class=${4:-localvol-loop} mode=${5:-Filesystem} ann=${6:-"{}"}
+  local ns=$1 name=$2 size=$3 class=${4:-$SC} mode=${5:-Filesystem} ann=${6:-"{}"}
   k apply -f - <<YAML
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -88,16 +196,55 @@ YAML
 
 new_namespace() { k create namespace "$1" >/dev/null; note "namespace $1"; }
 
-# The volume of a claim as the API and the host see it; sets PV, HANDLE, BACKING, LOOP.
+# The volume of a claim as the API and the host see it; sets PV, HANDLE, BACKING and DEV
+# (see backing_for, device_of); LOOP is DEV (the loop device for the loop class).
 volume_facts() { # NAMESPACE PVC
   PV=$(pv_of "$1" "$2"); [ -n "$PV" ] || fail "claim $1/$2 has no volume"
   local node
   node=$(k get pv "$PV" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}')
   [ "$node" = "$NODE" ] || fail "PV $PV pinned to node '$node', expected $NODE"
   [ "$(k get pv "$PV" -o jsonpath='{.spec.csi.driver}')" = "$DRIVER" ] || fail "PV $PV is not $DRIVER's"
-  HANDLE=$(handle_of "$PV"); BACKING=$(backing_of "$HANDLE")
-  [ -f "$BACKING" ] || fail "backing file $BACKING of $HANDLE missing on the host"
-  LOOP=$(loop_of "$BACKING")
+  HANDLE=$(handle_of "$PV"); BACKING=$(backing_for "$HANDLE")
+  backing_present "$BACKING" || fail "$(describe_backing "$BACKING") of $HANDLE missing on the host"
+  DEV=$(device_of "$BACKING"); LOOP=$DEV
+}
+
+# The volume is the device this class makes: a loop device, or a device-mapper LV (its
+# /dev/mapper node, major the device-mapper's) for the lvm classes.
+expect_class_device() { # NONE (uses DEV, BACKING)
+  [ -n "$DEV" ] || fail "no block device of $(describe_backing "$BACKING")"
+  case $CLASS_KIND in
+    loop) [[ $DEV == /dev/loop* ]] || fail "$DEV is not a loop device" ;;
+    lvm|lvm-thin)
+      local dm; dm=$(awk '$2 == "device-mapper" {print $1}' /proc/devices)
+      [ "${DEV#/dev/mapper/}" != "$DEV" ] && [ "$(majmin "$DEV")" != "" ] && [ "$(majmin "$DEV" | cut -d: -f1)" = "$dm" ] ||
+        fail "$DEV of $BACKING is not a device-mapper device (major $dm)"
+      if [ "$CLASS_KIND" = lvm-thin ]; then
+        [ "$(lvs --noheadings -o segtype "$BACKING" | tr -d ' ')" = thin ] || fail "$BACKING is not a thin LV"
+      fi ;;
+    pmem) [[ $DEV == /dev/pmem* ]] || fail "$DEV is not a pmem device"
+      [ "$(pmem_field "$BACKING" mode)" = fsdax ] || fail "namespace $BACKING is not fsdax" ;;
+  esac
+  note "host: $(describe_backing "$BACKING") is $DEV ($(majmin "$DEV"))"
+}
+# The filesystem a pod sees at PATH is the volume: its fstype, and the major:minor of
+# its device is DEV's (the mount source string is printed, whatever alias it uses).
+expect_pod_mount() { # NAMESPACE POD PATH
+  local line; line=$(k -n "$1" exec "$2" -- cat /proc/self/mountinfo | awk -v p="$3" '$5 == p')
+  [ -n "$line" ] || fail "no mount at $3 in pod $2"
+  local mm fs src; mm=$(awk '{print $3}' <<<"$line")
+  fs=$(sed 's/.* - //' <<<"$line" | awk '{print $1}'); src=$(sed 's/.* - //' <<<"$line" | awk '{print $2}')
+  [ "$fs" = "$FSTYPE" ] || fail "$3 in pod $2 is $fs, expected $FSTYPE"
+  [ "$mm" = "$(majmin "$DEV")" ] || fail "$3 in pod $2 is device $mm ($src), not $DEV ($(majmin "$DEV"))"
+  case $CLASS_KIND in
+    lvm|lvm-thin) [[ $src == /dev/mapper/* || $src == /dev/dm-* || $src == /dev/$LVM_VG/* ]] ||
+      fail "$3 in pod $2: mount source $src is not a device-mapper LV path" ;;
+    # deploy/overlays/pmem mounts with -o dax.
+    pmem) [[ $src == /dev/pmem* ]] || fail "$3 in pod $2: mount source $src is not a pmem device"
+      grep -qw 'dax' <<<"$line" ||
+        fail "$3 in pod $2 is not mounted with dax: $line" ;;
+  esac
+  note "pod $2: $3 is $fs on $src ($mm)"
 }
 
 expect_mounted() { # PV LOOP MIN
@@ -106,17 +253,18 @@ expect_mounted() { # PV LOOP MIN
   note "host: $n mount(s) of $1 on $2"
 }
 
-# released PV BACKING: no mount of the volume and no loop device on its file (a
-# predicate for wait_until); expect_released fails the scenario instead.
+# released PV BACKING: no mount of the volume and, for the loop class, no loop device on
+# its file (a predicate for wait_until); expect_released fails the scenario instead.
 released() {
-  local loop; loop=$(loop_of "$2")
-  [ "$(mounts_count "$1" "$loop")" -eq 0 ] && [ -z "$loop" ] && ! grep -q "$1" /proc/self/mountinfo && return 0
-  echo "still there: loop device '${loop}' of $2; mounts:"; mounts_of "$1" "$loop"; losetup -a
+  local dev attached; dev=$(device_of "$2"); attached=$(still_attached "$2")
+  [ "$(mounts_count "$1" "$dev")" -eq 0 ] && [ -z "$attached" ] && ! grep -q "$1" /proc/self/mountinfo && return 0
+  echo "still there: device '${attached}' of $2; mounts:"; mounts_of "$1" "$dev"
+  [ "$CLASS_KIND" = loop ] && losetup -a
   return 1
 }
 expect_released() {
-  released "$1" "$2" || { mounts_of "$1" "$(loop_of "$2")" >&2; losetup -j "$2" >&2; fail "volume $1 still mounted or attached"; }
-  note "host: $1 unmounted, $2 detached"
+  released "$1" "$2" >&2 || fail "volume $1 still mounted or attached"
+  note "host: $1 unmounted, $2 released"
 }
 
 # Deletes a namespace and waits until its claims' volumes and backing files are gone.
@@ -138,6 +286,15 @@ daemon_ready() {
     [ "$(k -n "$SYSTEM_NS" get pod -l app.kubernetes.io/component=node -o name | wc -l)" = "$desired" ]
 }
 
+# The overlay of the other registration (s1_registration switches to it and back):
+# loop-registrar for the builtin one, the loop overlay for the sidecar one. Empty (no
+# switch) where no such pair exists for the class (tests/vm/cluster-guest.sh).
+other_registration_overlay() {
+  [ "$CLASS_KIND" = loop ] || return 0
+  if [ "$REGISTRATION" = builtin ]; then echo "sidecar $HERE/overlays/registrar"
+  else echo "builtin $HERE/overlays/builtin"; fi
+}
+
 # The CSINode of this node lists localvol with its topology key.
 registered() {
   k get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name=='$DRIVER')].topologyKeys}" | grep -q 'topology.localvol.csi.dev/node'
@@ -153,3 +310,61 @@ container_pid() { # NAMESPACE POD CONTAINER
 }
 
 allocated_bytes() { echo $(( $(stat -c %b "$1") * $(stat -c %B "$1") )); }
+
+# ---- preparing a node: shared by run.sh (a node on this host) and tests/vm/cluster.sh
+# (a node in a QEMU guest, whose root filesystem is this host's). Run from the repository.
+
+# The runtime stage's root filesystem (packages, lvm.conf), cached under a name that
+# depends only on the Dockerfile and on how runtime-stage.sh exports it (tests/all.sh
+# makes it in its image step). Prints its path.
+image_rootfs() { # CACHE_DIR LOG_DIR
+  local rootfs; rootfs=$(tests/image/runtime-stage.sh --export-path "$1")
+  if [ ! -s "$rootfs" ]; then
+    echo "==== image root filesystem (tests/image/runtime-stage.sh, cached in $1)" >&2
+    LOCALVOL_IMAGE_EXPORT=$rootfs tests/image/runtime-stage.sh "$1" >"$2/runtime-stage.log" 2>&1 ||
+      { tail -20 "$2/runtime-stage.log" >&2; return 1; }
+    find "$1" -maxdepth 1 -name 'runtime-*.tar' ! -path "$rootfs" -delete   # older versions
+  fi
+  echo "$rootfs"
+}
+
+# The node's Debian packages. Their services stay stopped: the recipe runs its own etcd
+# and containerd.
+NODE_PACKAGES=(containerd runc containernetworking-plugins busybox-static etcd-server
+  curl openssl iproute2 iptables python3 xz-utils)
+install_node_packages() { # LOG_DIR
+  local missing=() p
+  for p in "${NODE_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "==== packages: ${missing[*]}"
+  local no_start=0 rc=0
+  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; no_start=1; }
+  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; }
+  } >"$1/apt.log" 2>&1 || rc=$?
+  [ $no_start = 0 ] || rm -f /usr/sbin/policy-rc.d
+  [ $rc = 0 ] || { tail -20 "$1/apt.log" >&2; return 1; }
+}
+
+# The image archives a node needs: localvol's (ROOTFS plus BINARY, stripped of its debug
+# info: 275 MB -> 60 MB, written, compressed and unpacked on every run) and the CSI
+# sidecars under their upstream names, so that the manifests use them unchanged.
+# Writes OUT_DIR/*.tar; import them (ctr images import) or copy them to
+# $KUBE_KIT_STATE/images before start-node.sh.
+build_image_archives() { # OUT_DIR BINARY ROOTFS RECIPE_DIR
+  local out=$1 binary=$2 rootfs=$3 recipe=$4 entry
+  entry=$(sed -n 's/^ENTRYPOINT \["\([^"]*\)"\]$/\1/p' Dockerfile)
+  [ -n "$entry" ] || { echo "Dockerfile: no ENTRYPOINT [\"...\"]" >&2; return 1; }
+  mkdir -p "$out"
+  objcopy --strip-debug "$binary" "$out/localvol.bin"
+  python3 "$recipe/mkimage.py" --name localhost/localvol:cluster-test --out "$out/localvol.tar" --base-tar "$rootfs" \
+    --add "$out/localvol.bin:$entry" --entrypoint "[\"$entry\"]" --cmd '["serve"]' >/dev/null
+  rm -f "$out/localvol.bin"
+  local s
+  for s in csi-provisioner:v5.3.0 csi-node-driver-registrar:v2.16.0 csi-resizer:v2.2.1 csi-snapshotter:v8.6.0; do
+    python3 "$recipe/mkimage.py" --name "registry.k8s.io/sig-storage/$s" --out "$out/${s%%:*}.tar" \
+      --add "$KUBE_KIT_BIN/${s%%:*}:/${s%%:*}" --entrypoint "[\"/${s%%:*}\"]" >/dev/null
+  done
+}

@@ -139,37 +139,12 @@ if [ -z "${LOCALVOL_CLUSTER_BINARY:-}" ]; then
 fi
 [ -x "$BINARY" ] || { echo "tests/cluster/run.sh: no localvol binary at $BINARY" >&2; exit 1; }
 
-# The runtime stage's root filesystem (packages, lvm.conf), cached under a name that
-# depends only on the Dockerfile and on how runtime-stage.sh exports it (tests/all.sh
-# makes it in its image step).
-rootfs=$(tests/image/runtime-stage.sh --export-path "$IMAGE_CACHE")
-if [ ! -s "$rootfs" ]; then
-  phase "image root filesystem (tests/image/runtime-stage.sh, cached in $IMAGE_CACHE)"
-  LOCALVOL_IMAGE_EXPORT=$rootfs tests/image/runtime-stage.sh "$IMAGE_CACHE" >"$LOGS/runtime-stage.log" 2>&1 ||
-    { tail -20 "$LOGS/runtime-stage.log"; exit 1; }
-  find "$IMAGE_CACHE" -maxdepth 1 -name 'runtime-*.tar' ! -path "$rootfs" -delete   # older versions
-fi
+# The runtime stage's root filesystem (lib.sh, cached in $IMAGE_CACHE).
+rootfs=$(image_rootfs "$IMAGE_CACHE" "$LOGS")
 
 # The node's Debian packages, before the control plane: start-kube.sh needs etcd, and
-# only start-node.sh (run after it) would install it. Their services stay stopped: the
-# recipe runs its own etcd and containerd.
-node_packages=(containerd runc containernetworking-plugins busybox-static etcd-server
-  curl openssl iproute2 iptables python3 xz-utils)
-missing=()
-for p in "${node_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  phase "packages: ${missing[*]}"
-  no_start=0
-  [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; no_start=1; }
-  rc=0
-  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; }
-  } >"$LOGS/apt.log" 2>&1 || rc=$?
-  [ $no_start = 0 ] || rm -f /usr/sbin/policy-rc.d
-  [ $rc = 0 ] || { tail -20 "$LOGS/apt.log"; exit 1; }
-fi
+# only start-node.sh (run after it) would install it.
+install_node_packages "$LOGS"
 
 phase "node"
 # The control plane first, with an audit log of the daemon pod's requests (scenario 8
@@ -198,22 +173,7 @@ YAML
 
 phase "images"
 WORK=$(mktemp -d /tmp/localvol-cluster-images.XXXXXX)
-mk() { python3 "$RECIPE/mkimage.py" "$@" >/dev/null; }
-entry=$(sed -n 's/^ENTRYPOINT \["\([^"]*\)"\]$/\1/p' Dockerfile)
-[ -n "$entry" ] || { echo "Dockerfile: no ENTRYPOINT [\"...\"]" >&2; exit 1; }
-# Without its debug info (275 MB -> 60 MB): the image is written, compressed and unpacked
-# on every run.
-objcopy --strip-debug "$BINARY" "$WORK/localvol"
-mk --name localhost/localvol:cluster-test --out "$WORK/localvol.tar" --base-tar "$rootfs" \
-  --add "$WORK/localvol:$entry" --entrypoint "[\"$entry\"]" --cmd '["serve"]'
-sidecar() { # NAME TAG
-  mk --name "registry.k8s.io/sig-storage/$1:$2" --out "$WORK/$1.tar" \
-    --add "$KUBE_KIT_BIN/$1:/$1" --entrypoint "[\"/$1\"]"
-}
-sidecar csi-provisioner v5.3.0
-sidecar csi-node-driver-registrar v2.16.0
-sidecar csi-resizer v2.2.1
-sidecar csi-snapshotter v8.6.0
+build_image_archives "$WORK" "$BINARY" "$rootfs" "$RECIPE"   # lib.sh
 for tar in "$WORK"/*.tar; do
   ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images import "$tar" >/dev/null
 done

@@ -1,7 +1,8 @@
 # Scenario 1: the DaemonSet is Ready and kubelet has registered localvol (CSINode lists
 # it with its topology key), by the registration this run deploys (builtin by default:
-# the shipped overlay). The sidecar overlay is checked too: it replaces the deployment,
-# registers again, and the run's own overlay is restored.
+# the shipped overlay). The sidecar overlay is checked too (loop class only: see
+# other_registration_overlay): it replaces the deployment, registers again, and the
+# run's own overlay is restored.
 s1_registration() {
   check_registration() { # WHAT
     wait_until 120 "DaemonSet Ready ($1)" daemon_ready
@@ -17,9 +18,12 @@ s1_registration() {
       fail "kubelet.log has stream errors talking to $DRIVER"
   }
   check_registration "$REGISTRATION"
-  local other other_overlay
-  if [ "$REGISTRATION" = builtin ]; then other=sidecar other_overlay=$HERE/overlays/registrar
-  else other=builtin other_overlay=$HERE/overlays/builtin; fi
+  local other="" other_overlay=""
+  read -r other other_overlay <<<"$(other_registration_overlay)" || true
+  if [ -z "$other" ]; then
+    note "NOTE s1: $REGISTRATION registration only: no overlay with the other registration for class $DEVICE_CLASS"
+    return 0
+  fi
   k apply -k "$other_overlay" >/dev/null
   # Wait for the rollout to replace the pod, then for the registration again.
   wait_until 120 "rollout to the $other overlay" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s

@@ -22,14 +22,15 @@ spec:
         volumeClaimTemplate:
           spec:
             accessModes: [ReadWriteOnce]
-            storageClassName: localvol-loop
-            resources: {requests: {storage: 32Mi}}
+            storageClassName: $SC
+            resources: {requests: {storage: $FS_SIZE}}
 YAML
   wait_until 90 "pod with a generic ephemeral volume Running" pod_phase_is $ns owner Running
   local claim=owner-scratch
   [ "$(k -n $ns get pvc $claim -o jsonpath='{.metadata.ownerReferences[0].name}')" = owner ] || fail "claim $claim not owned by the pod"
   volume_facts $ns $claim
-  expect_mounted "$PV" "$LOOP" 2
+  expect_class_device
+  expect_mounted "$PV" "$DEV" 2
   [ "$(k -n $ns exec owner -- cat /scratch/f)" = mine ] || fail "ephemeral volume data"
 
   apply_pod $ns intruder fs $claim >/dev/null
@@ -44,7 +45,7 @@ YAML
   wait_until 60 "claim $claim deleted with its pod" gone -n $ns pvc $claim
   wait_until 60 "PV $PV deleted" gone pv "$PV"
   expect_released "$PV" "$BACKING"
-  [ ! -e "$BACKING" ] || fail "backing file $BACKING left"
+  backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left"
   delete_namespace $ns
 }
 

@@ -2,9 +2,14 @@
 # --node-resizer (the shipped default), then by a central csi-resizer Deployment
 # (deploy/components/csi-resizer); each time the pod sees the new size and the claim's
 # status ends as on any real cluster; a request the class cannot hold ends infeasible.
-S4_CLASS=lvtest-xfs
+# On lib.sh's DEVICE_CLASS, with S4_FSTYPE (xfs by default: see the note below; the lvm
+# classes in tests/vm/cluster-guest.sh use their own fstype) and the central csi-resizer
+# overlay S4_CENTRAL_OVERLAY (none: that half is skipped).
+S4_FSTYPE=${S4_FSTYPE:-xfs}
+S4_CLASS=lvtest-$S4_FSTYPE
+S4_CENTRAL_OVERLAY=${S4_CENTRAL_OVERLAY-$HERE/overlays/central-resizer}
 s4_expansion() {
-  if grep -q '^CapEff:' /proc/self/status && ! capsh_has_sys_resource; then
+  if [ "$S4_FSTYPE" = xfs ] && grep -q '^CapEff:' /proc/self/status && ! capsh_has_sys_resource; then
     note "NOTE s4: ext4 is not grown online here: root lacks CAP_SYS_RESOURCE on this machine, which resize2fs needs on a mounted ext4; xfs is used"
   fi
   k apply -f - >/dev/null <<YAML
@@ -13,8 +18,8 @@ kind: StorageClass
 metadata: {name: $S4_CLASS, labels: {lvtest: "1"}}
 provisioner: $DRIVER
 parameters:
-  localvol.csi.dev/device-class: loop
-  csi.storage.k8s.io/fstype: xfs
+  localvol.csi.dev/device-class: $DEVICE_CLASS
+  csi.storage.k8s.io/fstype: $S4_FSTYPE
 reclaimPolicy: Delete
 volumeBindingMode: WaitForFirstConsumer
 allowVolumeExpansion: true
@@ -26,7 +31,13 @@ YAML
   s4_grow $ns node-resizer
   s4_infeasible $ns node-resizer
 
-  k apply -k "$HERE/overlays/central-resizer" >/dev/null
+  if [ -z "$S4_CENTRAL_OVERLAY" ]; then
+    note "NOTE s4: no central csi-resizer overlay for class $DEVICE_CLASS: --node-resizer only"
+    delete_namespace $ns
+    k delete storageclass $S4_CLASS >/dev/null
+    return 0
+  fi
+  k apply -k "$S4_CENTRAL_OVERLAY" >/dev/null
   wait_until 120 "DaemonSet without --node-resizer rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
   wait_until 90 "csi-resizer Deployment available" k -n "$SYSTEM_NS" rollout status deploy/localvol-resizer --timeout=5s
   k -n "$SYSTEM_NS" get ds localvol-node -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q node-resizer &&
@@ -51,7 +62,8 @@ capsh_has_sys_resource() { # bit 24 of the effective capabilities
 }
 
 pod_fs_bytes() { # NAMESPACE POD: size of /data as the pod sees it
-  k -n "$1" exec "$2" -- df -k /data | awk 'NR == 2 {print $2 * 1024}'
+  # -P: one line per filesystem (busybox wraps a long device name, /dev/VG/LV, otherwise).
+  k -n "$1" exec "$2" -- df -P -k /data | awk 'NR == 2 {print $2 * 1024}'
 }
 
 # The claim's resize state when nothing is in progress: capacity and allocatedResources
@@ -66,20 +78,32 @@ s4_grow() { # NAMESPACE RESIZER
   local ns=$1 pvc=grow-$2
   apply_pvc $ns $pvc 320Mi $S4_CLASS >/dev/null
   apply_pod $ns app-$2 fs $pvc >/dev/null
-  wait_until 90 "pod with the xfs claim Running ($2)" pod_phase_is $ns app-$2 Running
+  wait_until 90 "pod with the $S4_FSTYPE claim Running ($2)" pod_phase_is $ns app-$2 Running
   volume_facts $ns $pvc
-  k -n $ns exec app-$2 -- sh -c 'grep " /data " /proc/mounts' | grep -q ' xfs ' || fail "/data is not xfs"
+  k -n $ns exec app-$2 -- sh -c 'grep " /data " /proc/mounts' | grep -q " $S4_FSTYPE " || fail "/data is not $S4_FSTYPE"
   k -n $ns exec app-$2 -- sh -c 'echo before-resize > /data/f && sync'
   local before; before=$(pod_fs_bytes $ns app-$2)
   k -n $ns patch pvc $pvc --type merge -p '{"spec":{"resources":{"requests":{"storage":"640Mi"}}}}' >/dev/null
   wait_until 120 "claim settled at 640Mi ($2)" claim_settled_at $ns $pvc 640Mi
-  wait_until 30 "backing file grown to 640Mi ($2)" test "$(stat -c %s "$BACKING")" -ge $((640 << 20))
+  wait_until 30 "$(describe_backing "$BACKING") grown to 640Mi ($2)" s4_backing_grown "$BACKING" $((640 << 20))
   [ "$(k get pv "$PV" -o jsonpath='{.spec.capacity.storage}')" = 640Mi ] || fail "PV capacity not 640Mi"
   wait_until 60 "the pod sees the grown filesystem ($2)" s4_pod_grew $ns app-$2 "$before"
   [ "$(k -n $ns exec app-$2 -- cat /data/f)" = before-resize ] || fail "data lost in the resize"
-  note "NOTE s4: $2: xfs seen by the pod $((before >> 20)) MiB -> $(( $(pod_fs_bytes $ns app-$2) >> 20 )) MiB"
+  note "NOTE s4: $2: $S4_FSTYPE seen by the pod $((before >> 20)) MiB -> $(( $(pod_fs_bytes $ns app-$2) >> 20 )) MiB"
 }
-s4_pod_grew() { [ "$(pod_fs_bytes "$1" "$2")" -gt $(( $3 + (200 << 20) )) ]; }
+s4_backing_grown() { [ "$(backing_bytes "$1")" -ge "$2" ]; }
+s4_pod_grew() { # NAMESPACE POD BEFORE; says what the host sees when not
+  local now m; now=$(pod_fs_bytes "$1" "$2")
+  [ "$now" -gt $(( $3 + (200 << 20) )) ] && return 0
+  echo "the pod sees $now bytes at /data (before: $3); $DEV holds $(blockdev --getsize64 "$DEV" 2>&1) bytes; its mounts here:"
+  mounts_of "$PV" "$DEV"
+  m=$(mounts_of "$PV" "$DEV" | awk '{print $5}' | head -1)
+  if [ -n "$m" ]; then
+    df -B1 "$m"
+    if [ "$S4_FSTYPE" = xfs ]; then xfs_info "$m"; else dumpe2fs -h "$DEV" 2>/dev/null | grep -i '^block count\|^block size'; fi
+  fi
+  return 1
+}
 
 s4_infeasible() { # NAMESPACE RESIZER: a request bigger than the class's 100 GB
   local ns=$1 pvc=grow-$2
@@ -96,7 +120,7 @@ s4_infeasible() { # NAMESPACE RESIZER: a request bigger than the class's 100 GB
   k -n $ns delete pod app-$2 --wait=true >/dev/null
   k -n $ns delete pvc $pvc --wait=true >/dev/null
   wait_until 60 "PV $PV deleted" gone pv "$PV"
-  [ ! -e "$BACKING" ] || fail "backing file $BACKING left"
+  backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left"
 }
 s4_status_is() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.allocatedResourceStatuses.storage}')" = "$3" ]; }
 # Warning events about the claim, counting repeats (core and events.k8s.io counts).

@@ -4,7 +4,7 @@
 s6_daemon_restart() {
   local ns=lvtest-s6
   new_namespace $ns
-  apply_pvc $ns keep 64Mi >/dev/null
+  apply_pvc $ns keep "$FS_SIZE" >/dev/null
   apply_pod $ns app fs keep >/dev/null
   wait_until 90 "workload Running" pod_phase_is $ns app Running
   volume_facts $ns keep
@@ -23,10 +23,10 @@ s6_daemon_restart() {
   wait_until 60 "CSINode lists $DRIVER again" registered
   [ "$(k -n $ns exec app -- cat /data/f)" = survives ] || fail "the workload lost its data"
   k -n $ns exec app -- sh -c 'echo still-writable >> /data/f && sync' || fail "the workload cannot write any more"
-  expect_mounted "$PV" "$LOOP" 2
+  expect_mounted "$PV" "$DEV" 2
   k -n $ns delete pod app --wait=true >/dev/null
   wait_until 60 "unpublished and unstaged by the new daemon" released "$PV" "$BACKING"
   delete_namespace $ns
-  [ ! -e "$BACKING" ] || fail "backing file $BACKING left"
+  backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left"
 }
 s6_replaced() { local p; p=$(daemon_pod); [ -n "$p" ] && [ "$p" != "$1" ] && daemon_ready; }

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# tests/vm/cluster.sh - localvol under a real kubelet on the LVM classes: one QEMU guest
+# (tests/vm/run.sh) runs a kube-kit node (recipe/guest-prep.sh, start-node.sh), and per
+# device class deploys the shipped overlay (deploy/overlays/CLASS through
+# tests/cluster/overlays/CLASS: only the image and the host network changed) on storage
+# made as that overlay's config.yaml expects, then runs tests/cluster's scenarios on it.
+#
+#   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem] [SCENARIO...]    (root)
+#
+# Scenarios: names or numbers of tests/cluster/scenarios (default: 1 2 3 6 4, the ones
+# parametrised by class, in that order: 4 is the longest). Classes, in the order given: lvm-thin, lvm, pmem (default: all
+# three). A scenario that cannot apply to a class is reported SKIP with the reason
+# (only s4_expansion on pmem: direct volumes cannot grow).
+# The host builds everything (the kit install, the debug localvol, the image archives,
+# the node's packages: the guest's root is the host's); the guest does the rest
+# (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
+# then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
+# failure. tests/all.sh runs it with --classes lvm-thin 1 2 3 (tests/vm/README.md).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+KIT=${KUBE_KIT:-$REPO/../shared/kube-kit}
+export KUBE_KIT_BIN=${KUBE_KIT_BIN:-/var/cache/kube-kit/bin}
+IMAGE_CACHE=/var/cache/localvol-image
+VM_CACHE=/var/cache/localvol-vm
+VERBOSE=() CLASSES=lvm-thin,lvm,pmem args=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -v) VERBOSE=(-v) ;;
+    --classes) CLASSES=$2; shift ;;
+    *) args+=("$1") ;;
+  esac
+  shift
+done
+IFS=, read -r -a class_list <<<"$CLASSES"
+for c in "${class_list[@]}"; do
+  case $c in lvm-thin|lvm|pmem) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem" >&2; exit 2 ;; esac
+done
+ALL=(s1_registration s2_volumes s3_ephemeral s6_daemon_restart s4_expansion)
+selected=()
+for arg in "${args[@]}"; do
+  match=""
+  for s in "${ALL[@]}"; do case $s in "s${arg}_"*|"$arg"|"s$arg") match=$s ;; esac; done
+  [ -n "$match" ] || { echo "tests/vm/cluster.sh: unknown scenario $arg (one of ${ALL[*]})" >&2; exit 2; }
+  selected+=("$match")
+done
+[ ${#selected[@]} -gt 0 ] || selected=("${ALL[@]}")
+[ "$(id -u)" = 0 ] || { echo "tests/vm/cluster.sh: run as root" >&2; exit 1; }
+[ -x "$KIT/install.sh" ] || { echo "tests/vm/cluster.sh: no kube-kit at $KIT" >&2; exit 1; }
+# shellcheck source=tests/cluster/lib.sh
+source tests/cluster/lib.sh
+
+t0=$SECONDS
+phase() { printf '==== vm-cluster: %s (%ss)\n' "$1" "$((SECONDS - t0))"; }
+target=$(realpath "${CARGO_TARGET_DIR:-target}")
+mkdir -p "$target"
+# Shared with the guest (the project, or $CARGO_TARGET_DIR, is shared read-write).
+RUN=$(mktemp -d "$target/vm-cluster.XXXXXX")
+LOGS=$RUN/logs
+mkdir -p "$LOGS" "$RUN/images"
+keep=0
+cleanup() {
+  local rc=$?
+  rm -rf "$RUN/images"
+  if [ $rc = 0 ] && [ $keep = 0 ]; then rm -rf "$RUN"; else echo "vm-cluster: logs kept in $LOGS"; fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- on the host
+phase "kit, binary, packages"
+"$KIT/install.sh" /var/cache/kube-kit >"$LOGS/install.log"
+cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
+BINARY=${CARGO_TARGET_DIR:-target}/debug/localvol
+install_node_packages "$LOGS"        # lib.sh
+rootfs=$(image_rootfs "$IMAGE_CACHE" "$LOGS")
+phase "image archives"
+build_image_archives "$RUN/images" "$BINARY" "$rootfs" "$KIT/recipe"   # lib.sh
+
+# The guest kernel's whole module tree: run.sh unpacks only the storage modules, and the
+# node needs bridge, veth, dummy, br_netfilter, nf_conntrack and nf_tables as well.
+# Unpacked once from the same kernel package into $VM_CACHE/cluster-modules-KVER.
+kernel_dir() { find "$VM_CACHE" -maxdepth 2 -name .complete -path '*/kernel-*' -printf '%h\n' 2>/dev/null | sort -V | tail -n 1; }
+if [ -z "$(kernel_dir)" ]; then
+  phase "guest kernel (tests/vm/run.sh -- true)"
+  tests/vm/run.sh -- true
+fi
+KVER=$(ls "$(kernel_dir)/lib/modules")
+MODS=$VM_CACHE/cluster-modules-$KVER
+if [ ! -f "$MODS/.complete" ]; then
+  phase "guest kernel modules ($KVER, once)"
+  tmp=$(mktemp -d "$VM_CACHE/tmp.XXXXXX")
+  ( cd "$tmp" && apt-get download "linux-image-$KVER" ) >"$LOGS/modules.log" 2>&1 ||
+    { apt-get update >>"$LOGS/modules.log" 2>&1 && ( cd "$tmp" && apt-get download "linux-image-$KVER" ) >>"$LOGS/modules.log" 2>&1; } ||
+    { cat "$LOGS/modules.log"; rm -rf "$tmp"; exit 1; }
+  mkdir "$tmp/root"
+  dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp/root" './lib/modules'
+  depmod -b "$tmp/root" "$KVER"
+  rm -rf "$MODS"; mv "$tmp/root/lib/modules/$KVER" "$MODS"; rm -rf "$tmp"; touch "$MODS/.complete"
+fi
+# The guest bind-mounts it over its /lib/modules/KVER (its / is the host's).
+
+# ---------------------------------------------------------------- in the guest
+phase "guest: ${class_list[*]} x ${selected[*]}"
+pmem=0
+[[ ",$CLASSES," == *,pmem,* ]] && pmem=1G
+rc=0
+guest_start=$SECONDS
+tests/vm/run.sh "${VERBOSE[@]}" --disks 2 --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
+  -- bash "$REPO/tests/vm/cluster-guest.sh" "$RUN" "$CLASSES" "${selected[@]}" 2>&1 | tee "$LOGS/guest.log" || rc=${PIPESTATUS[0]}
+guest_took=$((SECONDS - guest_start))
+
+# ---------------------------------------------------------------- the verdict
+failed=0
+[ "$rc" = 0 ] || { echo "vm-cluster: the guest exited $rc"; failed=1; }
+echo
+echo "vm-cluster results (scenario class wall):"
+[ -s "$RUN/results" ] && sed 's/^/  /' "$RUN/results"
+grep -q '^FAIL' "$RUN/results" 2>/dev/null && failed=1
+# Every scenario x class has its PASS line, and so has the final state: a run that did
+# not get there did not pass.
+for c in "${class_list[@]}"; do
+  for s in deploy "${selected[@]}" cleanup; do
+    grep -q "^PASS $s $c " "$RUN/results" 2>/dev/null ||
+      { [ "$s:$c" = s4_expansion:pmem ] && grep -q "^SKIP $s $c " "$RUN/results"; } || { echo "  missing: $s $c"; failed=1; }
+  done
+done
+grep -q '^PASS final-state ' "$RUN/results" 2>/dev/null || { echo "  missing: final-state"; failed=1; }
+[ -f "$RUN/results.times" ] && echo "guest: $(cat "$RUN/results.times")"
+echo "guest wall time ${guest_took}s; total ${SECONDS}s"
+if [ $failed = 0 ]; then echo "vm-cluster: PASS"; else keep=1; echo "vm-cluster: FAIL"; exit 1; fi
