@@ -148,17 +148,18 @@ cluster_suite() {
   echo "cluster suite: $((SECONDS - start))s (budget 720s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the cluster suite failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 720 ] || { echo "tests/all.sh: the cluster suite took over 12 minutes" >&2; return 1; }
-  # Then the same harness under a kubelet in a QEMU guest, on the lvm-thin overlay as
-  # users apply it (device-mapper thin LVs): registration, filesystem and raw block
-  # claims, an ephemeral volume and its intruder, cleanup (tests/vm/README.md). After
-  # the host suite, not beside it: both install the node's packages and images.
+  # Then the same harness under a kubelet in a QEMU guest, on the lvm-thin and lvm
+  # overlays as users apply them (device-mapper LVs): registration, filesystem and raw
+  # block claims, an ephemeral volume and its intruder, the daemon SIGKILLed with
+  # volumes published, cleanup (tests/vm/README.md). After the host suite, not beside
+  # it: both install the node's packages and images.
   start=$SECONDS
-  nice -n 10 tests/vm/cluster.sh --classes lvm-thin 1 2 3 || rc=$?
-  echo "guest cluster (lvm-thin): $((SECONDS - start))s (budget 1800s)"
+  nice -n 10 tests/vm/cluster.sh --classes lvm-thin,lvm 1 2 3 6 || rc=$?
+  echo "guest cluster (lvm-thin, lvm): $((SECONDS - start))s (budget 1800s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the guest cluster failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 1800 ] || { echo "tests/all.sh: the guest cluster took over 30 minutes" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh, then tests/vm/cluster.sh on lvm-thin), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh, then tests/vm/cluster.sh on lvm-thin and lvm), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
 background cluster 0 cluster_suite
 finish fuzz-build
 if [ ${#failed[@]} = 0 ]; then
