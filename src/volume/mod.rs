@@ -10,7 +10,7 @@ mod controller;
 mod grow;
 mod node;
 mod ownership;
-mod publish_proof;
+mod publish;
 mod snapshots;
 mod targets;
 
