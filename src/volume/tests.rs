@@ -71,6 +71,16 @@ impl Fixture {
         self.volumes.create(&guard, &req).await.unwrap().record.id
     }
 
+    /// An ext4 volume `name`, staged and published read-write at `target`.
+    async fn published(&self, name: &str, target: &str) -> VolumeId {
+        let id = self.create(name, ext4()).await;
+        self.stage(&self.stage_req(&id, ext4())).await.unwrap();
+        self.publish(&self.publish_req(&id, target, ext4(), false))
+            .await
+            .unwrap();
+        id
+    }
+
     fn stage_req(&self, id: &VolumeId, access: AccessType) -> StageRequest {
         std::fs::create_dir_all(self.path("stage")).unwrap();
         StageRequest {
@@ -365,11 +375,7 @@ async fn publish_needs_stage_then_binds_once() {
 #[tokio::test]
 async fn single_writer_refuses_a_second_target() {
     let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await;
-    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
-    f.publish(&f.publish_req(&id, "one", ext4(), false))
-        .await
-        .unwrap();
+    let id = f.published("pvc-1", "one").await;
     let err = f
         .publish(&f.publish_req(&id, "two", ext4(), false))
         .await
@@ -402,11 +408,7 @@ async fn read_only_publish_remounts_read_only() {
 #[tokio::test]
 async fn unstage_waits_for_unpublish_then_detaches() {
     let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await;
-    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
-    f.publish(&f.publish_req(&id, "target", ext4(), false))
-        .await
-        .unwrap();
+    let id = f.published("pvc-1", "target").await;
     let unstage = UnstageRequest {
         id: id.clone(),
         staging_path: f.host_path("stage"),

@@ -59,11 +59,7 @@ fn assert_refused(err: VolumeError, field: &str, id: &VolumeId, path: &Path) {
 #[tokio::test]
 async fn unpublish_at_the_volumes_own_staging_path_is_refused_and_unmounts_nothing() {
     let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await;
-    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
-    f.publish(&f.publish_req(&id, "target", ext4(), false))
-        .await
-        .unwrap();
+    let id = f.published("pvc-1", "target").await;
     let mounts = f.mount_calls();
 
     let err = f.unpublish(&id, "stage").await.unwrap_err();
@@ -113,11 +109,7 @@ async fn a_raw_block_volumes_staging_directory_is_no_target_either() {
 #[tokio::test]
 async fn a_target_named_as_the_staging_path_is_refused_by_every_call() {
     let f = Fixture::new();
-    let id = f.create("pvc-1", ext4()).await;
-    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
-    f.publish(&f.publish_req(&id, "target", ext4(), false))
-        .await
-        .unwrap();
+    let id = f.published("pvc-1", "target").await;
     let mounts = f.mount_calls();
     let target = f.path("target");
 
