@@ -19,6 +19,22 @@ BLOCK_SIZE=${BLOCK_SIZE:-32Mi}        # a raw block claim
 LVM_VG=${LVM_VG:-localvol}            # the volume group of the lvm classes
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# select_scenarios ARG...: sets `selected` to the scenarios of ALL (and EXTRA_SCENARIOS)
+# the arguments name, by number or by name, in their order; to ALL without arguments.
+select_scenarios() {
+  selected=()
+  local arg s match
+  for arg in "$@"; do
+    match=""
+    for s in "${ALL[@]}" ${EXTRA_SCENARIOS[@]+"${EXTRA_SCENARIOS[@]}"}; do
+      case $s in "s${arg}_"*|"$arg"|"s$arg") match=$s ;; esac
+    done
+    [ -n "$match" ] || { echo "$0: unknown scenario $arg (one of ${ALL[*]})" >&2; exit 2; }
+    selected+=("$match")
+  done
+  [ ${#selected[@]} -gt 0 ] || selected=("${ALL[@]}")
+}
 note() { printf '  [%s] %s\n' "$(date +%T)" "$*"; }
 k() { kubectl "$@"; }
 

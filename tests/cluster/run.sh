@@ -39,14 +39,7 @@ EXTRA_SCENARIOS=()
 if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi   # sets EXTRA_SCENARIOS
 
 ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s)
-selected=()
-for arg in "$@"; do
-  match=""
-  for s in "${ALL[@]}" "${EXTRA_SCENARIOS[@]}"; do case $s in "s${arg}_"*|"$arg"|"s$arg") match=$s ;; esac; done
-  [ -n "$match" ] || { echo "unknown scenario $arg (one of ${ALL[*]})" >&2; exit 2; }
-  selected+=("$match")
-done
-[ ${#selected[@]} -gt 0 ] || selected=("${ALL[@]}")
+select_scenarios "$@"
 
 [ "$(id -u)" = 0 ] || { echo "tests/cluster/run.sh: run as root" >&2; exit 1; }
 [ -x "$KIT/install.sh" ] || { echo "tests/cluster/run.sh: no kube-kit at $KIT" >&2; exit 1; }

@@ -37,18 +37,11 @@ for c in "${class_list[@]}"; do
   case $c in lvm-thin|lvm|pmem) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem" >&2; exit 2 ;; esac
 done
 ALL=(s1_registration s2_volumes s3_ephemeral s6_daemon_restart s4_expansion)
-selected=()
-for arg in "${args[@]}"; do
-  match=""
-  for s in "${ALL[@]}"; do case $s in "s${arg}_"*|"$arg"|"s$arg") match=$s ;; esac; done
-  [ -n "$match" ] || { echo "tests/vm/cluster.sh: unknown scenario $arg (one of ${ALL[*]})" >&2; exit 2; }
-  selected+=("$match")
-done
-[ ${#selected[@]} -gt 0 ] || selected=("${ALL[@]}")
-[ "$(id -u)" = 0 ] || { echo "tests/vm/cluster.sh: run as root" >&2; exit 1; }
-[ -x "$KIT/install.sh" ] || { echo "tests/vm/cluster.sh: no kube-kit at $KIT" >&2; exit 1; }
 # shellcheck source=tests/cluster/lib.sh
 source tests/cluster/lib.sh
+select_scenarios ${args[@]+"${args[@]}"}
+[ "$(id -u)" = 0 ] || { echo "tests/vm/cluster.sh: run as root" >&2; exit 1; }
+[ -x "$KIT/install.sh" ] || { echo "tests/vm/cluster.sh: no kube-kit at $KIT" >&2; exit 1; }
 
 t0=$SECONDS
 phase() { printf '==== vm-cluster: %s (%ss)\n' "$1" "$((SECONDS - t0))"; }
