@@ -7,6 +7,8 @@
 //! and without KUBECONFIG it fails. It needs root (loop devices, mkfs, mount). Pods are bound to a node name of the test's own
 //! (`E2E_NODE_NAME`, default `localvol-e2e-node`), so no kubelet acts on them.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -83,7 +85,13 @@ async fn e2e_k8s() {
     let served = tokio::time::timeout(Duration::from_secs(30), daemon).await;
     // A failed case leaves its volume staged: the mounts and loop devices of the temp
     // dir go before the failure is reported.
-    release_host_state(dir.path());
+    drop(common::Cleanup {
+        mounts: common::mounts_under(dir.path())
+            .into_iter()
+            .map(PathBuf::from)
+            .collect(),
+        data: dir.path().to_path_buf(),
+    });
     result.expect("e2e_k8s");
     cleanup.expect("cleanup");
     served
@@ -91,32 +99,6 @@ async fn e2e_k8s() {
         .expect("daemon task")
         .expect("daemon");
     say("e2e_k8s: PASSED against a real API server");
-}
-
-/// Unmounts every mount below `dir` (deepest first) and detaches every loop device whose
-/// backing file is below it.
-fn release_host_state(dir: &Path) {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut mounts: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|point| PathBuf::from(point.replace("\\040", " ")))
-        .filter(|point| point.starts_with(dir))
-        .collect();
-    mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for point in mounts {
-        let _ = nix::mount::umount2(&point, nix::mount::MntFlags::MNT_DETACH);
-    }
-    for entry in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
-        let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).unwrap_or_default();
-        if Path::new(backing.trim()).starts_with(dir) {
-            let device = Path::new("/dev").join(entry.file_name());
-            let _ = std::process::Command::new("losetup")
-                .arg("-d")
-                .arg(device)
-                .status();
-        }
-    }
 }
 
 fn daemon_config(dir: &Path, node: &str) -> Config {
