@@ -38,6 +38,10 @@ fi
 # host steps, and takes the CPU they leave idle (their tests mostly wait on sleeps,
 # mounts and sockets). Output is prefixed with [NAME].
 declare -A pids started
+# Interleaved, a failed job's cause scrolls out of the part of the output a CI keeps:
+# each job's output is also kept whole (NAME.log), with its status once it ends
+# (NAME.exit), and the end of the run repeats a failed job's tail.
+JOB_LOGS=$(mktemp -d /tmp/localvol-all.XXXXXX)
 background() {  # background NAME NICE COMMAND...
   local name=$1 level=$2; shift 2
   started[$name]=$SECONDS
@@ -46,8 +50,9 @@ background() {  # background NAME NICE COMMAND...
   # every function it calls: a failing step would not end the job's function. The job
   # runs in a child of its own instead, where errexit holds, and its status is waited for.
   ( renice -n "$level" -p "$BASHPID" >/dev/null; rc=0; ( set -e; "$@" ) & wait $! || rc=$?
-    echo "==== $name: exit $rc after $((SECONDS - started[$name]))s ($(date +%T))"; exit "$rc"
-  ) > >(sed -u "s/^/[$name] /") 2>&1 &
+    echo "==== $name: exit $rc after $((SECONDS - started[$name]))s ($(date +%T))"
+    echo "$rc" >"$JOB_LOGS/$name.exit"; exit "$rc"
+  ) > >(tee "$JOB_LOGS/$name.log" | sed -u "s/^/[$name] /") 2>&1 &
   pids[$name]=$!
 }
 finish() {  # finish NAME...: wait for each; the names that failed go to $failed
@@ -56,6 +61,13 @@ finish() {  # finish NAME...: wait for each; the names that failed go to $failed
     rc=0; wait "${pids[$name]}" || rc=$?
     echo "==== $name: exit $rc, waited for at $((SECONDS - started[$name]))s after its start"
     [ "$rc" = 0 ] || failed+=("$name")
+  done
+}
+report_failed() {
+  local name
+  for name in "${failed[@]}"; do
+    printf '\n==== the last 60 lines of %s (whole: %s)\n' "$name" "$JOB_LOGS/$name.log"
+    tail -n 60 "$JOB_LOGS/$name.log"
   done
 }
 failed=()
@@ -133,7 +145,7 @@ fi
 
 step "waiting for the image's runtime stage"
 finish image
-[ ${#failed[@]} = 0 ] || { echo "tests/all.sh: the image's runtime stage failed" >&2; exit 1; }
+[ ${#failed[@]} = 0 ] || { report_failed; echo "tests/all.sh: the image's runtime stage failed" >&2; exit 1; }
 
 # The cluster suite mostly waits (kubelet, the API server) but has timing-bound steps:
 # it runs at the normal priority, the guests and the fuzzer below it.
@@ -143,23 +155,32 @@ cluster_suite() {
     [ "${CI:-}" != true ] || { echo "tests/all.sh: CI=true requires the cluster suite" >&2; return 1; }
     return 0
   fi
+  # Its budget: about 390 s alone on this machine, up to twice that beside the VM
+  # suite's two emulated guests. (CI failed this suite about 12 minutes in on 501ca98,
+  # the old budget; the output it kept had no cause, which report_failed now repeats.)
   local start=$SECONDS rc=0
   tests/cluster/run.sh || rc=$?
-  echo "cluster suite: $((SECONDS - start))s (budget 720s)"
+  echo "cluster suite: $((SECONDS - start))s (budget 900s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the cluster suite failed (exit $rc)" >&2; return "$rc"; }
-  [ $((SECONDS - start)) -le 720 ] || { echo "tests/all.sh: the cluster suite took over 12 minutes" >&2; return 1; }
-  # Then the same harness under a kubelet in a QEMU guest, on the lvm-thin and lvm
-  # overlays as users apply them (device-mapper LVs): registration, filesystem and raw
+  [ $((SECONDS - start)) -le 900 ] || { echo "tests/all.sh: the cluster suite took over 15 minutes" >&2; return 1; }
+  # Then the same harness under a kubelet in a QEMU guest, on the lvm-thin, lvm and pmem
+  # overlays as users apply them (device-mapper LVs, fsdax namespaces mounted with
+  # dax): registration, filesystem and raw
   # block claims, an ephemeral volume and its intruder, the daemon SIGKILLed with
   # volumes published, cleanup (tests/vm/README.md). After the host suite, not beside
   # it: both install the node's packages and images.
+  # And after the VM suite's two guests: a third emulated guest beside them would
+  # share two cores three ways, and its timing-bound kubelet and API waits with them.
   start=$SECONDS
-  nice -n 10 tests/vm/cluster.sh --classes lvm-thin,lvm 1 2 3 6 || rc=$?
-  echo "guest cluster (lvm-thin, lvm): $((SECONDS - start))s (budget 1800s)"
+  until [ -e "$JOB_LOGS/vm.exit" ]; do sleep 5; done
+  echo "guest cluster: waited $((SECONDS - start))s for the VM suite to end"
+  start=$SECONDS
+  nice -n 10 tests/vm/cluster.sh --classes lvm-thin,lvm,pmem 1 2 3 6 || rc=$?
+  echo "guest cluster (lvm-thin, lvm, pmem): $((SECONDS - start))s (budget 1800s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the guest cluster failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 1800 ] || { echo "tests/all.sh: the guest cluster took over 30 minutes" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh, then tests/vm/cluster.sh on lvm-thin and lvm), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh, then tests/vm/cluster.sh on lvm-thin, lvm and pmem), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
 background cluster 0 cluster_suite
 finish fuzz-build
 if [ ${#failed[@]} = 0 ]; then
@@ -167,7 +188,7 @@ if [ ${#failed[@]} = 0 ]; then
   finish fuzz
 fi
 finish cluster vm
-[ ${#failed[@]} = 0 ] || { echo "tests/all.sh: failed: ${failed[*]}" >&2; exit 1; }
+[ ${#failed[@]} = 0 ] || { report_failed; echo "tests/all.sh: failed: ${failed[*]}" >&2; exit 1; }
 
 echo
 echo "tests/all.sh: all suites passed"

@@ -72,12 +72,15 @@ lv_of() { # HANDLE
   [ -n "$name" ] && echo "$LVM_VG/$name"
 }
 # A field of the fsdax namespace NAME (ndctl list prints a lone object for one result).
+# Only a namespace that holds storage counts: the kernel leaves a destroyed namespace as
+# the region's idle seed (raw, size 0) with its label's name (src/backend/pmem/ndctl.rs,
+# is_idle_seed), so the name alone would find a deleted volume.
 pmem_field() { # NAME FIELD
   ndctl list -N -i 2>/dev/null | python3 -c 'import json, sys
 d = sys.stdin.read().strip()
 v = json.loads(d) if d else []
 for n in v if isinstance(v, list) else [v]:
-    if n.get("name") == sys.argv[1]:
+    if n.get("name") == sys.argv[1] and n.get("mode") == "fsdax" and n.get("size", 0):
         print(n.get(sys.argv[2], "")); break' "$1" "$2"
 }
 dm_path_of() { # VG/LV: its /dev/mapper node (VG-LV, each '-' doubled)

@@ -83,6 +83,11 @@ cleanup() {
     kubectl -n "$SYSTEM_NS" logs ds/localvol-node -c localvol --tail=-1 >"$LOGS/localvol.log" 2>&1
     kubectl -n "$SYSTEM_NS" logs ds/localvol-node -c localvol --previous --tail=-1 >"$LOGS/localvol-previous.log" 2>&1
     kubectl get events -A >"$LOGS/events.txt" 2>&1
+    # A CI keeps the output, not $LOGS: a failure's evidence goes there too.
+    if [ $failed != 0 ]; then
+      echo "---- the daemon's last 30 log lines"; tail -n 30 "$LOGS/localvol.log"
+      echo "---- warning events"; grep -v ' Normal ' "$LOGS/events.txt" | tail -n 20
+    fi
     # The driver itself unmounts and deletes the test volumes while it still runs.
     for ns in $(kubectl get ns -o name | sed -n 's|^namespace/\(lvtest-.*\)|\1|p'); do
       kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1
