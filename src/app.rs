@@ -161,6 +161,17 @@ pub async fn serve(
             stopped(stop_rx.clone()),
         );
     }
+    // Pre-provisioned VolumeSnapshotContents of this node's snapshots get the label its
+    // csi-snapshotter (--node-deployment) selects by; without the snapshot CRDs or
+    // their RBAC this waits quietly (see k8s::snapshot_content).
+    if let Some(client) = &kube {
+        crate::k8s::snapshot_content::spawn(
+            client.clone(),
+            Arc::clone(&volumes),
+            &config.node_id,
+            stopped(stop_rx.clone()),
+        );
+    }
     let http = metrics::serve_http(
         config.metrics_addr,
         metrics.clone(),

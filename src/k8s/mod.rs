@@ -14,6 +14,7 @@ pub mod node_claims;
 pub mod owner;
 mod prefetch;
 mod reflect;
+pub mod snapshot_content;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -4,7 +4,8 @@
 # holds the data as at the snapshot and a clone as at the clone, not what came after;
 # deleting everything leaves no VolumeSnapshotContent and no file in the class's data
 # directory (volume images and records, snapshot images and records, freeze records).
-# Contents made by hand for the snapshot, one Retain and one Delete, are served too
+# Contents made by hand for the snapshot, one Retain and one Delete, are served too, and
+# one made without the managed-by label for a second snapshot, which the daemon labels
 # (s9_preprovisioned.sh).
 S9_SNAPSHOTS=$LOOP_DIR/snapshots
 
@@ -78,7 +79,7 @@ YAML
 
   # Contents made by hand for the same snapshot (s9_preprovisioned.sh); the last one
   # deletes it, so deleting the dynamic VolumeSnapshot below finds nothing to delete.
-  s9_preprovisioned $ns "$handle" "$token"
+  s9_preprovisioned $ns "$handle" "$token" src
 
   # Delete everything: the snapshot first (its content and copy go with it), then the
   # pods and claims.
@@ -100,7 +101,7 @@ s9_restore() {
   while [ $SECONDS -lt $end ] && [ -n "$(k get volumesnapshotcontent -o name 2>/dev/null)" ]; do sleep 0.5; done
   k apply -k "$OVERLAY" >/dev/null
   k delete --ignore-not-found -f "$REPO/deploy/components/csi-snapshotter/rbac.yaml" >/dev/null
-  k delete --ignore-not-found volumesnapshotclass localvol >/dev/null
+  k delete --ignore-not-found volumesnapshotclass localvol localvol-retain >/dev/null
   wait_until 120 "DaemonSet back to the $REGISTRATION overlay" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
 }
 
