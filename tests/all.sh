@@ -149,45 +149,57 @@ finish image
 
 # The cluster suite mostly waits (kubelet, the API server) but has timing-bound steps:
 # it runs at the normal priority, the guests and the fuzzer below it.
+have_kit() {
+  [ -x ../shared/kube-kit/install.sh ] && return 0
+  echo "$1: NOT RUN: provide the kube-kit (kubelet, control plane, sidecars) at $(cd .. && pwd)/shared/kube-kit"
+  [ "${CI:-}" != true ] || { echo "tests/all.sh: CI=true requires $1" >&2; return 1; }
+  return 2
+}
 cluster_suite() {
-  if [ ! -x ../shared/kube-kit/install.sh ]; then
-    echo "cluster suite: NOT RUN: provide the kube-kit (kubelet, control plane, sidecars) at $(cd .. && pwd)/shared/kube-kit"
-    [ "${CI:-}" != true ] || { echo "tests/all.sh: CI=true requires the cluster suite" >&2; return 1; }
-    return 0
-  fi
-  # Its budget: about 390 s alone on this machine, up to twice that beside the VM
-  # suite's two emulated guests. (CI failed this suite about 12 minutes in on 501ca98,
-  # the old budget; the output it kept had no cause, which report_failed now repeats.)
-  local start=$SECONDS rc=0
+  local rc=0
+  have_kit "the cluster suite" || { rc=$?; [ $rc = 2 ] && return 0; return $rc; }
+  # Its budget: about 830 s alone on this machine (390 s, and Kubernetes' storage e2e
+  # suites in scenario 11, 440 s), more beside the guests. (CI failed this suite about
+  # 12 minutes in on 501ca98 with the old budget of 720 s, before scenario 11; the
+  # output it kept had no cause, which report_failed now repeats.)
+  local start=$SECONDS
   tests/cluster/run.sh || rc=$?
-  echo "cluster suite: $((SECONDS - start))s (budget 900s)"
+  echo "cluster suite: $((SECONDS - start))s (budget 1500s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the cluster suite failed (exit $rc)" >&2; return "$rc"; }
-  [ $((SECONDS - start)) -le 900 ] || { echo "tests/all.sh: the cluster suite took over 15 minutes" >&2; return 1; }
-  # Then the same harness under a kubelet in a QEMU guest, on the lvm-thin, lvm and pmem
-  # overlays as users apply them (device-mapper LVs, fsdax namespaces mounted with
-  # dax): registration, filesystem and raw
-  # block claims, an ephemeral volume and its intruder, the daemon SIGKILLed with
-  # volumes published, cleanup (tests/vm/README.md). After the host suite, not beside
-  # it: both install the node's packages and images.
-  # And after the VM suite's two guests: a third emulated guest beside them would
-  # share two cores three ways, and its timing-bound kubelet and API waits with them.
+  [ $((SECONDS - start)) -le 1500 ] || { echo "tests/all.sh: the cluster suite took over 25 minutes" >&2; return 1; }
+}
+# The same harness under a kubelet in a QEMU guest, on the lvm-thin, lvm and pmem
+# overlays as users apply them (device-mapper LVs, fsdax namespaces mounted with dax):
+# registration, filesystem and raw block claims, an ephemeral volume and its intruder,
+# the daemon SIGKILLed with volumes published, cleanup (tests/vm/README.md). It starts
+# once the VM suite's two guests are done (a third emulated guest beside them would
+# share two cores three ways, and its timing-bound kubelet and API waits with them), and
+# once the host cluster suite has installed the node's packages and the kit, which both
+# install (its "node" phase; or its end). Beside the rest of the host suite: that one
+# mostly waits. (Measured: the host's scenario 11 and a guest cluster side by side
+# both passed.)
+guest_cluster() {
+  local rc=0
+  have_kit "the guest cluster" || { rc=$?; [ $rc = 2 ] && return 0; return $rc; }
+  local start=$SECONDS
+  until [ -e "$JOB_LOGS/vm.exit" ] &&
+    { [ -e "$JOB_LOGS/cluster.exit" ] || grep -q '^==== cluster: node ' "$JOB_LOGS/cluster.log"; }; do sleep 5; done
+  echo "guest cluster: waited $((SECONDS - start))s for the VM suite and the host node's packages"
   start=$SECONDS
-  until [ -e "$JOB_LOGS/vm.exit" ]; do sleep 5; done
-  echo "guest cluster: waited $((SECONDS - start))s for the VM suite to end"
-  start=$SECONDS
-  nice -n 10 tests/vm/cluster.sh --classes lvm-thin,lvm,pmem 1 2 3 6 || rc=$?
+  tests/vm/cluster.sh --classes lvm-thin,lvm,pmem 1 2 3 6 || rc=$?
   echo "guest cluster (lvm-thin, lvm, pmem): $((SECONDS - start))s (budget 1800s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the guest cluster failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 1800 ] || { echo "tests/all.sh: the guest cluster took over 30 minutes" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh, then tests/vm/cluster.sh on lvm-thin, lvm and pmem), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on lvm-thin, lvm and pmem, once the VM suite is done), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
 background cluster 0 cluster_suite
+background guest-cluster 10 guest_cluster
 finish fuzz-build
 if [ ${#failed[@]} = 0 ]; then
   background fuzz 10 fuzz/run.sh "${LOCALVOL_FUZZ_SECONDS:-30}"
   finish fuzz
 fi
-finish cluster vm
+finish cluster vm guest-cluster
 [ ${#failed[@]} = 0 ] || { report_failed; echo "tests/all.sh: failed: ${failed[*]}" >&2; exit 1; }
 
 echo

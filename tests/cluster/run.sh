@@ -2,7 +2,7 @@
 # tests/cluster/run.sh - localvol on a real single-node Kubernetes cluster (kubelet,
 # containerd, the real CSI sidecars), deployed from deploy/ through a test overlay.
 #
-#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..10 or their names; all by default)
+#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..11 or their names; all by default)
 #
 # Needs the kube-kit at ../shared/kube-kit next to the repository (or KUBE_KIT=DIR) and
 # the apt mirror for the image's root filesystem (cached in /var/cache/localvol-image).
@@ -38,7 +38,7 @@ for f in "$HERE"/scenarios/*.sh; do source "$f"; done
 EXTRA_SCENARIOS=()
 if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi   # sets EXTRA_SCENARIOS
 
-ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s)
+ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s s11_e2e_storage)
 select_scenarios "$@"
 
 [ "$(id -u)" = 0 ] || { echo "tests/cluster/run.sh: run as root" >&2; exit 1; }
@@ -192,9 +192,9 @@ kubectl -n csi-addons-system create configmap csi-addons-config --from-literal=c
 kubectl apply -k "$OVERLAY" >"$LOGS/apply.log"
 wait_until 120 "DaemonSet localvol-node Ready" daemon_ready
 
-# Scenario 9: the VolumeSnapshot CRDs and snapshot-controller, on the host like the rest
+# Scenarios 9 and 11: the VolumeSnapshot CRDs and snapshot-controller, on the host like the rest
 # of the control plane, with the flag node-local drivers need (deploy/components/csi-snapshotter).
-if [[ " ${selected[*]} " == *" s9_snapshots "* ]]; then
+if [[ " ${selected[*]} " == *" s9_snapshots "* || " ${selected[*]} " == *" s11_e2e_storage "* ]]; then
   phase "snapshot CRDs and snapshot-controller"
   for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
     kubectl apply -f "$KIT/recipe/snapshot-crds/snapshot.storage.k8s.io_$crd.yaml" >>"$LOGS/apply.log"
