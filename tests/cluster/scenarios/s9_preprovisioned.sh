@@ -11,26 +11,7 @@ s9_preprovisioned() { # NAMESPACE HANDLE TOKEN SOURCE
   local ns=$1 handle=$2 token=$3 policy name
   for policy in Retain Delete; do
     name=pre-${policy,,}
-    k apply -f - >/dev/null <<YAML
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshotContent
-metadata:
-  name: $name-$ns
-  labels: {snapshot.storage.kubernetes.io/managed-by: $NODE}
-spec:
-  deletionPolicy: $policy
-  driver: localvol.csi.dev
-  source: {snapshotHandle: $handle}
-  volumeSnapshotClassName: localvol
-  volumeSnapshotRef: {name: $name, namespace: $ns}
----
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: $name, namespace: $ns}
-spec:
-  volumeSnapshotClassName: localvol
-  source: {volumeSnapshotContentName: $name-$ns}
-YAML
+    s9_make_preprovisioned "$ns" "$name" "$handle" "$policy" "$NODE"
     wait_until 60 "pre-provisioned VolumeSnapshot $name ($policy) ready to use" s9_snapshot_ready "$ns" "$name"
     [ "$(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}')" = 64Mi ] ||
       fail "$name: restoreSize $(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}'), expected 64Mi"
@@ -81,25 +62,7 @@ YAML
   [ -f "$S9_SNAPSHOTS/$token.img" ] && [ -f "$S9_SNAPSHOTS/$token.json" ] ||
     fail "deleting the Retain content $content deleted snapshot $handle"
 
-  k apply -f - >/dev/null <<YAML
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshotContent
-metadata:
-  name: $name-$ns
-spec:
-  deletionPolicy: Delete
-  driver: localvol.csi.dev
-  source: {snapshotHandle: $handle}
-  volumeSnapshotClassName: localvol
-  volumeSnapshotRef: {name: $name, namespace: $ns}
----
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: $name, namespace: $ns}
-spec:
-  volumeSnapshotClassName: localvol
-  source: {volumeSnapshotContentName: $name-$ns}
-YAML
+  s9_make_preprovisioned "$ns" "$name" "$handle" Delete ""
   wait_until 60 "unlabelled pre-provisioned VolumeSnapshot $name ready to use" s9_snapshot_ready "$ns" "$name"
   label=$(k get volumesnapshotcontent "$name-$ns" -o jsonpath='{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}')
   [ "$label" = "$NODE" ] || fail "$name: content $name-$ns labelled managed-by=${label:-(none)}, expected $NODE"
@@ -112,4 +75,32 @@ YAML
   [ ! -e "$S9_SNAPSHOTS/$token.img" ] && [ ! -e "$S9_SNAPSHOTS/$token.json" ] ||
     fail "$name: snapshot $handle left on the host after its Delete content went"
   note "NOTE s9: pre-provisioned content for $handle made without a label: the daemon labelled it for $NODE, Delete deleted it"
+}
+
+# A VolumeSnapshotContent NAME-NAMESPACE made by hand for HANDLE with deletionPolicy
+# POLICY, and the VolumeSnapshot NAME bound to it; the content is labelled managed-by
+# NODE, or not at all when NODE is empty.
+s9_make_preprovisioned() { # NAMESPACE NAME HANDLE POLICY NODE
+  local ns=$1 name=$2 labels=""
+  [ -z "$5" ] || labels="labels: {snapshot.storage.kubernetes.io/managed-by: $5}"
+  k apply -f - >/dev/null <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotContent
+metadata:
+  name: $name-$ns
+  $labels
+spec:
+  deletionPolicy: $4
+  driver: localvol.csi.dev
+  source: {snapshotHandle: $3}
+  volumeSnapshotClassName: localvol
+  volumeSnapshotRef: {name: $name, namespace: $ns}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: $name, namespace: $ns}
+spec:
+  volumeSnapshotClassName: localvol
+  source: {volumeSnapshotContentName: $name-$ns}
+YAML
 }
