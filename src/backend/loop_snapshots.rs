@@ -290,11 +290,8 @@ impl LoopBackend {
         }
         let source = self.require_record(&spec.source).await?;
         let _allocation = self.allocation.lock().await;
-        let needed = self.allocated_bytes(&spec.source).await?;
-        let available = self.capacity().await?.available;
-        if needed > available {
-            return Err(self.no_space(needed, available));
-        }
+        self.ensure_space(self.allocated_bytes(&spec.source).await?)
+            .await?;
         let created = SystemTime::now();
         let image = self.image_path(&spec.source);
         let target = self.snapshot_image(&spec.token);
@@ -357,10 +354,7 @@ impl LoopBackend {
             }
         };
         let _allocation = self.allocation.lock().await;
-        let available = self.capacity().await?.available;
-        if spec.size_bytes > available {
-            return Err(self.no_space(spec.size_bytes, available));
-        }
+        self.ensure_space(spec.size_bytes).await?;
         let target = self.image_path(&spec.token);
         let frozen_token = match source {
             CopySource::Volume { token, .. } => token,

@@ -16,11 +16,13 @@ use tokio::sync::Mutex;
 use tracing::warn;
 
 use super::files;
-use super::{BackendError, ClassCapacity, CreateSpec, FormatMark, StoreUsage, VolumeRecord};
+use super::{BackendError, CreateSpec, FormatMark, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType};
 use crate::host::Host;
 use crate::model::ClaimRef;
 use crate::model::{ClassName, Token, VolumeId, VolumeMode};
+
+use capacity::Reservation;
 
 /// Loop volumes are sized in whole MiB.
 pub const ALIGNMENT: u64 = 1 << 20;
@@ -170,62 +172,6 @@ impl LoopBackend {
         Ok(records)
     }
 
-    /// Bytes promised to volumes, and bytes of those promises not yet backed by disk.
-    /// Two trips to the blocking pool whatever the number of volumes: every create
-    /// makes this count under the allocation lock.
-    async fn allocated(&self) -> Result<(u64, u64), BackendError> {
-        let records = self.list().await?;
-        let images = records.iter().map(|r| self.image_path(&r.id.token)).collect();
-        let used = files::allocated_bytes_of(&self.dir, images).await?;
-        let mut promised = 0u64;
-        let mut unbacked = 0u64;
-        for (record, used) in records.iter().zip(used) {
-            promised += record.size_bytes;
-            unbacked += record.size_bytes.saturating_sub(used);
-        }
-        // Snapshots are never written: what they hold on disk is all they will take.
-        promised += self.snapshot_bytes().await?;
-        // Creates under way: nothing of theirs is on disk yet that a record would count.
-        let reserved = *self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-        promised += reserved;
-        unbacked += reserved;
-        Ok((promised, unbacked))
-    }
-
-    pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
-        let (promised, unbacked) = self.allocated().await?;
-        let disk = self.host.syscalls.statvfs(&self.dir).await?;
-        // Every existing volume may still fill up: the disk must hold that first.
-        let disk_free = disk.available_bytes.saturating_sub(unbacked);
-        let available = self.capacity_limit.saturating_sub(promised).min(disk_free);
-        let available = available / ALIGNMENT * ALIGNMENT;
-        Ok(ClassCapacity {
-            available,
-            total: self.capacity_limit.min(disk.total_bytes),
-            max_volume: available,
-        })
-    }
-
-    /// The filesystem holding the class's directory, as statvfs counts it (the class
-    /// shares it with whatever else is on that disk).
-    pub async fn store_usage(&self) -> Result<StoreUsage, BackendError> {
-        let disk = self.host.syscalls.statvfs(&self.dir).await?;
-        Ok(StoreUsage {
-            size_bytes: disk.total_bytes,
-            used_bytes: disk.used_bytes,
-            free_bytes: disk.available_bytes,
-            thin_pool: None,
-        })
-    }
-
-    fn no_space(&self, requested: u64, available: u64) -> BackendError {
-        BackendError::NoSpace {
-            class: self.class.clone(),
-            requested,
-            available,
-        }
-    }
-
     pub async fn create(&self, spec: &CreateSpec) -> Result<VolumeRecord, BackendError> {
         if let Some(existing) = self.get(&spec.token).await? {
             return Ok(existing);
@@ -234,10 +180,7 @@ impl LoopBackend {
         // tens of milliseconds, and a burst of creates would otherwise wait in line.
         let _reservation = {
             let _allocation = self.allocation.lock().await;
-            let available = self.capacity().await?.available;
-            if spec.size_bytes > available {
-                return Err(self.no_space(spec.size_bytes, available));
-            }
+            self.ensure_space(spec.size_bytes).await?;
             Reservation::new(&self.reserved, spec.size_bytes)
         };
         let made = self.make(spec).await;
@@ -359,11 +302,7 @@ impl LoopBackend {
         if size_bytes <= file.size_bytes {
             return Ok(file.size_bytes);
         }
-        let growth = size_bytes - file.size_bytes;
-        let available = self.capacity().await?.available;
-        if growth > available {
-            return Err(self.no_space(growth, available));
-        }
+        self.ensure_space(size_bytes - file.size_bytes).await?;
         let image = self.image_path(token);
         files::blocking(&image.clone(), move || {
             let img = std::fs::OpenOptions::new()
@@ -460,27 +399,8 @@ fn remove_files([record, rest @ ..]: &[PathBuf; 4]) -> Result<(), BackendError> 
     rest.iter().map(remove).fold(Ok(()), Result::and)
 }
 
-/// Bytes a create has promised itself until its record (which counts them from then on)
-/// is written; given back when the create ends, however it ends. Until then they are
-/// counted twice, which only errs on the side of refusing.
-struct Reservation<'a> {
-    reserved: &'a std::sync::Mutex<u64>,
-    bytes: u64,
-}
-
-impl<'a> Reservation<'a> {
-    fn new(reserved: &'a std::sync::Mutex<u64>, bytes: u64) -> Self {
-        *reserved.lock().unwrap_or_else(|p| p.into_inner()) += bytes;
-        Self { reserved, bytes }
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        *self.reserved.lock().unwrap_or_else(|p| p.into_inner()) -= self.bytes;
-    }
-}
-
+#[path = "loop_capacity.rs"]
+mod capacity;
 #[path = "loop_devices.rs"]
 mod devices;
 #[path = "loop_snapshots.rs"]
