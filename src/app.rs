@@ -70,6 +70,9 @@ pub async fn open_volumes(
         .clone();
     let mut volumes = Volumes::new(backends, default_class, default_fs, host, node_id.to_string());
     volumes.set_class_mount_options(mount_options);
+    volumes
+        .keep_placed_paths_in(data_dir.join("placed"))
+        .context("reading the record of staged and published paths")?;
     volumes.add_missing_classes(missing, opener);
     Ok(volumes)
 }

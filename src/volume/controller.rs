@@ -155,10 +155,13 @@ impl Volumes {
     pub async fn delete(&self, guard: &VolumeGuard, id: &VolumeId) -> Result<(), VolumeError> {
         guard_matches(guard, id);
         match self.backend_of(id) {
-            Ok(backend) => Ok(backend.delete(&id.token).await?),
-            Err(VolumeError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
+            Ok(backend) => backend.delete(&id.token).await?,
+            Err(VolumeError::NotFound(_)) => {}
+            Err(e) => return Err(e),
         }
+        // Gone: no path is its stage or publication any more.
+        self.placed.forget(id).await;
+        Ok(())
     }
 
     pub async fn expand(

@@ -10,6 +10,7 @@ mod controller;
 mod grow;
 mod node;
 mod ownership;
+mod placed;
 mod publish;
 mod snapshots;
 mod targets;
@@ -165,8 +166,8 @@ pub struct Volumes {
     mount_options: BTreeMap<ClassName, Vec<String>>,
     host: Host,
     node_id: String,
-    /// Where this daemon staged and published each volume (`ownership::PlacedPaths`).
-    placed: ownership::PlacedPaths,
+    /// Where this daemon staged and published each volume (`placed::PlacedPaths`).
+    placed: placed::PlacedPaths,
 }
 
 impl Volumes {
@@ -190,7 +191,7 @@ impl Volumes {
             mount_options: BTreeMap::new(),
             host,
             node_id,
-            placed: ownership::PlacedPaths::default(),
+            placed: placed::PlacedPaths::default(),
         }
     }
 
@@ -198,6 +199,13 @@ impl Volumes {
     /// (so a request can still override one, `atime` after a class's `noatime`).
     pub fn set_class_mount_options(&mut self, options: BTreeMap<ClassName, Vec<String>>) {
         self.mount_options = options;
+    }
+
+    /// Keeps the record of where this daemon staged and published each volume in
+    /// `dir`, and takes up the one an earlier daemon left there (`placed::PlacedPaths`).
+    pub fn keep_placed_paths_in(&mut self, dir: PathBuf) -> Result<(), VolumeError> {
+        self.placed = placed::PlacedPaths::load(dir)?;
+        Ok(())
     }
 
     pub fn node_id(&self) -> &str {

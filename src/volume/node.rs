@@ -4,7 +4,8 @@
 use tracing::{info, warn};
 
 use super::grow::GrowAfterMount;
-use super::ownership::{Holding, Identity, Role, describe, holding, refuse_mounts_below, refuse_other};
+use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below, refuse_other};
+use super::placed::Role;
 use super::targets::create_dir;
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, FormatMark, VolumeRecord};
@@ -70,7 +71,7 @@ impl Volumes {
             .refuse_role(&req.id, staging, "staging_target_path", Role::Publication)?;
         self.placed.refuse_inside("staging_target_path", staging)?;
         if self.stage_at(req).await? == Staged::Now {
-            self.placed.place(&req.id, staging, Role::Stage);
+            self.placed.place(&req.id, staging, Role::Stage).await;
         }
         Ok(())
     }
@@ -274,7 +275,7 @@ impl Volumes {
         self.placed
             .refuse_role(&req.id, staging, "staging_target_path", Role::Publication)?;
         self.unmount_stage(req).await?;
-        self.placed.unplace(&req.id, staging, Role::Stage);
+        self.placed.unplace(&req.id, staging, Role::Stage).await;
         Ok(())
     }
 

@@ -6,15 +6,13 @@
 //! block volume's target is a bind of its device node, which shows as devtmpfs with the
 //! node's name as the mount's root.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
 
 use super::targets::nothing_below;
 use super::{VolumeError, Volumes, check_no_symlinks, io_error};
 use crate::backend::Backend;
 use crate::host::MountedAt;
-use crate::model::{Token, ValidationError, VolumeId};
+use crate::model::{Token, VolumeId};
 use crate::mount::{MountEntry, MountTable};
 use crate::request::HostPath;
 
@@ -118,111 +116,6 @@ pub(super) fn refuse_mounts_below(table: &MountTable, path: &Path) -> Result<(),
             holder: format!("{} mounted below it at {}", describe(e), e.mount_point.display()),
         }),
         None => Ok(()),
-    }
-}
-
-/// What a path is to a volume, as this daemon made it: where NodeStageVolume mounted
-/// (raw block: attached) it, or where NodePublishVolume bound it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
-    Stage,
-    Publication,
-}
-
-/// The paths this daemon staged and published each volume at, by its own mounts: what
-/// the mount table cannot say. A staging mount and a bind of it at a target are the same
-/// mount of the same filesystem root; mountinfo shows them alike in every field but the
-/// mount id (device, root `/`, source, options, peer group), so an ownership proof alone
-/// lets NodeUnpublishVolume take the staging path for a target, and NodeUnstageVolume a
-/// target for the staging path. This record tells them apart without any assumption
-/// about where kubelet keeps either path.
-///
-/// A path is recorded only when this daemon mounted (or, raw block, attached) the volume
-/// there itself, never when a call found it done already (a request could name a
-/// publication as its staging path and be answered "already staged"), and forgotten when
-/// the unstage or unpublish of that path succeeds. Memory only: after a restart the
-/// paths of earlier calls are unknown and those calls are proven from the mount table
-/// alone, as before, until the volume is staged or published again.
-///
-/// Keyed by path: two volumes cannot be mounted at one path at once.
-#[derive(Debug, Default)]
-pub(super) struct PlacedPaths(Mutex<BTreeMap<PathBuf, (VolumeId, Role)>>);
-
-impl PlacedPaths {
-    fn paths(&self) -> std::sync::MutexGuard<'_, BTreeMap<PathBuf, (VolumeId, Role)>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Records that this daemon made `path` the volume's stage or a publication of it.
-    pub(super) fn place(&self, id: &VolumeId, path: &Path, role: Role) {
-        self.paths().insert(path.to_path_buf(), (id.clone(), role));
-    }
-
-    /// Forgets `path` as the volume's `role` once the unstage or unpublish of it succeeded.
-    pub(super) fn unplace(&self, id: &VolumeId, path: &Path, role: Role) {
-        let mut paths = self.paths();
-        if paths.get(path).is_some_and(|(i, r)| i == id && *r == role) {
-            paths.remove(path);
-        }
-    }
-
-    /// Refuses a call that names, as its `field`, a path this daemon made the volume's
-    /// `other` role: NodeUnpublishVolume at the staging path, NodeUnstageVolume or
-    /// NodeStageVolume at a target. INVALID_ARGUMENT, naming the volume and the path; the
-    /// caller checks this before it touches the host.
-    pub(super) fn refuse_role(
-        &self,
-        id: &VolumeId,
-        path: &Path,
-        field: &'static str,
-        other: Role,
-    ) -> Result<(), VolumeError> {
-        let role = self
-            .paths()
-            .get(path)
-            .filter(|(i, _)| i == id)
-            .map(|(_, role)| *role);
-        if role != Some(other) {
-            return Ok(());
-        }
-        let path = path.display();
-        let reason = match other {
-            Role::Stage => format!(
-                "{path} is where volume {id} is staged, not a target it is published at; \
-                 NodeUnstageVolume undoes a stage"
-            ),
-            Role::Publication => format!(
-                "{path} is a target volume {id} is published at, not where it is staged; \
-                 NodeUnpublishVolume undoes a publish"
-            ),
-        };
-        Err(VolumeError::Invalid(ValidationError::Invalid { field, reason }))
-    }
-
-    /// Refuses, as its `field`, a path strictly below one this daemon staged or published
-    /// any volume at: inside a volume's filesystem (or a raw block volume's staging
-    /// directory), where kubelet makes no staging or target path and where a stage or
-    /// publish would make a directory and mount over tenant data, and an unpublish would
-    /// remove an empty directory or file of the tenant's. INVALID_ARGUMENT, before
-    /// anything is touched.
-    pub(super) fn refuse_inside(&self, field: &'static str, path: &Path) -> Result<(), VolumeError> {
-        let paths = self.paths();
-        let Some((placed_at, (id, role))) = path.ancestors().skip(1).find_map(|a| paths.get_key_value(a))
-        else {
-            return Ok(());
-        };
-        let role = match role {
-            Role::Stage => "staged",
-            Role::Publication => "published",
-        };
-        Err(VolumeError::Invalid(ValidationError::Invalid {
-            field,
-            reason: format!(
-                "{} is inside {}, where volume {id} is {role}",
-                path.display(),
-                placed_at.display()
-            ),
-        }))
     }
 }
 

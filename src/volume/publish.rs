@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use tracing::info;
 
 use super::node::check_access;
-use super::ownership::{Holding, Identity, Role, describe, holding, refuse_mounts_below};
+use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below};
+use super::placed::Role;
 use super::targets::{create_dir, create_file, remove_target};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::Backend;
@@ -88,7 +89,7 @@ impl Volumes {
             AccessType::Block => create_file(target).await?,
         }
         mount::bind(&self.host, &source, target, req.read_only).await?;
-        self.placed.place(&req.id, target, Role::Publication);
+        self.placed.place(&req.id, target, Role::Publication).await;
         Ok(())
     }
 
@@ -104,7 +105,7 @@ impl Volumes {
             .refuse_role(&req.id, target, "target_path", Role::Stage)?;
         self.placed.refuse_inside("target_path", target)?;
         self.unbind(req).await?;
-        self.placed.unplace(&req.id, target, Role::Publication);
+        self.placed.unplace(&req.id, target, Role::Publication).await;
         Ok(())
     }
 

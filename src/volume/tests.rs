@@ -47,7 +47,8 @@ impl Fixture {
             commands: commands.clone(),
             syscalls: Arc::new(syscalls.clone()),
         };
-        let volumes = Volumes::one_loop_class(dir.path(), host, "node-a");
+        let mut volumes = Volumes::one_loop_class(dir.path(), host, "node-a");
+        volumes.keep_placed_paths_in(dir.path().join("placed")).unwrap();
         Self {
             volumes,
             locks: VolumeLocks::default(),
@@ -55,6 +56,18 @@ impl Fixture {
             syscalls,
             dir,
         }
+    }
+
+    /// The daemon restarted: a new `Volumes` on the same host, data directory and mounts.
+    fn restart(&mut self) {
+        let host = Host {
+            commands: self.commands.clone(),
+            syscalls: Arc::new(self.syscalls.clone()),
+        };
+        self.volumes = Volumes::one_loop_class(self.dir.path(), host, "node-a");
+        self.volumes
+            .keep_placed_paths_in(self.dir.path().join("placed"))
+            .unwrap();
     }
 
     fn path(&self, name: &str) -> PathBuf {

@@ -487,6 +487,18 @@ pub async fn run(scratch: PathBuf, backend: Backend) {
     )
     .await;
     own_paths_in_the_wrong_role(&mut t, &a, &b, &root).await;
+    // What tells A's staging path from its target is kept across a restart of the
+    // daemon, with A staged and published: the same calls are refused again.
+    let d = {
+        let dir = d.stop().await;
+        let d = Daemon::start_in(dir, &args).await;
+        t.node = d.node().await;
+        t.client = d.client().await;
+        t.controller = d.controller().await;
+        t.reclaim = ReclaimSpaceNodeClient::new(connect(&d.addons_socket).await);
+        d
+    };
+    own_paths_in_the_wrong_role(&mut t, &a, &b, &root).await;
     paths_inside_another_volume(&mut t, &f, &root).await;
     t.case(
         "unpublish F at a directory with content, holding nothing: kept",

@@ -75,6 +75,53 @@ async fn unpublish_at_the_volumes_own_staging_path_is_refused_and_unmounts_nothi
     f.unpublish(&id, "stage").await.unwrap();
 }
 
+/// The record outlives the daemon: after a restart, with the volume staged and
+/// published, every call naming a path in the other role is refused as before.
+#[tokio::test]
+async fn a_restarted_daemon_still_tells_the_stage_from_a_target() {
+    let mut f = Fixture::new();
+    let id = f.published("pvc-1", "target").await;
+    f.restart();
+    let mounts = f.mount_calls();
+    let err = f.unpublish(&id, "stage").await.unwrap_err();
+    assert_refused(err, "target_path", &id, &f.path("stage"));
+    let err = f.unstage(&id, "target").await.unwrap_err();
+    assert_refused(err, "staging_target_path", &id, &f.path("target"));
+    assert_eq!(f.mount_calls(), mounts, "nothing mounted or unmounted");
+    assert!(f.path("stage").is_dir());
+    // The legitimate teardown forgets every path, on disk too.
+    f.unpublish(&id, "target").await.unwrap();
+    f.unstage(&id, "stage").await.unwrap();
+    assert!(f.syscalls.mount_points().is_empty());
+    assert_eq!(std::fs::read_dir(f.path("placed")).unwrap().count(), 0);
+
+    // A raw block volume's staging directory, which holds no mount at all.
+    let block = f.create("pvc-b", AccessType::Block).await;
+    f.stage(&f.stage_req(&block, AccessType::Block)).await.unwrap();
+    f.restart();
+    let err = f.unpublish(&block, "stage").await.unwrap_err();
+    assert_refused(err, "target_path", &block, &f.path("stage"));
+    assert!(f.path("stage").is_dir(), "the staging directory is kept");
+    f.unstage(&block, "stage").await.unwrap();
+    assert_eq!(std::fs::read_dir(f.path("placed")).unwrap().count(), 0);
+}
+
+/// A deleted volume leaves no record behind: its paths may be anyone's next.
+#[tokio::test]
+async fn delete_forgets_the_volumes_paths() {
+    let f = Fixture::new();
+    let id = f.create("pvc-1", ext4()).await;
+    f.stage(&f.stage_req(&id, ext4())).await.unwrap();
+    assert!(f.path("placed").join(id.to_string()).is_file());
+    // A crash between the unmount and the record's update leaves a stale path; the
+    // volume's deletion drops it.
+    f.syscalls.umount(&f.path("stage")).await.unwrap();
+    f.syscalls.loop_detach(Path::new(LOOP_DEV)).await.unwrap();
+    let guard = f.locks.try_lock(&id.token, "delete").unwrap();
+    f.volumes.delete(&guard, &id).await.unwrap();
+    assert!(!f.path("placed").join(id.to_string()).exists());
+}
+
 #[tokio::test]
 async fn unpublish_at_the_staging_path_is_refused_with_no_publication_too() {
     let f = Fixture::new();
