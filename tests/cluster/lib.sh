@@ -52,6 +52,7 @@ wait_until() {
 }
 
 pod_phase_is() { [ "$(k -n "$1" get pod "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
+claim_phase_is() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
 gone() { ! k get "$@" -o name >/dev/null 2>&1; }
 pvc_bound() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" = Bound ]; }
 pv_of() { k -n "$1" get pvc "$2" -o jsonpath='{.spec.volumeName}'; }

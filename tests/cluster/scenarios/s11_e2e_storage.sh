@@ -19,10 +19,6 @@ S11_SKIP=(
   'should not mount / map unused volumes in a pod'
   # SELinux mount options: Debian's kernel here runs without SELinux.
   '\[Feature:SELinux\]'
-  # Not outside localvol, but its design (README.md, "Immediate"): a claim of an
-  # Immediate class is never provisioned (each node's external-provisioner runs with
-  # --node-deployment-immediate-binding=false), so these wait out their timeout.
-  'immediate.binding'
 )
 # Skipped in the default run only, for CI's time: minutes per spec, over the calls the
 # kept specs make (xfs and ext3 patterns, many pods on one volume, stress).

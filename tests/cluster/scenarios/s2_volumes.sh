@@ -2,7 +2,8 @@
 # provisioned on this node, data written and read back, pod deleted -> unpublished and
 # unstaged (no mount, no loop device), claim deleted -> volume and backing file gone.
 # For the class of lib.sh's CLASS_KIND (loop: backing files; lvm, lvm-thin: LVs, whose
-# device-mapper device the pod's mount must be).
+# device-mapper device the pod's mount must be). On loop (the host suite) also a claim of
+# an Immediate class, which does not depend on the backend (s2_immediate).
 s2_volumes() {
   local ns=lvtest-s2
   new_namespace $ns
@@ -43,5 +44,39 @@ s2_volumes() {
   k -n $ns delete pvc raw --wait=true >/dev/null
   wait_until 60 "PV $PV deleted" gone pv "$PV"
   backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left after the volume was deleted"
+  if [ "$CLASS_KIND" = loop ]; then s2_immediate $ns; fi
   delete_namespace $ns
+}
+
+# A claim of an Immediate class whose allowedTopologies name this node: with no pod, the
+# node's external-provisioner makes itself the claim's selected node (after its random
+# delay, --node-deployment-base-delay, 20 s) and provisions it there; a pod then follows
+# the volume to the node.
+s2_immediate() { # NAMESPACE
+  local ns=$1 sc=localvol-immediate-s2
+  k apply -f - >/dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $sc}
+provisioner: $DRIVER
+volumeBindingMode: Immediate
+parameters: {localvol.csi.dev/device-class: $DEVICE_CLASS, csi.storage.k8s.io/fstype: $FSTYPE}
+allowedTopologies:
+  - matchLabelExpressions: [{key: topology.localvol.csi.dev/node, values: [$NODE]}]
+YAML
+  apply_pvc $ns now "$FS_SIZE" $sc >/dev/null
+  wait_until 120 "Immediate claim bound with no pod" claim_phase_is $ns now Bound
+  [ "$(k -n $ns get pvc now -o jsonpath='{.metadata.annotations.volume\.kubernetes\.io/selected-node}')" = "$NODE" ] ||
+    fail "the Immediate claim's selected node is not $NODE"
+  volume_facts $ns now
+  apply_pod $ns nowapp fs now >/dev/null
+  wait_until 90 "pod with the Immediate claim Running" pod_phase_is $ns nowapp Running
+  k -n $ns exec nowapp -- sh -c 'echo immediate-s2 > /data/f && sync' || fail "writing into the Immediate volume"
+  [ "$(k -n $ns exec nowapp -- cat /data/f)" = immediate-s2 ] || fail "Immediate volume: data read back differs"
+  k -n $ns delete pod nowapp --wait=true >/dev/null
+  wait_until 60 "Immediate volume unpublished and unstaged" released "$PV" "$BACKING"
+  k -n $ns delete pvc now --wait=true >/dev/null
+  wait_until 60 "PV $PV deleted" gone pv "$PV"
+  backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left after the Immediate volume was deleted"
+  k delete storageclass $sc >/dev/null
 }
