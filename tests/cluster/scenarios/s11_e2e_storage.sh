@@ -2,7 +2,9 @@
 # against the loop class, as the reference CSI driver runs them for conformance: the
 # driver is described by tests/e2e/driver-loop.yaml, the deployment is this run's overlay
 # with the csi-snapshotter sidecar (tests/cluster/overlays/snapshots) and the
-# snapshot-controller run.sh started. Every spec that runs must pass.
+# snapshot-controller run.sh started. Every spec that runs must pass. In the VM guest's
+# cluster (tests/vm/cluster.sh --classes lvm-thin 11) the same promises on the lvm-thin
+# class, ext4 as the default fs, focus S11_GUEST_FOCUS.
 #
 # Which specs: LOCALVOL_E2E_FOCUS (a ginkgo regex, default S11_FOCUS below: the suites
 # of a CSI driver's conformance run, without [Slow], sized for CI) or
@@ -13,17 +15,20 @@ S11_SKIP=(
   # ssh to the node and kubelet restarts: this harness has neither (the kit's README).
   '\[Disruptive\]'
   '\[Serial\]'
-  # A pod entering PID 1's mount namespace to inspect the node's directories: this
-  # sandbox's init forbids it on the host (the kit's README).
-  'should unmount if pod is'
-  'should not mount / map unused volumes in a pod'
   # SELinux mount options: Debian's kernel here runs without SELinux.
   '\[Feature:SELinux\]'
 )
+# A pod entering PID 1's mount namespace to inspect the node's directories: this
+# sandbox's init forbids it on the host (the kit's README). Run in the VM guest's
+# cluster, whose PID 1 is its own init (tests/vm/cluster.sh --classes lvm-thin 11).
+S11_HOST_SKIP=('should not mount / map unused volumes in a pod')
 # Skipped in the default run only, for CI's time: minutes per spec, over the calls the
 # kept specs make (xfs and ext3 patterns, many pods on one volume, stress).
 S11_CI_SKIP=('\[Slow\]')
 S11_FOCUS='External.Storage.*\] (provisioning|volumes|volumeMode|volumeIO|volume-expand|snapshottable|ephemeral|read-write-once-pod|fsgroupchangepolicy|subPath|multiVolume|capacity|topology) '
+# In the VM guest's cluster: what this machine cannot run on the host, on ext4
+# (S11_FSTYPE): online growth (volume-expand) and the PID 1 specs (volumeMode).
+S11_GUEST_FOCUS='External.Storage.*\] (volume-expand |volumeMode should not mount / map unused volumes in a pod)'
 
 s11_e2e_storage() {
   local kit_bin=$KUBE_KIT_BIN work focus skip procs
@@ -34,13 +39,23 @@ s11_e2e_storage() {
   for tar in "$work"/images/*.tar; do
     ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images import "$tar" >/dev/null
   done
-  k apply -k "$HERE/overlays/snapshots" >/dev/null
-  trap s11_restore EXIT
-  wait_until 120 "DaemonSet with the csi-snapshotter sidecar rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
-  wait_until 30 "csi-snapshotter sidecar ready" s9_sidecar_ready
+  local driver skips=("${S11_SKIP[@]}") default_focus=$S11_FOCUS
+  if [ "$CLASS_KIND" = loop ]; then
+    k apply -k "$HERE/overlays/snapshots" >/dev/null
+    trap s11_restore EXIT
+    wait_until 120 "DaemonSet with the csi-snapshotter sidecar rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
+    wait_until 30 "csi-snapshotter sidecar ready" s9_sidecar_ready
+    driver=$REPO/tests/e2e/driver-loop.yaml
+    skips+=("${S11_HOST_SKIP[@]}")
+  else
+    # The VM guest's cluster (tests/vm/cluster.sh): the class's shipped overlay, without
+    # the snapshot component, so the focus there leaves out snapshottable.
+    trap s11_restore EXIT
+    driver=$(s11_class_driver)
+    default_focus=$S11_GUEST_FOCUS
+  fi
 
-  focus=${LOCALVOL_E2E_FOCUS:-$S11_FOCUS}
-  local skips=("${S11_SKIP[@]}")
+  focus=${LOCALVOL_E2E_FOCUS:-$default_focus}
   if [ "$focus" = all ]; then focus='External.Storage'; else skips+=("${S11_CI_SKIP[@]}"); fi
   skip=$(IFS='|'; echo "${skips[*]}")
   procs=${LOCALVOL_E2E_PROCS:-2}
@@ -49,7 +64,7 @@ s11_e2e_storage() {
   (cd "$REPO" && "$kit_bin/ginkgo" --procs="$procs" --timeout=2h --no-color --succinct \
       --focus="$focus" --skip="$skip" --output-dir="$work" --junit-report=junit.xml \
       "$kit_bin/e2e.test" -- \
-      -storage.testdriver="$REPO/tests/e2e/driver-loop.yaml" -repo-root="$REPO" \
+      -storage.testdriver="$driver" -repo-root="$REPO" \
       -provider=local -node-os-distro=debian -allowed-not-ready-nodes=0 \
       -kubectl-path="$kit_bin/kubectl" -disable-log-dump -kubeconfig="$KUBECONFIG") \
       >"$work/ginkgo.log" 2>&1 || rc=$?
@@ -95,7 +110,25 @@ PY
 }
 
 s11_restore() {
+  [ "$CLASS_KIND" = loop ] || return 0
   k delete volumesnapshot --all --all-namespaces --wait=false >/dev/null 2>&1 || true
   k apply -k "$OVERLAY" >/dev/null
   k delete --ignore-not-found -f "$REPO/deploy/components/csi-snapshotter/rbac.yaml" >/dev/null
+}
+
+# The loop driver's definition for lib.sh's DEVICE_CLASS, made under target/ (e2e.test
+# reads a StorageClass FromFile relative to --repo-root): the same promises, which hold
+# on lvm-thin (snapshots, clones, growth; tests/vm/cluster.sh runs this scenario on that
+# class only), and its StorageClass with S11_FSTYPE (default ext4, which cannot grow
+# online on the host) as the suites' default fs. Prints the driver file's path.
+s11_class_driver() {
+  local dir=target/e2e-$DEVICE_CLASS fs=${S11_FSTYPE:-ext4}
+  mkdir -p "$REPO/$dir"
+  sed -e "s|device-class: loop|device-class: $DEVICE_CLASS|" -e "s|fstype: xfs|fstype: $fs|" \
+    "$REPO/tests/e2e/storageclass-loop.yaml" >"$REPO/$dir/storageclass.yaml"
+  sed -e "s|FromFile: tests/e2e/storageclass-loop.yaml|FromFile: $dir/storageclass.yaml|" \
+    -e "s|# the class default: xfs in storageclass-loop.yaml|# the class default: $fs (storageclass.yaml beside this file)|" \
+    "$REPO/tests/e2e/driver-loop.yaml" >"$REPO/$dir/driver.yaml"
+  grep -q "FromFile: $dir/storageclass.yaml" "$REPO/$dir/driver.yaml" || fail "s11_class_driver: the loop driver's FromFile line changed"
+  echo "$REPO/$dir/driver.yaml"
 }
