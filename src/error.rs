@@ -74,7 +74,7 @@ impl Error {
                 OwnerError::NoPodInfo { .. } => "no_pod_info",
                 OwnerError::ClaimNotFound { .. } => "claim_not_found",
                 OwnerError::NotSynced => "k8s_not_synced",
-                OwnerError::Api { .. } | OwnerError::Timeout { .. } => "k8s_api",
+                OwnerError::Api(_) => "k8s_api",
             },
             Error::Reclaim(e) => e.label(),
         }
@@ -141,9 +141,9 @@ fn owner_code(e: &OwnerError) -> Code {
             Code::FailedPrecondition
         }
         // kubelet retries; the check may pass once the API answers or the cache syncs.
-        OwnerError::NotSynced | OwnerError::Timeout { .. } => Code::Unavailable,
-        OwnerError::Api { source, .. } if !crate::k8s::api_is_terminal(source) => Code::Unavailable,
-        OwnerError::Api { .. } => Code::Internal,
+        OwnerError::NotSynced => Code::Unavailable,
+        OwnerError::Api(e) if !e.is_terminal() => Code::Unavailable,
+        OwnerError::Api(_) => Code::Internal,
     }
 }
 

@@ -4,6 +4,9 @@
 //! `mod` declarations from `src/lib.rs` (leaving out `#[cfg(test)]` modules and items:
 //! a test may drive its module through the layers above), and fails on any
 //! `crate::` path that points up and on any import cycle between top-level modules.
+//! It also keeps Kubernetes API calls in one layer: outside `k8s`, code may hold a
+//! client, name objects and watch them, but writes, events, deadlines and the reading
+//! of API errors go through `crate::k8s` (see `every_api_write_event_and_deadline_goes_through_k8s`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -390,6 +393,50 @@ fn every_import_points_down_and_no_modules_import_each_other() {
     assert!(cycles.is_empty(), "import cycles between modules: {cycles:?}");
 }
 
+/// What only `src/k8s/` may name: the parameters of every write (field manager and
+/// all), the event recorder, and the client's error (callers get `k8s::api::ApiError`).
+const K8S_ONLY: [&str; 6] = [
+    "kube::Error",
+    "kube::runtime::events",
+    "PatchParams",
+    "PostParams",
+    "DeleteParams",
+    "Patch::",
+];
+
+/// The names in `code` that only `src/k8s/` may use; a file that talks to the API also
+/// may not set its own deadline (`k8s::api::call` holds the one timeout).
+fn k8s_only_names(code: &str) -> Vec<&'static str> {
+    let mut found: Vec<&'static str> = K8S_ONLY.into_iter().filter(|n| code.contains(n)).collect();
+    if code.contains("kube") && code.contains("tokio::time::timeout") {
+        found.push("tokio::time::timeout");
+    }
+    found
+}
+
+#[test]
+fn every_api_write_event_and_deadline_goes_through_k8s() {
+    let outside: Vec<String> = crate_files()
+        .into_iter()
+        .filter(|(top, _, _)| top != "k8s")
+        .filter_map(|(_, file, code)| {
+            let names = k8s_only_names(&code);
+            (!names.is_empty()).then(|| {
+                format!(
+                    "{}: {}",
+                    file.strip_prefix(src()).unwrap().display(),
+                    names.join(", ")
+                )
+            })
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "Kubernetes API calls made outside src/k8s/ (use crate::k8s::api and crate::k8s::events):\n{}",
+        outside.join("\n")
+    );
+}
+
 #[test]
 fn the_reader_sees_what_it_must() {
     let code = code_only(
@@ -417,4 +464,14 @@ fn the_reader_sees_what_it_must() {
         cycles(&edges),
         [BTreeSet::from(["low".to_string(), "other".to_string()])]
     );
+
+    let own_write = code_only(
+        "use kube::Api; // PatchParams\nasync fn f(api: Api<X>) { api.patch(\"n\", &PatchParams::default(), &p); \
+         tokio::time::timeout(d, api.get(\"n\")).await; }",
+    );
+    assert_eq!(
+        k8s_only_names(&own_write),
+        ["PatchParams", "tokio::time::timeout"]
+    );
+    assert!(k8s_only_names(&code_only("let t = tokio::time::timeout(d, fitrim);")).is_empty());
 }

@@ -13,11 +13,12 @@ use kube::Client;
 use kube::runtime::reflector::Store;
 use tracing::{debug, warn};
 
-use super::events::Events;
+use super::api::API_TIMEOUT;
+use super::events::Recorder;
 use super::lookup::{Lookup, Read, Source};
 use super::owner::{self, ClaimView, Decision, ObjectId, PodView};
 use super::prefetch::Prefetch;
-use super::{API_TIMEOUT, OBJECT_TTL, OwnerError, Synced};
+use super::{OBJECT_TTL, OwnerError, Synced};
 use crate::model::ClaimRef;
 use crate::model::DRIVER_NAME;
 use crate::request::{PodInfo, VolumeContext};
@@ -25,7 +26,7 @@ use crate::request::{PodInfo, VolumeContext};
 #[derive(Debug)]
 pub struct Checker {
     lookup: Arc<Lookup>,
-    events: Events,
+    events: Recorder,
     synced: Synced,
     node: String,
     /// Reads new volumes' claims as their pods arrive; none in tests that build the
@@ -66,7 +67,7 @@ impl Checker {
         timeout: Duration,
     ) -> Self {
         Self {
-            events: Events::new(client, &node, timeout),
+            events: Recorder::driver(client, &node, timeout),
             lookup,
             synced,
             node,

@@ -1,14 +1,19 @@
-//! Kubernetes events (events.k8s.io/v1) for refused volumes, on the pod and the claim so
-//! that `kubectl describe` shows why a pod's volume does not come up. Best effort: a
-//! failure to record is logged, never returned.
+//! Kubernetes events (events.k8s.io/v1): the one recorder every module publishes
+//! through, and the owner check's own events, for refused volumes (on the pod and the
+//! claim, so that `kubectl describe` shows why a pod's volume does not come up) and for
+//! device classes without storage (on the Node). Best effort: a failure to record is
+//! logged, never returned.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, Reporter};
 use tracing::warn;
 
+pub use kube::runtime::events::EventType;
+
+use super::api::{call_within, truncate};
 use super::owner::{ObjectId, Refusal};
 use crate::model::DRIVER_NAME;
 
@@ -17,15 +22,16 @@ pub const REASON_OWNER_MISMATCH: &str = "ClaimOwnerMismatch";
 /// The `reason` of the Warning on the Node for a device class whose storage is missing.
 pub const REASON_STORAGE_MISSING: &str = "DeviceClassStorageMissing";
 
+/// Publishes events as one reporting component on one node, each under a deadline.
 #[derive(Clone)]
-pub struct Events {
-    recorder: Recorder,
+pub struct Recorder {
+    recorder: kube::runtime::events::Recorder,
     timeout: Duration,
 }
 
-impl std::fmt::Debug for Events {
+impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Events").finish_non_exhaustive()
+        f.debug_struct("Recorder").finish_non_exhaustive()
     }
 }
 
@@ -40,17 +46,22 @@ pub fn reference(kind: &str, id: &ObjectId) -> ObjectReference {
     }
 }
 
-impl Events {
-    /// Events report `localvol.csi.dev` on `node` as their source.
-    pub fn new(client: Client, node: &str, timeout: Duration) -> Self {
+impl Recorder {
+    /// Events report `controller` on `node` as their source; each may take `timeout`.
+    pub fn new(client: Client, controller: &str, node: &str, timeout: Duration) -> Self {
         let reporter = Reporter {
-            controller: DRIVER_NAME.to_string(),
+            controller: controller.to_string(),
             instance: Some(node.to_string()),
         };
         Self {
-            recorder: Recorder::new(client, reporter),
+            recorder: kube::runtime::events::Recorder::new(client, reporter),
             timeout,
         }
+    }
+
+    /// The owner check's recorder: events report `localvol.csi.dev` on `node`.
+    pub fn driver(client: Client, node: &str, timeout: Duration) -> Self {
+        Self::new(client, DRIVER_NAME, node, timeout)
     }
 
     /// A Warning on each pod (the claim as related object), then one on the claim.
@@ -59,17 +70,25 @@ impl Events {
         let note = refusal.to_string();
         for pod in pods {
             self.publish(
+                EventType::Warning,
                 REASON_OWNER_MISMATCH,
                 action,
                 &note,
-                reference("Pod", pod),
+                &reference("Pod", pod),
                 Some(pvc.clone()),
             )
             .await;
         }
         let related = pods.first().map(|p| reference("Pod", p));
-        self.publish(REASON_OWNER_MISMATCH, action, &note, pvc, related)
-            .await;
+        self.publish(
+            EventType::Warning,
+            REASON_OWNER_MISMATCH,
+            action,
+            &note,
+            &pvc,
+            related,
+        )
+        .await;
     }
 
     /// A Warning on the Node `node`: a configured device class has no storage there and
@@ -84,48 +103,51 @@ impl Events {
         let note = format!(
             "device class {class} is not served on this node: {reason}; localvol looks for it again on every stats refresh"
         );
-        self.publish(REASON_STORAGE_MISSING, "ServeDeviceClass", &note, regarding, None)
-            .await;
+        self.publish(
+            EventType::Warning,
+            REASON_STORAGE_MISSING,
+            "ServeDeviceClass",
+            &note,
+            &regarding,
+            None,
+        )
+        .await;
     }
 
-    async fn publish(
+    /// Records one event about `regarding` (`related`: a second object it concerns),
+    /// its note cut to the API's limit.
+    pub async fn publish(
         &self,
+        type_: EventType,
         reason: &str,
         action: &str,
         note: &str,
-        regarding: ObjectReference,
+        regarding: &ObjectReference,
         related: Option<ObjectReference>,
     ) {
         let event = Event {
-            type_: EventType::Warning,
+            type_,
             reason: reason.to_string(),
-            // The API limits a note to 1 kB.
-            note: Some(truncate(note, 1024)),
+            note: Some(truncate(note)),
             action: action.to_string(),
             secondary: related,
         };
-        let what = format!(
+        let object = format!(
             "{}/{}",
             regarding.namespace.as_deref().unwrap_or_default(),
             regarding.name.as_deref().unwrap_or_default()
         );
-        match tokio::time::timeout(self.timeout, self.recorder.publish(&event, &regarding)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(object = %what, error = %e, "could not record event"),
-            Err(_) => warn!(object = %what, "could not record event: no answer in time"),
+        let kind = regarding.kind.as_deref().unwrap_or_default();
+        let published = call_within(
+            self.timeout,
+            || format!("create Event {reason} on {kind} {object}"),
+            self.recorder.publish(&event, regarding),
+        )
+        .await;
+        if let Err(e) = published {
+            warn!(object = %object, reason, error = %e, "could not record event");
         }
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
+use super::api::call_within;
 use super::claim_label::ClaimLabels;
 use super::node_claims::NodeClaims;
 use super::{OwnerError, Synced};
@@ -139,14 +140,7 @@ impl Lookup {
         what: impl FnOnce() -> String,
         fut: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, OwnerError> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(OwnerError::Api { what: what(), source }),
-            Err(_) => Err(OwnerError::Timeout {
-                what: what(),
-                timeout: self.timeout,
-            }),
-        }
+        Ok(call_within(self.timeout, what, fut).await?)
     }
 
     /// A claim by name. Reads of one claim take turns: a stage that comes while the

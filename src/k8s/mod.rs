@@ -5,10 +5,15 @@
 //! with a short TTL), with one API read on a miss and fresh reads before any refusal.
 //! Only stage and publish call into this module: unstage, unpublish and stats work
 //! without the API server.
+//!
+//! It is also the one Kubernetes layer for the modules above: `api` runs every API call
+//! under the one timeout, makes the writes under localvol's field manager and reads
+//! failures into one error; `events` is the one event recorder.
 
+pub mod api;
 mod check;
 pub mod claim_label;
-mod events;
+pub mod events;
 mod lookup;
 pub mod node_claims;
 pub mod owner;
@@ -31,13 +36,12 @@ use tracing::info;
 pub use check::Checker;
 pub use owner::Refusal;
 
+use self::api::{API_TIMEOUT, ApiError};
 use crate::config::{Config, KubeMode};
 use crate::health::Health;
 use crate::model::{ClaimRef, Terminal};
 use crate::request::{PublishRequest, StageRequest};
 
-/// How long one API read may take before the check answers UNAVAILABLE (kubelet retries).
-pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a claim or volume read by name is reused.
 pub const OBJECT_TTL: Duration = Duration::from_secs(10);
 
@@ -63,30 +67,8 @@ pub enum OwnerError {
          failed, is not in yet); try again"
     )]
     NotSynced,
-    #[error("Kubernetes API: {what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("Kubernetes API: {what}: no answer within {timeout:?}")]
-    Timeout { what: String, timeout: Duration },
-}
-
-/// Whether an API error is an answer that will not change until an administrator or
-/// the user acts (gone, forbidden by RBAC, refused by validation), as opposed to a
-/// server that could not be reached or could not answer for now, or a writer that came
-/// first (asking again may work). The one decision for every API call localvol makes.
-pub fn api_is_terminal(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(status) => match status.code {
-            // Conflict (someone wrote first), rate limits and server trouble pass.
-            409 | 429 => false,
-            code => code < 500,
-        },
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => false,
-        _ => true,
-    }
+    #[error(transparent)]
+    Api(#[from] ApiError),
 }
 
 impl Terminal for OwnerError {
@@ -96,8 +78,8 @@ impl Terminal for OwnerError {
             // the same objects gives the same answer.
             OwnerError::Refused(_) | OwnerError::NoPodInfo { .. } | OwnerError::ClaimNotFound { .. } => true,
             // The check may pass once the API answers or the cache syncs.
-            OwnerError::NotSynced | OwnerError::Timeout { .. } => false,
-            OwnerError::Api { source, .. } => api_is_terminal(source),
+            OwnerError::NotSynced => false,
+            OwnerError::Api(e) => e.is_terminal(),
         }
     }
 }
@@ -191,7 +173,7 @@ pub fn warn_missing_storage(
     node: &str,
     missing: Vec<(String, String)>,
 ) -> tokio::task::JoinHandle<()> {
-    let events = events::Events::new(client, node, Duration::from_secs(10));
+    let events = events::Recorder::driver(client, node, API_TIMEOUT);
     let node = node.to_string();
     tokio::spawn(async move {
         for (class, reason) in missing {

@@ -39,14 +39,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 use serde_json::json;
 use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
-use super::{API_TIMEOUT, Retry, WATCH_RETRY, api_is_terminal};
+use super::api::{ApiError, merge_patch};
+use super::{Retry, WATCH_RETRY};
 use crate::model::{DRIVER_NAME, SnapshotId, Terminal, full_message};
 use crate::request::SnapshotFilter;
 use crate::volume::{VolumeError, Volumes};
@@ -77,22 +78,15 @@ pub enum ContentError {
         #[source]
         source: VolumeError,
     },
-    #[error("labelling VolumeSnapshotContent {content}: {source}")]
-    Label {
-        content: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("labelling VolumeSnapshotContent {content}: no answer within {timeout:?}")]
-    Timeout { content: String, timeout: Duration },
+    #[error(transparent)]
+    Label(#[from] ApiError),
 }
 
 impl Terminal for ContentError {
     fn is_terminal(&self) -> bool {
         match self {
             ContentError::Lookup { source, .. } => source.is_terminal(),
-            ContentError::Label { source, .. } => api_is_terminal(source),
-            ContentError::Timeout { .. } => false,
+            ContentError::Label(e) => e.is_terminal(),
         }
     }
 }
@@ -181,7 +175,6 @@ pub struct ContentLabeller {
     api: Api<DynamicObject>,
     volumes: Arc<Volumes>,
     node: String,
-    timeout: Duration,
 }
 
 impl std::fmt::Debug for ContentLabeller {
@@ -198,7 +191,6 @@ impl ContentLabeller {
             api: Api::all_with(client, &resource()),
             volumes,
             node: node.to_string(),
-            timeout: API_TIMEOUT,
         }
     }
 
@@ -228,19 +220,18 @@ impl ContentLabeller {
                 "labels": {MANAGED_BY: self.node},
             }
         });
-        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
-        match tokio::time::timeout(self.timeout, self.api.patch(c.name, &params, &patch)).await {
-            Ok(Ok(_)) => Ok(Outcome::Labelled),
-            Ok(Err(kube::Error::Api(s))) if s.code == 404 => Ok(Outcome::Gone),
-            Ok(Err(kube::Error::Api(s))) if s.code == 409 => Ok(Outcome::Conflict),
-            Ok(Err(source)) => Err(ContentError::Label {
-                content: c.name.to_string(),
-                source,
-            }),
-            Err(_) => Err(ContentError::Timeout {
-                content: c.name.to_string(),
-                timeout: self.timeout,
-            }),
+        let labelled = merge_patch(
+            &self.api,
+            || format!("label VolumeSnapshotContent {}", c.name),
+            c.name,
+            &patch,
+        )
+        .await;
+        match labelled {
+            Ok(_) => Ok(Outcome::Labelled),
+            Err(ApiError::NotFound { .. }) => Ok(Outcome::Gone),
+            Err(ApiError::Conflict { .. }) => Ok(Outcome::Conflict),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -273,8 +273,8 @@ async fn patch_answers_gone_conflict_and_failures() {
         respond(send, StatusCode::from_u16(code).unwrap(), &status(code, reason));
         match (code, labelling.await.unwrap()) {
             (404, Ok(Outcome::Gone)) | (409, Ok(Outcome::Conflict)) => {}
-            (403, Err(e @ ContentError::Label { .. })) => assert!(e.is_terminal(), "{e}"),
-            (503, Err(e @ ContentError::Label { .. })) => assert!(!e.is_terminal(), "{e}"),
+            (403, Err(e @ ContentError::Label(_))) => assert!(e.is_terminal(), "{e}"),
+            (503, Err(e @ ContentError::Label(_))) => assert!(!e.is_terminal(), "{e}"),
             (code, other) => panic!("{code}: {other:?}"),
         }
     }

@@ -17,7 +17,8 @@
 //! Every change wakes the scheduler, which re-resolves: annotation and ConfigMap edits
 //! take effect without a restart. Results go back as a JSON merge patch of the PVC's
 //! `last-run`/`last-result` annotations, and failures (and invalid schedules) as
-//! Warning events on the PVC. Writing never fails a run: errors are logged.
+//! Warning events on the PVC, both through [`crate::k8s`] (its timeout, errors and
+//! event recorder). Writing never fails a run: errors are logged.
 //!
 //! The client comes from the caller (the k8s module's, at startup); nothing here builds
 //! one.
@@ -30,8 +31,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -43,14 +43,14 @@ use tracing::warn;
 
 use super::scheduler::{ClaimKey, Cluster, ClusterObjects, RunReport};
 use super::{LAST_RESULT_ANNOTATION, LAST_RUN_ANNOTATION};
+use crate::k8s::api::{API_TIMEOUT, merge_patch};
 use crate::k8s::claim_label::ClaimLabels;
+use crate::k8s::events::{EventType, Recorder};
 use crate::k8s::node_claims::NodeClaims;
 use crate::reclaim_policy::{CONFIG_MAP_NAME, ClusterSettings, storage_class_name};
 
 /// Events name this controller.
 pub const REPORTER: &str = "localvol";
-/// The longest note an event may carry (the API's limit is 1 kB).
-const MAX_NOTE: usize = 1000;
 
 /// A reflector's cache and its task, aborted when dropped.
 struct Watched<K: Resource + 'static>
@@ -147,13 +147,7 @@ impl KubeCluster {
             Arc::clone(&notify),
             format!("configmap {csi_addons_namespace}/{CONFIG_MAP_NAME}"),
         );
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: REPORTER.to_string(),
-                instance: Some(node.to_string()),
-            },
-        );
+        let recorder = Recorder::new(client.clone(), REPORTER, node, API_TIMEOUT);
         Arc::new(Self {
             labels: Arc::new(labels),
             client,
@@ -190,17 +184,16 @@ impl KubeCluster {
     }
 
     async fn event(&self, claim: &ClaimKey, reason: &str, note: &str) {
-        let note: String = note.chars().take(MAX_NOTE).collect();
-        let event = Event {
-            type_: EventType::Warning,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: "ReclaimSpace".to_string(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &self.reference(claim)).await {
-            warn!(pvc.namespace = %claim.namespace, pvc.name = %claim.name, error = %e, reason, "cannot record event");
-        }
+        self.recorder
+            .publish(
+                EventType::Warning,
+                reason,
+                "ReclaimSpace",
+                note,
+                &self.reference(claim),
+                None,
+            )
+            .await;
     }
 }
 
@@ -263,10 +256,13 @@ impl Cluster for KubeCluster {
             }
         });
         let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &claim.namespace);
-        if let Err(e) = api
-            .patch(&claim.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let what = || {
+            format!(
+                "annotate PersistentVolumeClaim {}/{}",
+                claim.namespace, claim.name
+            )
+        };
+        if let Err(e) = merge_patch(&api, what, &claim.name, &patch).await {
             warn!(pvc.namespace = %claim.namespace, pvc.name = %claim.name, error = %e, "cannot annotate the reclaim result");
         }
         if !report.succeeded {

@@ -9,7 +9,7 @@
 //! each module's error, next to its variants ([`Terminal`]); this only names its two
 //! answers for the reports.
 
-use crate::k8s::api_is_terminal;
+use crate::k8s::api::ApiError;
 use crate::model::Terminal;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,19 +19,16 @@ pub enum Failure {
 }
 
 /// What failed: a volume operation (any module's error), or a Kubernetes API call made
-/// while resizing.
+/// while resizing (one that did not answer within its deadline included).
 #[derive(Debug, Clone, Copy)]
 pub enum Cause<'a> {
     Operation(&'a dyn Terminal),
-    Api(&'a kube::Error),
-    /// An API call that did not answer within its deadline.
-    ApiTimeout,
+    Api(&'a ApiError),
 }
 
 pub fn classify(cause: Cause<'_>) -> Failure {
     let terminal = match cause {
-        Cause::ApiTimeout => false,
-        Cause::Api(e) => api_is_terminal(e),
+        Cause::Api(e) => e.is_terminal(),
         Cause::Operation(e) => e.is_terminal(),
     };
     if terminal {

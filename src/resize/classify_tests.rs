@@ -8,6 +8,7 @@ use crate::error::Error;
 use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
 use crate::k8s::OwnerError;
+use crate::k8s::api::{call, call_within};
 use crate::locks::LockError;
 use crate::model::ValidationError;
 use crate::model::{ClassName, Token, VolumeId};
@@ -273,8 +274,8 @@ fn every_case_is_decided_on_purpose() {
     }
 }
 
-#[test]
-fn api_errors() {
+#[tokio::test]
+async fn api_errors() {
     use Failure::{Terminal, Transient};
     for (code, expected) in [
         (409, Transient),
@@ -285,7 +286,16 @@ fn api_errors() {
         (404, Terminal),
         (422, Terminal),
     ] {
-        assert_eq!(classify(Cause::Api(&api_status(code))), expected, "HTTP {code}");
+        let answered = call(|| "get x".to_string(), async { Err::<(), _>(api_status(code)) }).await;
+        let e = answered.expect_err("an error answer");
+        assert_eq!(classify(Cause::Api(&e)), expected, "HTTP {code}");
     }
-    assert_eq!(classify(Cause::ApiTimeout), Transient);
+    let slow = call_within(
+        Duration::from_millis(1),
+        || "get x".to_string(),
+        std::future::pending::<Result<(), kube::Error>>(),
+    )
+    .await;
+    let e = slow.expect_err("no answer");
+    assert_eq!(classify(Cause::Api(&e)), Transient);
 }

@@ -1,13 +1,12 @@
 //! Events (events.k8s.io/v1) on claims, so `kubectl describe pvc` shows each step of an
-//! expansion. Best effort: a failure to record is logged, never returned.
+//! expansion. Best effort: a failure to record is logged, never returned (see
+//! [`crate::k8s::events`], which publishes them).
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use tracing::warn;
 
-use super::status::{API_TIMEOUT, truncate};
-use crate::model::DRIVER_NAME;
+use crate::k8s::api::API_TIMEOUT;
+use crate::k8s::events::{EventType, Recorder};
 
 /// Node side: NodeExpandVolume.
 pub const NODE_EXPANSION_STARTED: &str = "NodeExpansionStarted";
@@ -50,12 +49,8 @@ fn reference(pvc: &PersistentVolumeClaim) -> ObjectReference {
 impl ClaimEvents {
     /// Events name `localvol.csi.dev` on `node` as their source.
     pub fn new(client: Client, node: &str) -> Self {
-        let reporter = Reporter {
-            controller: DRIVER_NAME.to_string(),
-            instance: Some(node.to_string()),
-        };
         Self {
-            recorder: Recorder::new(client, reporter),
+            recorder: Recorder::driver(client, node, API_TIMEOUT),
         }
     }
 
@@ -68,22 +63,8 @@ impl ClaimEvents {
     }
 
     async fn publish(&self, pvc: &PersistentVolumeClaim, type_: EventType, reason: &str, note: &str) {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(truncate(note)),
-            action: "Resize".to_string(),
-            secondary: None,
-        };
-        let what = format!(
-            "{}/{}",
-            pvc.metadata.namespace.as_deref().unwrap_or_default(),
-            pvc.metadata.name.as_deref().unwrap_or_default()
-        );
-        match tokio::time::timeout(API_TIMEOUT, self.recorder.publish(&event, &reference(pvc))).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!(pvc = %what, reason, error = %e, "could not record event"),
-            Err(_) => warn!(pvc = %what, reason, "could not record event: no answer in time"),
-        }
+        self.recorder
+            .publish(type_, reason, "Resize", note, &reference(pvc), None)
+            .await;
     }
 }

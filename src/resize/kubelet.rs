@@ -11,6 +11,8 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
+use crate::k8s::api::{ApiError, call};
+
 /// The first kubelet minor version (of major 1) that reports node expansion.
 pub const REPORTING_SINCE_MINOR: u32 = 32;
 
@@ -32,8 +34,12 @@ pub fn reports_node_expansion(version: &str) -> Option<bool> {
 }
 
 /// The kubelet version of `node` as its Node object states it.
-pub async fn kubelet_version(client: &Client, node: &str) -> Result<String, kube::Error> {
-    let node = Api::<Node>::all(client.clone()).get(node).await?;
+pub async fn kubelet_version(client: &Client, node: &str) -> Result<String, ApiError> {
+    let node = call(
+        || format!("get Node {node}"),
+        Api::<Node>::all(client.clone()).get(node),
+    )
+    .await?;
     Ok(node
         .status
         .and_then(|s| s.node_info)

@@ -12,19 +12,16 @@
 //! external-resizer under their own field managers, and an apply only removes what its
 //! own manager set.
 
-use std::time::Duration;
-
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimCondition};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Map, Value, json};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use super::FailureValue;
-use crate::k8s::api_is_terminal;
+use crate::k8s::api::{ApiError, call, patch_status, truncate};
 use crate::model::Terminal;
 
 /// The resource whose status localvol reports.
@@ -52,14 +49,8 @@ const RESIZE_CONDITIONS: [&str; 4] = [
     NODE_RESIZE_ERROR,
 ];
 
-/// Field manager of every write localvol makes to claims and volumes.
-pub const FIELD_MANAGER: &str = "localvol";
-/// How long one API call may take.
-pub const API_TIMEOUT: Duration = Duration::from_secs(10);
 /// Writes tried per transition before a run of conflicts is reported as an error.
 pub const ATTEMPTS: usize = 3;
-/// Condition messages and event notes are cut here (events allow 1 kB).
-pub const MAX_MESSAGE: usize = 1024;
 
 const FS_RESIZE_PENDING_MESSAGE: &str =
     "The volume has grown; its node grows the filesystem when a pod mounts the claim.";
@@ -275,27 +266,10 @@ pub fn plan(
     }))
 }
 
-pub fn truncate(s: &str) -> String {
-    if s.len() <= MAX_MESSAGE {
-        return s.to_string();
-    }
-    let mut end = MAX_MESSAGE;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    #[error("Kubernetes API: {what}: {source}")]
-    Api {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("Kubernetes API: {what}: no answer within {timeout:?}")]
-    Timeout { what: String, timeout: Duration },
+    #[error(transparent)]
+    Api(#[from] ApiError),
     #[error(
         "PersistentVolumeClaim {claim} changed during each of {ATTEMPTS} attempts to write its resize status"
     )]
@@ -305,25 +279,10 @@ pub enum StatusError {
 impl Terminal for StatusError {
     fn is_terminal(&self) -> bool {
         match self {
-            StatusError::Api { source, .. } => api_is_terminal(source),
-            // No answer, or someone else wrote first each time: asking again may work.
-            StatusError::Timeout { .. } | StatusError::Conflict { .. } => false,
+            StatusError::Api(e) => e.is_terminal(),
+            // Someone else wrote first each time: asking again may work.
+            StatusError::Conflict { .. } => false,
         }
-    }
-}
-
-/// Runs one API call under [`API_TIMEOUT`].
-pub async fn call<T>(
-    what: impl FnOnce() -> String,
-    request: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, StatusError> {
-    match tokio::time::timeout(API_TIMEOUT, request).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(StatusError::Api { what: what(), source }),
-        Err(_) => Err(StatusError::Timeout {
-            what: what(),
-            timeout: API_TIMEOUT,
-        }),
     }
 }
 
@@ -360,11 +319,11 @@ impl ClaimStatus {
     }
 
     pub async fn get(&self, namespace: &str, name: &str) -> Result<PersistentVolumeClaim, StatusError> {
-        call(
+        Ok(call(
             || format!("get PersistentVolumeClaim {namespace}/{name}"),
             self.api(namespace).get(name),
         )
-        .await
+        .await?)
     }
 
     /// The failure value names: as forced by the flag, else from the server's version
@@ -415,39 +374,30 @@ impl ClaimStatus {
         } else {
             FailureNames::Infeasible
         };
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PatchParams::default()
-        };
         for attempt in 1..=ATTEMPTS {
             let now = Time(k8s_openapi::jiff::Timestamp::now());
             let Some(patch) = plan(&pvc, transition, names, &now) else {
                 return Ok(pvc);
             };
-            let result = call(
+            let result = patch_status(
+                &self.api(&namespace),
                 || format!("patch PersistentVolumeClaim {namespace}/{name} status"),
-                self.api(&namespace)
-                    .patch_status(&name, &params, &Patch::Strategic(patch)),
+                &name,
+                patch,
             )
             .await;
             match result {
                 Ok(updated) => return Ok(updated),
-                Err(StatusError::Api {
-                    source: kube::Error::Api(status),
-                    ..
-                }) if status.code == 409 && attempt < ATTEMPTS => {
+                Err(ApiError::Conflict { .. }) if attempt < ATTEMPTS => {
                     info!(pvc = %format!("{namespace}/{name}"), attempt, "claim changed meanwhile; reading it again");
                     pvc = self.get(&namespace, &name).await?;
                 }
-                Err(StatusError::Api {
-                    source: kube::Error::Api(status),
-                    ..
-                }) if status.code == 409 => {
+                Err(ApiError::Conflict { .. }) => {
                     return Err(StatusError::Conflict {
                         claim: format!("{namespace}/{name}"),
                     });
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         unreachable!("the last attempt returns")

@@ -32,7 +32,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tracing::{debug, info};
@@ -40,10 +39,9 @@ use tracing::{debug, info};
 use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
 use super::quantity;
-use super::status::{
-    self, ATTEMPTS, ClaimStatus, FIELD_MANAGER, FailureNames, StatusError, Transition, call,
-};
+use super::status::{self, ATTEMPTS, ClaimStatus, FailureNames, StatusError, Transition};
 use super::{FailureValue, ResizeError};
+use crate::k8s::api::{ApiError, call, replace};
 use crate::k8s::claim_label::{self, ClaimLabels};
 use crate::locks::VolumeLocks;
 use crate::model::CapacityRange;
@@ -234,10 +232,7 @@ impl NodeResizer {
         };
         let pvc = match self.status.get(namespace, name).await {
             Ok(pvc) => pvc,
-            Err(StatusError::Api {
-                source: kube::Error::Api(s),
-                ..
-            }) if s.code == 404 => return Ok(Outcome::Done),
+            Err(StatusError::Api(ApiError::NotFound { .. })) => return Ok(Outcome::Done),
             Err(e) => return Err(e.into()),
         };
         let spec = pvc.spec.clone().unwrap_or_default();
@@ -260,7 +255,9 @@ impl NodeResizer {
             return Ok(Outcome::Done);
         }
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pv = call(|| format!("get PersistentVolume {pv_name}"), pvs.get(&pv_name)).await?;
+        let pv = call(|| format!("get PersistentVolume {pv_name}"), pvs.get(&pv_name))
+            .await
+            .map_err(StatusError::from)?;
         let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
         if !csi.is_some_and(|c| c.driver == DRIVER_NAME && c.volume_handle == local.id.to_string()) {
             debug!(pv = %pv_name, "volume is not this node's localvol volume");
@@ -426,10 +423,6 @@ impl NodeResizer {
     async fn record_pv_size(&self, mut pv: PersistentVolume, size: u64) -> Result<(), StatusError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let name = pv.metadata.name.clone().unwrap_or_default();
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_string()),
-            ..PostParams::default()
-        };
         for attempt in 1..=ATTEMPTS {
             if pv_capacity(&pv).is_some_and(|have| have >= size) {
                 return Ok(());
@@ -438,24 +431,14 @@ impl NodeResizer {
             spec.capacity
                 .get_or_insert_with(Default::default)
                 .insert(status::STORAGE.to_string(), quantity::format(size));
-            let result = call(
-                || format!("update PersistentVolume {name}"),
-                pvs.replace(&name, &params, &pv),
-            )
-            .await;
+            let result = replace(&pvs, || format!("update PersistentVolume {name}"), &name, &pv).await;
             match result {
                 Ok(_) => return Ok(()),
-                Err(StatusError::Api {
-                    source: kube::Error::Api(s),
-                    ..
-                }) if s.code == 409 && attempt < ATTEMPTS => {
+                Err(ApiError::Conflict { .. }) if attempt < ATTEMPTS => {
                     pv = call(|| format!("get PersistentVolume {name}"), pvs.get(&name)).await?;
                 }
-                Err(StatusError::Api {
-                    source: kube::Error::Api(s),
-                    ..
-                }) if s.code == 409 => return Err(StatusError::Conflict { claim: name }),
-                Err(e) => return Err(e),
+                Err(ApiError::Conflict { .. }) => return Err(StatusError::Conflict { claim: name }),
+                Err(e) => return Err(e.into()),
             }
         }
         unreachable!("the last attempt returns")
