@@ -15,7 +15,7 @@
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
 # then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
-# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem 1 2 3 6 (tests/vm/README.md).
+# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem 1 2 3 6 11 (tests/vm/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
