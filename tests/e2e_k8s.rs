@@ -11,11 +11,11 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
-use hyper_util::rt::TokioIo;
+use common::csi_client::{publish_request, stage_request};
+use common::{CsiClient, Daemon, create_request, mount_capability};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, Container, EphemeralVolumeSource, Namespace, ObjectReference,
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
@@ -27,14 +27,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
-use localvol::cli::{Cli, Command};
-use localvol::config::Config;
 use localvol::proto::csi::v1 as csi;
-use localvol::proto::csi::v1::controller_client::ControllerClient;
-use localvol::proto::csi::v1::identity_client::IdentityClient;
-use localvol::proto::csi::v1::node_client::NodeClient;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
 
 type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -67,11 +61,8 @@ async fn e2e_k8s() {
             .as_secs()
             % 100_000
     );
-    let dir = tempfile::tempdir().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let daemon = tokio::spawn(localvol::app::serve(daemon_config(dir.path(), &node), async {
-        let _ = stopped.await;
-    }));
+    // The cluster's kubelet serves the DaemonSet's localvol: this one never registers.
+    let daemon = Daemon::start_as(&node, &["--kube", "on", "--kubelet-registration", "external"]).await;
 
     let mut cluster = Cluster {
         client: client.clone(),
@@ -79,57 +70,24 @@ async fn e2e_k8s() {
         node,
         pvs: Vec::new(),
     };
-    let result = run(&mut cluster, dir.path()).await;
+    let result = run(&mut cluster, &daemon).await;
     let cleanup = cluster.cleanup().await;
-    let _ = stop.send(());
-    let served = tokio::time::timeout(Duration::from_secs(30), daemon).await;
+    let dir = daemon.dir.path().to_path_buf();
+    // In a task of its own: a daemon that does not stop is reported after the run.
+    let stopped = tokio::spawn(daemon.stop()).await;
     // A failed case leaves its volume staged: the mounts and loop devices of the temp
     // dir go before the failure is reported.
     drop(common::Cleanup {
-        mounts: common::mounts_under(dir.path())
+        mounts: common::mounts_under(&dir)
             .into_iter()
             .map(PathBuf::from)
             .collect(),
-        data: dir.path().to_path_buf(),
+        data: dir,
     });
     result.expect("e2e_k8s");
     cleanup.expect("cleanup");
-    served
-        .expect("daemon stops")
-        .expect("daemon task")
-        .expect("daemon");
+    stopped.expect("daemon stops");
     say("e2e_k8s: PASSED against a real API server");
-}
-
-fn daemon_config(dir: &Path, node: &str) -> Config {
-    let socket = format!("unix://{}", dir.join("csi.sock").display());
-    let data = dir.join("data");
-    let cli = Cli::try_parse_from([
-        "localvol",
-        "serve",
-        "--endpoint",
-        &socket,
-        "--node-id",
-        node,
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--loop-capacity",
-        "2Gi",
-        "--kube",
-        "on",
-        "--kubelet-root-dir",
-        dir.to_str().unwrap(),
-        // The cluster's kubelet serves the DaemonSet's localvol: this one never registers.
-        "--kubelet-registration",
-        "external",
-    ])
-    .expect("arguments parse");
-    let Command::Serve(args) = cli.command else {
-        unreachable!("parsed as serve")
-    };
-    args.config().expect("config")
 }
 
 struct Cluster {
@@ -294,75 +252,27 @@ fn claim_spec() -> PersistentVolumeClaimSpec {
     }
 }
 
-struct Csi {
-    identity: IdentityClient<Channel>,
-    controller: ControllerClient<Channel>,
-    node: NodeClient<Channel>,
+/// What external-provisioner and kubelet send, over the one test client; kubelet's paths
+/// are below `dir`.
+struct Kubelet {
+    csi: CsiClient,
     dir: PathBuf,
 }
 
-async fn connect(socket: PathBuf) -> TestResult<Channel> {
-    for _ in 0..100 {
-        if socket.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let channel =
-        Endpoint::try_from("http://[::]:50051")?
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let socket = socket.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?))
-                }
-            }))
-            .await?;
-    Ok(channel)
-}
-
-fn capability() -> Option<csi::VolumeCapability> {
-    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
-    Some(csi::VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".to_string(),
-            ..MountVolume::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    })
-}
-
-impl Csi {
+impl Kubelet {
     async fn create(
-        &mut self,
+        &self,
         namespace: &str,
         pvc: &PersistentVolumeClaim,
         pv: &str,
-    ) -> TestResult<csi::Volume> {
+    ) -> Result<csi::Volume, tonic::Status> {
         let uid = pvc.metadata.uid.clone().unwrap();
-        let request = csi::CreateVolumeRequest {
-            name: format!("pvc-{uid}"),
-            capacity_range: Some(csi::CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![capability().unwrap()],
-            parameters: HashMap::from([
-                (
-                    "csi.storage.k8s.io/pvc/name".to_string(),
-                    pvc.metadata.name.clone().unwrap(),
-                ),
-                (
-                    "csi.storage.k8s.io/pvc/namespace".to_string(),
-                    namespace.to_string(),
-                ),
-                ("csi.storage.k8s.io/pv/name".to_string(), pv.to_string()),
-            ]),
-            ..csi::CreateVolumeRequest::default()
-        };
-        let reply = self.controller.create_volume(request).await?.into_inner();
-        Ok(reply.volume.ok_or("CreateVolume returned no volume")?)
+        let claim = pvc.metadata.name.clone().unwrap();
+        let mut request = create_request(&format!("pvc-{uid}"), 64 << 20, (namespace, &claim));
+        request
+            .parameters
+            .insert("csi.storage.k8s.io/pv/name".to_string(), pv.to_string());
+        self.csi.create(request).await
     }
 
     fn staging(&self, volume: &csi::Volume) -> PathBuf {
@@ -370,26 +280,21 @@ impl Csi {
     }
 
     async fn stage(
-        &mut self,
+        &self,
         volume: &csi::Volume,
         context: HashMap<String, String>,
     ) -> Result<(), tonic::Status> {
         let staging = self.staging(volume);
         std::fs::create_dir_all(&staging).unwrap();
-        self.node
-            .node_stage_volume(csi::NodeStageVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                staging_target_path: staging.display().to_string(),
-                volume_capability: capability(),
-                volume_context: context,
-                ..csi::NodeStageVolumeRequest::default()
-            })
-            .await
-            .map(|_| ())
+        let request = csi::NodeStageVolumeRequest {
+            volume_context: context,
+            ..stage_request(&volume.volume_id, &staging, &mount_capability())
+        };
+        self.csi.node().node_stage_volume(request).await.map(drop)
     }
 
     /// Publish as kubelet does for `pod`: the PV's attributes plus the pod's identity.
-    async fn publish(&mut self, volume: &csi::Volume, pod: &Pod) -> Result<PathBuf, tonic::Status> {
+    async fn publish(&self, volume: &csi::Volume, pod: &Pod) -> Result<PathBuf, tonic::Status> {
         let uid = pod.metadata.uid.clone().unwrap();
         let target = self.dir.join("pods").join(&uid).join("mount");
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
@@ -404,40 +309,24 @@ impl Csi {
         );
         context.insert("csi.storage.k8s.io/pod.uid".into(), uid);
         context.insert("csi.storage.k8s.io/ephemeral".into(), "false".into());
-        self.node
-            .node_publish_volume(csi::NodePublishVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                staging_target_path: self.staging(volume).display().to_string(),
-                target_path: target.display().to_string(),
-                volume_capability: capability(),
-                volume_context: context,
-                ..csi::NodePublishVolumeRequest::default()
-            })
-            .await
-            .map(|_| target)
+        let request = csi::NodePublishVolumeRequest {
+            volume_context: context,
+            ..publish_request(
+                &volume.volume_id,
+                &self.staging(volume),
+                &target,
+                &mount_capability(),
+            )
+        };
+        self.csi.node().node_publish_volume(request).await.map(|_| target)
     }
 
-    async fn teardown(&mut self, volume: &csi::Volume, targets: &[PathBuf]) -> TestResult {
+    async fn teardown(&self, volume: &csi::Volume, targets: &[PathBuf]) -> TestResult {
         for target in targets {
-            self.node
-                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                    volume_id: volume.volume_id.clone(),
-                    target_path: target.display().to_string(),
-                })
-                .await?;
+            self.csi.unpublish(&volume.volume_id, target).await?;
         }
-        self.node
-            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                staging_target_path: self.staging(volume).display().to_string(),
-            })
-            .await?;
-        self.controller
-            .delete_volume(csi::DeleteVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                ..csi::DeleteVolumeRequest::default()
-            })
-            .await?;
+        self.csi.unstage(&volume.volume_id, &self.staging(volume)).await?;
+        self.csi.delete(&volume.volume_id).await?;
         Ok(())
     }
 }
@@ -461,7 +350,7 @@ fn expect_refused(
     Ok(())
 }
 
-async fn run(cluster: &mut Cluster, dir: &Path) -> TestResult {
+async fn run(cluster: &mut Cluster, daemon: &Daemon) -> TestResult {
     let ns = cluster.namespace.clone();
     let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
     let namespace = Namespace {
@@ -473,17 +362,19 @@ async fn run(cluster: &mut Cluster, dir: &Path) -> TestResult {
     };
     namespaces.create(&PostParams::default(), &namespace).await?;
 
-    let channel = connect(dir.join("csi.sock")).await?;
-    let mut csi = Csi {
-        identity: IdentityClient::new(channel.clone()),
-        controller: ControllerClient::new(channel.clone()),
-        node: NodeClient::new(channel),
-        dir: dir.join("kubelet"),
+    let kubelet = Kubelet {
+        csi: daemon.client().await,
+        dir: daemon.path("kubelet"),
     };
     // Ready means the node's pod cache has synced.
     let mut ready = false;
     for _ in 0..300 {
-        let probe = csi.identity.probe(csi::ProbeRequest {}).await?.into_inner();
+        let probe = kubelet
+            .csi
+            .identity()
+            .probe(csi::ProbeRequest {})
+            .await?
+            .into_inner();
         if probe.ready == Some(true) {
             ready = true;
             break;
@@ -498,36 +389,36 @@ async fn run(cluster: &mut Cluster, dir: &Path) -> TestResult {
     let web = cluster.pod("web", &["data"], &[]).await?;
     let web_data = cluster.pvc("web-data", Some(&web)).await?;
     let pv_name = format!("{ns}-web-data");
-    let volume = csi.create(&ns, &web_data, &pv_name).await?;
+    let volume = kubelet.create(&ns, &web_data, &pv_name).await?;
     cluster.pv(&pv_name, &volume, &web_data).await?;
     // The pod may not be in the node's cache yet: the check asks the API on a miss.
-    csi.stage(&volume, volume.volume_context.clone()).await?;
+    kubelet.stage(&volume, volume.volume_context.clone()).await?;
     // Without the claim keys, the claim is found through the PV.
     let pv_only = HashMap::from([("csi.storage.k8s.io/pv/name".to_string(), pv_name.clone())]);
-    csi.stage(&volume, pv_only).await?;
-    let web_target = csi.publish(&volume, &web).await?;
+    kubelet.stage(&volume, pv_only).await?;
+    let web_target = kubelet.publish(&volume, &web).await?;
 
     // 2. The same claim, named by another pod's persistentVolumeClaim volume: a claim
     //    controlled by a pod is never published to any other pod.
     let reader = cluster.pod("reader", &[], &["web-data"]).await?;
     let web_uid = web.metadata.uid.clone().unwrap();
     expect_refused(
-        csi.publish(&volume, &reader).await,
+        kubelet.publish(&volume, &reader).await,
         &format!("{ns}/web-data"),
         &["found Pod", &web_uid],
     )?;
-    csi.teardown(&volume, &[web_target]).await?;
+    kubelet.teardown(&volume, &[web_target]).await?;
 
     // 3. A same-named claim made before the pod, with no owner: staged (a normal claim
     //    as far as staging goes) but refused at publish, with events on pod and claim.
     let planted = cluster.pvc("victim-data", None).await?;
     let victim = cluster.pod("victim", &["data"], &[]).await?;
     let pv_name = format!("{ns}-victim-data");
-    let volume = csi.create(&ns, &planted, &pv_name).await?;
+    let volume = kubelet.create(&ns, &planted, &pv_name).await?;
     cluster.pv(&pv_name, &volume, &planted).await?;
-    csi.stage(&volume, volume.volume_context.clone()).await?;
+    kubelet.stage(&volume, volume.volume_context.clone()).await?;
     expect_refused(
-        csi.publish(&volume, &victim).await,
+        kubelet.publish(&volume, &victim).await,
         &format!("{ns}/victim-data"),
         &["found no controlling owner"],
     )?;
@@ -545,7 +436,7 @@ async fn run(cluster: &mut Cluster, dir: &Path) -> TestResult {
             return Err(format!("no ClaimOwnerMismatch event regarding {object}: {mismatch:?}").into());
         }
     }
-    csi.teardown(&volume, &[]).await?;
+    kubelet.teardown(&volume, &[]).await?;
 
     // 4. The owner recreated under the same name (new UID): the old claim is refused.
     let stale = cluster.pvc("ghost-data", None).await?;
@@ -579,25 +470,23 @@ async fn run(cluster: &mut Cluster, dir: &Path) -> TestResult {
     let old_uid = old.metadata.uid.clone().unwrap();
     let new_uid = recreated.metadata.uid.clone().unwrap();
     let pv_name = format!("{ns}-ghost-data");
-    let volume = csi.create(&ns, &owned, &pv_name).await?;
+    let volume = kubelet.create(&ns, &owned, &pv_name).await?;
     cluster.pv(&pv_name, &volume, &owned).await?;
     // The stage check allows from the daemon's pod cache, which may not have seen the
     // old pod go yet (milliseconds behind the API server; publish, which names its pod,
     // still refuses the new one then). Once it has, the stage is refused: a stage that
     // went through is undone and asked again, for at most 5 s.
-    let mut staged = csi.stage(&volume, volume.volume_context.clone()).await;
+    let mut staged = kubelet.stage(&volume, volume.volume_context.clone()).await;
     for _ in 0..25 {
         if staged.is_err() {
             break;
         }
-        csi.node
-            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-                volume_id: volume.volume_id.clone(),
-                staging_target_path: csi.staging(&volume).display().to_string(),
-            })
+        kubelet
+            .csi
+            .unstage(&volume.volume_id, &kubelet.staging(&volume))
             .await?;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        staged = csi.stage(&volume, volume.volume_context.clone()).await;
+        staged = kubelet.stage(&volume, volume.volume_context.clone()).await;
     }
     // Refused for one of two reasons, both right: the old claim is still there, owned by
     // the old pod; or, as soon as kube-controller-manager runs, the garbage collector
@@ -619,11 +508,6 @@ async fn run(cluster: &mut Cluster, dir: &Path) -> TestResult {
         )],
     );
     owner_replaced.or(claim_replaced)?;
-    csi.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            ..csi::DeleteVolumeRequest::default()
-        })
-        .await?;
+    kubelet.csi.delete(&volume.volume_id).await?;
     Ok(())
 }

@@ -6,15 +6,14 @@
 //! API has no listing) and asks for each; the daemon finds each volume's mount itself,
 //! and a volume that is not staged is reported as skipped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::csi::addons::OUTCOME_HEADER;
-use crate::csi::socket::endpoint_path;
+use crate::csi::socket::{self, endpoint_path};
 use crate::proto::csi::v1 as csi;
 use crate::proto::reclaimspace::{self as rs, reclaim_space_node_client::ReclaimSpaceNodeClient};
 
@@ -42,16 +41,11 @@ pub struct ReclaimCommand {
     pub csi_endpoint: String,
 }
 
-/// A gRPC channel over a unix socket.
-pub async fn connect(socket: &Path) -> anyhow::Result<Channel> {
-    let path: PathBuf = socket.to_path_buf();
-    Endpoint::try_from("http://localvol.invalid")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
-        }))
+/// A gRPC channel to the daemon's unix socket at `path`.
+pub async fn connect(path: &Path) -> anyhow::Result<Channel> {
+    socket::connect(path)
         .await
-        .with_context(|| format!("connecting to {}", socket.display()))
+        .with_context(|| format!("connecting to {}", path.display()))
 }
 
 async fn list_volumes(csi_endpoint: &str) -> anyhow::Result<Vec<String>> {

@@ -68,11 +68,17 @@ impl Daemon {
     /// Starts `localvol serve` in this process, configured as the command line would
     /// be (standalone: `--kube off`), and waits until its CSI socket answers.
     pub async fn start(extra_args: &[&str]) -> Self {
+        Self::start_as("test-node", extra_args).await
+    }
+
+    /// Like [`Daemon::start`], as node `node_id`. `--kube on` in `extra_args` replaces
+    /// the standalone default (and wants $KUBECONFIG).
+    pub async fn start_as(node_id: &str, extra_args: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("localvol-test-")
             .tempdir()
             .unwrap();
-        Self::start_in(dir, extra_args).await
+        Self::launch(dir, node_id, extra_args).await
     }
 
     /// Like [`Daemon::start`], on an existing directory: a restart after [`Daemon::stop`].
@@ -114,8 +120,6 @@ impl Daemon {
             "2Gi",
             "--stats-interval",
             "1s",
-            "--kube",
-            "off",
             "--csi-addons-endpoint",
             &addons_endpoint,
         ];
@@ -124,6 +128,9 @@ impl Daemon {
         let root = dir.path().to_str().unwrap().to_string();
         if !extra_args.contains(&"--kubelet-root-dir") {
             argv.extend_from_slice(&["--kubelet-root-dir", &root]);
+        }
+        if !extra_args.contains(&"--kube") {
+            argv.extend_from_slice(&["--kube", "off"]);
         }
         argv.extend_from_slice(extra_args);
         let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
@@ -201,7 +208,7 @@ impl Daemon {
     }
 
     pub async fn channel(&self) -> Channel {
-        localvol::csi::socket::connect(&self.socket).await.unwrap()
+        connect(&self.socket).await
     }
 
     /// GET over plain HTTP/1.1; returns the status code and the body.
