@@ -1,81 +1,42 @@
 //! Wiring: configuration → backends → services, all served until one shutdown signal.
+//!
+//! Start-up is a list of steps: open the storage ([`Volumes::open`]), connect to
+//! Kubernetes, build the CSI driver and the reclaim runner, bind and serve the sockets,
+//! start the background work; then everything runs until one `Stop`.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use kube::Client;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tokio::task::JoinHandle;
+use tonic::transport::Server;
+use tracing::info;
 
-use crate::backend::Opener;
-use crate::config::{Config, DeviceClass, RegistrationConfig};
+use crate::config::{Config, RegistrationConfig};
 use crate::csi::addons::Addons;
 use crate::csi::{self, Driver};
 use crate::health::Health;
 use crate::host::Host;
+use crate::k8s::OwnerCheck;
+use crate::k8s::claim_label::ClaimLabels;
+use crate::k8s::node_claims::NodeClaims;
 use crate::locks::VolumeLocks;
 use crate::metrics::{self, Metrics};
 use crate::reclaim::scheduler::{NoCluster, Scheduler, SchedulerConfig};
 use crate::reclaim::{self, Runner};
 use crate::registration::{self, RegistrationService};
 use crate::request::KubeletRoots;
+use crate::resize::NodeReporting;
 use crate::stats;
 use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
 
-/// Builds one backend per configured device class, preparing what each needs.
-pub async fn build_volumes(config: &Config, host: Host) -> anyhow::Result<Volumes> {
-    open_volumes(&config.device_classes, &config.data_dir, &config.node_id, host).await
-}
-
-/// One backend per device class. Opening a class checks that its storage is there (the
-/// volume group, the region) and makes the loop directory if missing; it changes no
-/// volume, so `localvol status` uses it too beside a running daemon.
-pub async fn open_volumes(
-    classes: &[DeviceClass],
-    data_dir: &std::path::Path,
-    node_id: &str,
-    host: Host,
-) -> anyhow::Result<Volumes> {
-    let mut opener = Opener::new(host.clone(), data_dir.to_path_buf());
-    let mut backends = Vec::new();
-    let mut missing = Vec::new();
-    let mut default_fs = BTreeMap::new();
-    let mut mount_options = BTreeMap::new();
-    for class in classes {
-        if let Some(fs) = class.fs_type {
-            default_fs.insert(class.name.clone(), fs);
-        }
-        mount_options.insert(class.name.clone(), class.mount_options.clone());
-        match opener.open(class).await {
-            Ok(backend) => backends.push(backend),
-            // One configuration serves nodes with different storage: serve the rest.
-            Err(e) if e.is_storage_missing() => {
-                warn!(
-                    device_class = %class.name,
-                    reason = %crate::model::full_message(&e),
-                    "device class not served on this node: its storage is missing (looked for again on every stats refresh)"
-                );
-                missing.push((class.clone(), e));
-            }
-            Err(e) => return Err(e).with_context(|| format!("preparing device class {}", class.name)),
-        }
-    }
-    let default_class = classes
-        .iter()
-        .find(|c| c.default)
-        .context("no default device class")?
-        .name
-        .clone();
-    let mut volumes = Volumes::new(backends, default_class, default_fs, host, node_id.to_string());
-    volumes.set_class_mount_options(mount_options);
-    volumes
-        .keep_placed_paths_in(data_dir.join("placed"))
-        .context("reading the record of staged and published paths")?;
-    volumes.add_missing_classes(missing, opener);
-    Ok(volumes)
-}
+/// The volume limit kubelet is told for this node: 0 is CSI's "unset", no limit. Local
+/// volumes are bounded by the node's capacity, which the device classes report, not by
+/// a count.
+const MAX_VOLUMES_PER_NODE: i64 = 0;
 
 /// Installs the SIGTERM and SIGINT handlers now, so that a signal arriving any time
 /// after this call drains the daemon instead of killing it; the future resolves on the
@@ -98,11 +59,117 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let host = Host::system();
-    let volumes = Arc::new(build_volumes(&config, host).await?);
+    let volumes = Volumes::open(&config.device_classes, &config.data_dir, &config.node_id, host).await?;
+    let volumes = Arc::new(volumes);
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));
-    let kube = crate::k8s::connect(&config).await?;
-    if let Some(client) = &kube {
+    let Kubernetes {
+        api,
+        resize,
+        owner_check,
+    } = connect_kubernetes(&config, &volumes, &health).await?;
+    // CSI calls and reclaim runs take the same volume locks, record in the same volume
+    // states and stay below the same kubelet roots.
+    let locks = VolumeLocks::default();
+    let states = VolumeStates::new();
+    let roots = KubeletRoots::new(config.kubelet_root_dirs.clone());
+    let runner = Runner::new(
+        Arc::clone(&volumes),
+        locks.clone(),
+        metrics.clone(),
+        config.reclaim.concurrency,
+        config.reclaim.timeout,
+        states.clone(),
+        roots.clone(),
+    );
+    let driver = Arc::new(Driver {
+        volumes: Arc::clone(&volumes),
+        locks: locks.clone(),
+        resize,
+        metrics: metrics.clone(),
+        health,
+        owner_check,
+        max_volumes_per_node: MAX_VOLUMES_PER_NODE,
+        states,
+        roots,
+    });
+    let stop = Stop::new();
+    // Background work starts once every socket is bound: a daemon that cannot bind one
+    // (another localvol serving) starts none of it.
+    let servers = serve_sockets(&config, driver, runner.clone(), &stop).await?;
+    let background = start_background(&config, api, volumes, locks, metrics, runner, &stop);
+    stop.raise_on(shutdown);
+    // Every server drains and its socket goes, then the scheduler ends (abandoning runs
+    // in flight); the first error is reported in this order.
+    let served = servers.await;
+    if let Some(scheduler) = background.scheduler {
+        let _ = scheduler.await;
+    }
+    served.csi.context("CSI server")?;
+    served.http.context("metrics server")?;
+    served
+        .registration
+        .context("kubelet plugin registration server")?;
+    background.stats.await.context("stats refresh task")?;
+    served.addons.context("csi-addons server")?;
+    info!("stopped");
+    Ok(())
+}
+
+/// The daemon's one stop signal, which every server and background task waits on. It is
+/// raised when the shutdown future resolves, or by dropping the handle: an error return
+/// from `serve` stops whatever it had started.
+struct Stop(watch::Sender<bool>);
+
+impl Stop {
+    fn new() -> Self {
+        Self(watch::Sender::new(false))
+    }
+
+    /// Resolves once the stop is raised or its handle dropped.
+    fn signal(&self) -> impl Future<Output = ()> + Send + use<> {
+        let mut stopped = self.0.subscribe();
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    }
+
+    /// Raises the stop when `shutdown` resolves.
+    fn raise_on(self, shutdown: impl Future<Output = ()> + Send + 'static) {
+        tokio::spawn(async move {
+            shutdown.await;
+            self.0.send_replace(true);
+        });
+    }
+}
+
+/// The Kubernetes API, when the daemon has one, and the claim views built on it.
+struct Api {
+    client: Client,
+    /// One set of labelled claims for the owner check, the node resizer and the reclaim
+    /// scheduler: each claim is labelled once (see k8s::claim_label), and one watch of
+    /// them (`node_claims`) serves the owner check and the reclaim scheduler.
+    claim_labels: ClaimLabels,
+    node_claims: NodeClaims,
+}
+
+/// What start-up takes from Kubernetes: the API, and what the CSI driver needs of it
+/// (both off without the API).
+struct Kubernetes {
+    api: Option<Api>,
+    resize: NodeReporting,
+    owner_check: OwnerCheck,
+}
+
+/// Connects to the API as `--kube` says, reports the device classes whose storage is
+/// missing, and refuses resize options that need the API when there is none.
+async fn connect_kubernetes(
+    config: &Config,
+    volumes: &Volumes,
+    health: &Arc<Health>,
+) -> anyhow::Result<Kubernetes> {
+    let client = crate::k8s::connect(config).await?;
+    if let Some(client) = &client {
         let missing: Vec<_> = volumes
             .missing_classes()
             .into_iter()
@@ -112,135 +179,78 @@ pub async fn serve(
             crate::k8s::warn_missing_storage(client.clone(), &config.node_id, missing);
         }
     }
-    if config.resize.needs_api() && kube.is_none() {
+    if config.resize.needs_api() && client.is_none() {
         bail!(
             "--report-resize-status on and --node-resizer need the Kubernetes API (--kube on or auto with a configuration)"
         );
     }
-    let resize = crate::resize::reporting(&config.resize, kube.as_ref(), &config.node_id).await?;
-    // One set of labelled claims for the owner check, the node resizer and the reclaim
-    // scheduler: each claim is labelled once (see k8s::claim_label), and one watch of
-    // them serves the owner check and the reclaim scheduler.
-    let claim_labels = kube
-        .as_ref()
-        .map(|client| crate::k8s::claim_label::ClaimLabels::new(client.clone(), &config.node_id));
-    let node_claims = kube
-        .as_ref()
-        .map(|client| crate::k8s::node_claims::NodeClaims::start(client.clone(), &config.node_id));
-    let owner_check = crate::k8s::owner_check(
-        kube.clone(),
-        &config,
-        Arc::clone(&health),
-        claim_labels.clone(),
-        node_claims.clone(),
-    );
-    let locks = VolumeLocks::default();
-    let states = VolumeStates::new();
-    let driver = Arc::new(Driver {
-        volumes: Arc::clone(&volumes),
-        locks: locks.clone(),
-        resize,
-        metrics: metrics.clone(),
-        health: Arc::clone(&health),
-        owner_check,
-        max_volumes_per_node: 0,
-        states: states.clone(),
-        roots: KubeletRoots::new(config.kubelet_root_dirs.clone()),
+    let resize = crate::resize::reporting(&config.resize, client.as_ref(), &config.node_id).await?;
+    let api = client.map(|client| Api {
+        claim_labels: ClaimLabels::new(client.clone(), &config.node_id),
+        node_claims: NodeClaims::start(client.clone(), &config.node_id),
+        client,
     });
+    let owner_check = crate::k8s::owner_check(
+        api.as_ref().map(|api| api.client.clone()),
+        config,
+        Arc::clone(health),
+        api.as_ref().map(|api| api.claim_labels.clone()),
+        api.as_ref().map(|api| api.node_claims.clone()),
+    );
+    Ok(Kubernetes {
+        api,
+        resize,
+        owner_check,
+    })
+}
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    if let (Some(client), Some(labels)) = (kube.clone().filter(|_| config.resize.node_resizer), &claim_labels)
-    {
-        crate::resize::spawn_node_resizer(
-            &config.resize,
-            client,
-            &config.node_id,
-            Arc::clone(&volumes),
-            driver.locks.clone(),
-            labels.clone(),
-            stopped(stop_rx.clone()),
-        );
-    }
-    // Pre-provisioned VolumeSnapshotContents of this node's snapshots get the label its
-    // csi-snapshotter (--node-deployment) selects by; without the snapshot CRDs or
-    // their RBAC this waits quietly (see k8s::snapshot_content).
-    if let Some(client) = &kube {
-        crate::k8s::snapshot_content::spawn(
-            client.clone(),
-            Arc::clone(&volumes),
-            &config.node_id,
-            stopped(stop_rx.clone()),
-        );
-    }
+/// How each server ended.
+struct Served {
+    csi: Result<(), tonic::transport::Error>,
+    http: std::io::Result<()>,
+    registration: Result<(), tonic::transport::Error>,
+    addons: Result<(), tonic::transport::Error>,
+}
+
+/// Binds the daemon's sockets, in this order: metrics and health over HTTP, csi-addons
+/// (when configured), CSI, kubelet plugin registration. Nothing is served until the
+/// returned future is awaited; it serves until the stop, then removes the socket files.
+async fn serve_sockets(
+    config: &Config,
+    driver: Arc<Driver>,
+    runner: Runner,
+    stop: &Stop,
+) -> anyhow::Result<impl Future<Output = Served> + use<>> {
     let http = metrics::serve_http(
         config.metrics_addr,
-        metrics.clone(),
-        Arc::clone(&health),
-        stopped(stop_rx.clone()),
+        driver.metrics.clone(),
+        Arc::clone(&driver.health),
+        stop.signal(),
     )
     .await
     .with_context(|| format!("binding the metrics listener on {}", config.metrics_addr))?;
-    let runner = Runner::new(
-        Arc::clone(&volumes),
-        locks,
-        metrics.clone(),
-        config.reclaim.concurrency,
-        config.reclaim.timeout,
-        states,
-        KubeletRoots::new(config.kubelet_root_dirs.clone()),
-    );
     let addons = match &config.reclaim.csi_addons_socket {
         Some(path) => {
-            let listener = csi::socket::bind_private(path)?;
-            let (identity, node) = crate::csi::addons::services(Arc::new(Addons {
-                runner: runner.clone(),
-                health: Arc::clone(&health),
-                metrics: metrics.clone(),
+            let (identity, node) = csi::addons::services(Arc::new(Addons {
+                runner,
+                health: Arc::clone(&driver.health),
+                metrics: driver.metrics.clone(),
             }));
+            let router = Server::builder().add_service(identity).add_service(node);
+            let serving = csi::socket::serve(path, router, stop.signal())?;
             info!(endpoint = %path.display(), "serving csi-addons");
-            Some(
-                tonic::transport::Server::builder()
-                    .add_service(identity)
-                    .add_service(node)
-                    .serve_with_incoming_shutdown(csi::socket::incoming(listener), stopped(stop_rx.clone())),
-            )
+            Some(serving)
         }
         None => None,
     };
-    let addons = async move {
-        match addons {
-            Some(server) => server.await,
-            None => Ok(()),
-        }
-    };
-    // With Kubernetes, schedules come from annotations and the csi-addons ConfigMap,
-    // and results are written back to the claims; without it, from the file alone.
-    let cluster: Arc<dyn reclaim::scheduler::Cluster> = match (&kube, claim_labels, node_claims) {
-        (Some(client), Some(labels), Some(claims)) => reclaim::k8s::KubeCluster::start(
-            client.clone(),
-            &config.reclaim.policy.csi_addons_namespace,
-            &config.node_id,
-            labels,
-            claims,
-        ),
-        _ => Arc::new(NoCluster),
-    };
-    let scheduler = config.reclaim.policy.enabled.then(|| {
-        let scheduler = Scheduler::new(
-            runner,
-            cluster,
-            SchedulerConfig {
-                policy: config.reclaim.policy.clone(),
-                busy_retry: std::time::Duration::from_secs(60),
-                rescan: std::time::Duration::from_secs(60),
-            },
-        );
-        tokio::spawn(scheduler.run(stopped(stop_rx.clone())))
-    });
-    let listener = csi::socket::bind_private(&config.socket_path)?;
+    let health = Arc::clone(&driver.health);
+    let (identity, controller, node, states) = csi::services(driver);
+    let router = Server::builder()
+        .add_service(identity)
+        .add_service(controller)
+        .add_service(node)
+        .add_service(states);
+    let grpc = csi::socket::serve(&config.socket_path, router, stop.signal())?;
     // After the CSI socket exists: kubelet dials it as soon as registration succeeds.
     let registration = match &config.registration {
         // kubelet creates its registry directory; without it there is no kubelet to
@@ -258,8 +268,8 @@ pub async fn serve(
             socket_path,
             csi_endpoint,
         } => {
-            let service = RegistrationService::new(csi_endpoint.clone(), Arc::clone(&health));
-            match registration::serve(socket_path.clone(), service, stopped(stop_rx.clone())) {
+            let service = RegistrationService::new(csi_endpoint.clone(), health);
+            match registration::serve(socket_path.clone(), service, stop.signal()) {
                 Ok(serving) => Some(serving),
                 Err(e) => {
                     let _ = std::fs::remove_file(&config.socket_path);
@@ -269,25 +279,6 @@ pub async fn serve(
         }
         RegistrationConfig::External => None,
     };
-    let registration = async move {
-        match registration {
-            Some(serving) => serving.await,
-            None => Ok(()),
-        }
-    };
-    let stats = tokio::spawn(stats::run(
-        Arc::clone(&volumes),
-        metrics,
-        config.stats_interval,
-        stopped(stop_rx.clone()),
-    ));
-    let (identity, controller, node, states) = csi::services(driver);
-    let grpc = tonic::transport::Server::builder()
-        .add_service(identity)
-        .add_service(controller)
-        .add_service(node)
-        .add_service(states)
-        .serve_with_incoming_shutdown(csi::socket::incoming(listener), stopped(stop_rx));
     info!(
         endpoint = %config.socket_path.display(),
         node.id = %config.node_id,
@@ -295,23 +286,100 @@ pub async fn serve(
         version = env!("CARGO_PKG_VERSION"),
         "serving CSI"
     );
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
+    let csi_socket = config.socket_path.clone();
+    let addons_socket = config.reclaim.csi_addons_socket.clone();
+    Ok(async move {
+        let registration = async move {
+            match registration {
+                Some(serving) => serving.await,
+                None => Ok(()),
+            }
+        };
+        let addons = async move {
+            match addons {
+                Some(server) => server.await,
+                None => Ok(()),
+            }
+        };
+        let (csi, http, registration, addons) = tokio::join!(grpc, http, registration, addons);
+        // The registration socket removes itself (see registration::serve).
+        let _ = std::fs::remove_file(&csi_socket);
+        if let Some(path) = &addons_socket {
+            let _ = std::fs::remove_file(path);
+        }
+        Served {
+            csi,
+            http,
+            registration,
+            addons,
+        }
+    })
+}
+
+/// What runs beside the servers until the stop.
+struct Background {
+    stats: JoinHandle<()>,
+    /// The reclaim scheduler, when schedules are enabled.
+    scheduler: Option<JoinHandle<()>>,
+}
+
+/// Starts the node resizer and the snapshot-content labeller (with the API), the reclaim
+/// scheduler (when enabled) and the stats refresh, each until the stop.
+fn start_background(
+    config: &Config,
+    api: Option<Api>,
+    volumes: Arc<Volumes>,
+    locks: VolumeLocks,
+    metrics: Metrics,
+    runner: Runner,
+    stop: &Stop,
+) -> Background {
+    if let Some(api) = api.as_ref().filter(|_| config.resize.node_resizer) {
+        crate::resize::spawn_node_resizer(
+            &config.resize,
+            api.client.clone(),
+            &config.node_id,
+            Arc::clone(&volumes),
+            locks,
+            api.claim_labels.clone(),
+            stop.signal(),
+        );
+    }
+    // Pre-provisioned VolumeSnapshotContents of this node's snapshots get the label its
+    // csi-snapshotter (--node-deployment) selects by; without the snapshot CRDs or
+    // their RBAC this waits quietly (see k8s::snapshot_content).
+    if let Some(api) = &api {
+        crate::k8s::snapshot_content::spawn(
+            api.client.clone(),
+            Arc::clone(&volumes),
+            &config.node_id,
+            stop.signal(),
+        );
+    }
+    // With Kubernetes, schedules come from annotations and the csi-addons ConfigMap,
+    // and results are written back to the claims; without it, from the file alone.
+    let cluster: Arc<dyn reclaim::scheduler::Cluster> = match api {
+        Some(api) => reclaim::k8s::KubeCluster::start(
+            api.client,
+            &config.reclaim.policy.csi_addons_namespace,
+            &config.node_id,
+            api.claim_labels,
+            api.node_claims,
+        ),
+        None => Arc::new(NoCluster),
+    };
+    let scheduler = config.reclaim.policy.enabled.then(|| {
+        let scheduler = Scheduler::new(
+            runner,
+            cluster,
+            SchedulerConfig {
+                policy: config.reclaim.policy.clone(),
+                busy_retry: std::time::Duration::from_secs(60),
+                rescan: std::time::Duration::from_secs(60),
+            },
+        );
+        tokio::spawn(scheduler.run(stop.signal()))
     });
-    let (grpc, http, registration, addons) = tokio::join!(grpc, http, registration, addons);
-    let _ = std::fs::remove_file(&config.socket_path);
-    if let Some(path) = &config.reclaim.csi_addons_socket {
-        let _ = std::fs::remove_file(path);
-    }
-    if let Some(scheduler) = scheduler {
-        let _ = scheduler.await;
-    }
-    grpc.context("CSI server")?;
-    http.context("metrics server")?;
-    registration.context("kubelet plugin registration server")?;
-    stats.await.context("stats refresh task")?;
-    addons.context("csi-addons server")?;
-    info!("stopped");
-    Ok(())
+    let stats = tokio::spawn(stats::run(volumes, metrics, config.stats_interval, stop.signal()));
+    Background { stats, scheduler }
 }

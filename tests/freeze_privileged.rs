@@ -270,11 +270,7 @@ async fn freeze_around_snapshots(fs: &str) {
         }),
     };
     let classes = localvol::config::load_classes(None, &data, 1 << 30).unwrap();
-    let volumes = Arc::new(
-        localvol::app::open_volumes(&classes, &data, "test-node", host)
-            .await
-            .unwrap(),
-    );
+    let volumes = Arc::new(Volumes::open(&classes, &data, "test-node", host).await.unwrap());
     let locks = VolumeLocks::default();
     let capability = csi::VolumeCapability {
         access_type: Some(csi::volume_capability::AccessType::Mount(

@@ -38,6 +38,7 @@ use crate::proto::csi::v1::node_client::NodeClient;
 use crate::proto::localvol::v1 as pb;
 use crate::proto::localvol::v1::volume_states_client::VolumeStatesClient;
 use crate::request::PARAM_DEVICE_CLASS;
+use crate::volume::{OpenError, Volumes};
 
 #[path = "status_mounts.rs"]
 mod mounts;
@@ -51,7 +52,7 @@ pub enum StatusError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot open the device classes")]
-    Classes(#[source] anyhow::Error),
+    Classes(#[source] OpenError),
     #[error(transparent)]
     Endpoint(#[from] SocketError),
     #[error("cannot connect to the localvol daemon at {path}", path = path.display())]
@@ -174,7 +175,7 @@ pub async fn run(args: &StatusArgs, out: &mut dyn Write, err: &mut dyn Write) ->
 pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), StatusError> {
     let classes = load_classes(args.config.as_deref(), &args.data_dir, args.loop_capacity)?;
     let host = Host::system();
-    let volumes = crate::app::open_volumes(&classes, &args.data_dir, "", host.clone())
+    let volumes = Volumes::open(&classes, &args.data_dir, "", host.clone())
         .await
         .map_err(StatusError::Classes)?;
     let path = socket::endpoint_path(&args.endpoint)?;

@@ -5,6 +5,7 @@
 //! A stale socket (nobody listening) is replaced; a live one means another localvol is
 //! serving, which is an error.
 
+use std::future::Future;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -106,6 +107,17 @@ pub fn bind_private(path: &Path) -> Result<UnixListener, SocketError> {
 /// Every unix socket localvol serves is served from this.
 pub fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<NormalizedStream<UnixStream>>> {
     UnixListenerStream::new(listener).map(|accepted| accepted.map(NormalizedStream::new))
+}
+
+/// `router` served on a private socket at `path`: bound now ([`bind_private`]), serving
+/// once awaited, until `shutdown` resolves.
+pub fn serve<F: Future<Output = ()>>(
+    path: &Path,
+    router: tonic::transport::server::Router,
+    shutdown: F,
+) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + use<F>, SocketError> {
+    let listener = bind_private(path)?;
+    Ok(router.serve_with_incoming_shutdown(incoming(listener), shutdown))
 }
 
 /// A gRPC channel to the server listening on the unix socket at `path`: the client side

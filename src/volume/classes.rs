@@ -8,6 +8,8 @@
 //! restart. An opened class stays opened: storage that disappears later fails the
 //! class's health check, as before.
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 use tracing::{info, warn};
@@ -15,6 +17,7 @@ use tracing::{info, warn};
 use super::{VolumeError, Volumes};
 use crate::backend::{Backend, BackendError, Opener};
 use crate::config::DeviceClass;
+use crate::host::Host;
 use crate::model::ClassName;
 use crate::model::full_message;
 
@@ -62,10 +65,78 @@ pub struct MissingClass {
     pub reason: String,
 }
 
+/// Why the device classes could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("preparing device class {class}")]
+    Class {
+        class: ClassName,
+        #[source]
+        source: BackendError,
+    },
+    #[error("no default device class")]
+    NoDefault,
+    #[error("reading the record of staged and published paths")]
+    PlacedPaths(#[source] VolumeError),
+}
+
 impl Volumes {
+    /// One backend per device class. Opening a class checks that its storage is there
+    /// (the volume group, the region) and makes the loop directory if missing; it changes
+    /// no volume, so `localvol status` uses it too beside a running daemon.
+    pub async fn open(
+        classes: &[DeviceClass],
+        data_dir: &Path,
+        node_id: &str,
+        host: Host,
+    ) -> Result<Self, OpenError> {
+        let mut opener = Opener::new(host.clone(), data_dir.to_path_buf());
+        let mut backends = Vec::new();
+        let mut missing = Vec::new();
+        let mut default_fs = BTreeMap::new();
+        let mut mount_options = BTreeMap::new();
+        for class in classes {
+            if let Some(fs) = class.fs_type {
+                default_fs.insert(class.name.clone(), fs);
+            }
+            mount_options.insert(class.name.clone(), class.mount_options.clone());
+            match opener.open(class).await {
+                Ok(backend) => backends.push(backend),
+                // One configuration serves nodes with different storage: serve the rest.
+                Err(e) if e.is_storage_missing() => {
+                    warn!(
+                        device_class = %class.name,
+                        reason = %full_message(&e),
+                        "device class not served on this node: its storage is missing (looked for again on every stats refresh)"
+                    );
+                    missing.push((class.clone(), e));
+                }
+                Err(source) => {
+                    return Err(OpenError::Class {
+                        class: class.name.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        let default_class = classes
+            .iter()
+            .find(|c| c.default)
+            .ok_or(OpenError::NoDefault)?
+            .name
+            .clone();
+        let mut volumes = Volumes::new(backends, default_class, default_fs, host, node_id.to_string());
+        volumes.set_class_mount_options(mount_options);
+        volumes
+            .keep_placed_paths_in(data_dir.join("placed"))
+            .map_err(OpenError::PlacedPaths)?;
+        volumes.add_missing_classes(missing, opener);
+        Ok(volumes)
+    }
+
     /// Adds classes whose storage was missing at start-up, and how to open them when it
     /// appears.
-    pub fn add_missing_classes(&mut self, missing: Vec<(DeviceClass, BackendError)>, opener: Opener) {
+    fn add_missing_classes(&mut self, missing: Vec<(DeviceClass, BackendError)>, opener: Opener) {
         for (class, error) in missing {
             let name = class.name.clone();
             self.backends

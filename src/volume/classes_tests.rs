@@ -123,7 +123,7 @@ async fn a_missing_volume_group_leaves_the_node_serving_and_is_picked_up_when_it
     let commands = Arc::new(FakeCommands::default());
     let present = Arc::new(AtomicBool::new(false));
     lvm(&commands, &present);
-    let volumes = crate::app::open_volumes(&classes(dir.path()), dir.path(), "node-a", host(commands))
+    let volumes = Volumes::open(&classes(dir.path()), dir.path(), "node-a", host(commands))
         .await
         .expect("a missing VG does not stop start-up");
     let ssd = ClassName::parse("ssd").unwrap();
@@ -204,7 +204,7 @@ async fn other_failures_still_stop_start_up() {
         5,
         "  /dev/mapper/control: open failed: Permission denied\n",
     );
-    let err = crate::app::open_volumes(&classes(dir.path()), dir.path(), "node-a", host(commands))
+    let err = Volumes::open(&classes(dir.path()), dir.path(), "node-a", host(commands))
         .await
         .unwrap_err();
     assert!(

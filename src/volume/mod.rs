@@ -18,7 +18,7 @@ mod targets;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use classes::MissingClass;
+pub use classes::{MissingClass, OpenError};
 pub use controller::{CreatedVolume, ExpandedVolume};
 pub use node::{VolumeCondition, VolumeStats};
 
