@@ -86,11 +86,17 @@ impl PlacedPaths {
         for entry in entries {
             let entry = entry.map_err(io_error("read", &dir))?;
             let name = entry.file_name();
-            // A write cut short leaves its temporary file: never a record.
-            if name.as_bytes().starts_with(b".") {
-                continue;
-            }
             let path = entry.path();
+            // A write cut short (the daemon killed between writing and renaming) leaves
+            // its temporary file: never a record, and nobody else's to keep.
+            if name.as_bytes().starts_with(b".") {
+                match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(io_error("remove", &path)(e));
+                    }
+                    _ => continue,
+                }
+            }
             let contents = std::fs::read(&path).map_err(io_error("read", &path))?;
             match parse_record(&name, &contents) {
                 Some((id, placed)) => {
@@ -265,11 +271,19 @@ fn parse_record(name: &OsStr, contents: &[u8]) -> Option<(VolumeId, Vec<(PathBuf
 /// Replaces `file` with `contents` (a temporary file renamed over it), or removes it
 /// when `contents` is empty. No fsync: see the module's comment.
 fn write_record(dir: &Path, file: &Path, contents: Vec<u8>) -> Result<(), VolumeError> {
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp"));
     if contents.is_empty() {
-        return match std::fs::remove_file(file) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_error("remove", file)(e)),
-            _ => Ok(()),
-        };
+        // The temporary file too: one left by a write cut short is this volume's.
+        for path in [file, tmp.as_path()] {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_error("remove", path)(e));
+                }
+                _ => {}
+            }
+        }
+        return Ok(());
     }
     {
         use std::os::unix::fs::DirBuilderExt;
@@ -279,8 +293,6 @@ fn write_record(dir: &Path, file: &Path, contents: Vec<u8>) -> Result<(), Volume
             .create(dir)
             .map_err(io_error("create", dir))?;
     }
-    let name = file.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp"));
     {
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
@@ -392,6 +404,23 @@ mod tests {
         let paths = placed.paths();
         assert_eq!(paths.len(), 1, "{paths:?}");
         assert_eq!(paths.get(Path::new("/k/stage/c")), Some(&(id("c"), Role::Stage)));
+        assert!(
+            !records.join(".default.c.tmp").exists(),
+            "a write cut short leaves nothing once the record is loaded"
+        );
+    }
+
+    /// A daemon killed between writing a record's temporary file and renaming it: the
+    /// volume's deletion leaves nothing of it, even without a restart in between.
+    #[tokio::test]
+    async fn a_write_cut_short_leaves_nothing_once_the_volume_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = dir.path().join("placed");
+        let placed = PlacedPaths::load(records.clone()).unwrap();
+        placed.place(&id("a"), Path::new("/k/stage/a"), Role::Stage).await;
+        std::fs::write(records.join(".default.a.tmp"), b"stage /k/stage/a\n").unwrap();
+        placed.forget(&id("a")).await;
+        assert_eq!(std::fs::read_dir(&records).unwrap().count(), 0);
     }
 
     #[test]
