@@ -59,7 +59,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let host = Host::system();
-    let volumes = Volumes::open(&config.device_classes, &config.data_dir, &config.node_id, host).await?;
+    let mut volumes = Volumes::open(&config.device_classes, &config.data_dir, &config.node_id, host).await?;
+    volumes
+        .keep_placed_paths_in(config.data_dir.join("placed"))
+        .context("reading the record of staged and published paths")?;
     let volumes = Arc::new(volumes);
     let metrics = Metrics::new();
     let health = Arc::new(Health::new(Arc::clone(&volumes)));

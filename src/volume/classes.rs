@@ -76,8 +76,6 @@ pub enum OpenError {
     },
     #[error("no default device class")]
     NoDefault,
-    #[error("reading the record of staged and published paths")]
-    PlacedPaths(#[source] VolumeError),
 }
 
 impl Volumes {
@@ -127,9 +125,6 @@ impl Volumes {
             .clone();
         let mut volumes = Volumes::new(backends, default_class, default_fs, host, node_id.to_string());
         volumes.set_class_mount_options(mount_options);
-        volumes
-            .keep_placed_paths_in(data_dir.join("placed"))
-            .map_err(OpenError::PlacedPaths)?;
         volumes.add_missing_classes(missing, opener);
         Ok(volumes)
     }

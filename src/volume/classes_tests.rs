@@ -212,3 +212,21 @@ async fn other_failures_still_stop_start_up() {
         "{err:#}"
     );
 }
+
+/// `localvol status` opens the classes beside a running daemon: opening them must leave
+/// the daemon's record of staged and published paths alone, a write in flight included.
+#[tokio::test]
+async fn opening_the_classes_leaves_the_daemons_placed_paths_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let commands = Arc::new(FakeCommands::default());
+    let present = Arc::new(AtomicBool::new(true));
+    lvm(&commands, &present);
+    let placed = dir.path().join("placed");
+    std::fs::create_dir(&placed).unwrap();
+    let in_flight = placed.join(".files.pvc-1.tmp");
+    std::fs::write(&in_flight, b"stage /k/stage\n").unwrap();
+    Volumes::open(&classes(dir.path()), dir.path(), "node-a", host(commands))
+        .await
+        .unwrap();
+    assert!(in_flight.is_file(), "a write in flight is the daemon's");
+}

@@ -203,6 +203,8 @@ impl Volumes {
 
     /// Keeps the record of where this daemon staged and published each volume in
     /// `dir`, and takes up the one an earlier daemon left there (`placed::PlacedPaths`).
+    /// The daemon's alone: taking it up removes what a killed write left, which
+    /// `localvol status`, opening the classes beside a running daemon, must never do.
     pub fn keep_placed_paths_in(&mut self, dir: PathBuf) -> Result<(), VolumeError> {
         self.placed = placed::PlacedPaths::load(dir)?;
         Ok(())
