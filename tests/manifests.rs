@@ -142,7 +142,11 @@ const LVM_DIRS: [(&str, &str); 3] = [
 
 #[test]
 fn lvm_overlays_mount_the_hosts_lvm_configuration_locks_and_run_dir() {
-    for overlay in ["deploy/overlays/lvm", "deploy/overlays/lvm-thin"] {
+    for overlay in [
+        "deploy/overlays/lvm",
+        "deploy/overlays/lvm-thin",
+        "deploy/overlays/pmem-lvm",
+    ] {
         let docs = render(overlay);
         let spec = pod_spec(&docs, "DaemonSet", "localvol-node");
         let localvol = container(spec, "localvol");
@@ -326,4 +330,44 @@ fn without_the_component_every_kubelet_path_is_the_default_root() {
     assert!(args.contains(&format!(
         "--kubelet-registration-path={DEFAULT_ROOT}/plugins/localvol.csi.dev/csi.sock"
     )));
+}
+
+/// Every shipped overlay's device-class file is one the daemon accepts (parsed and
+/// validated as `serve` does), and each of its StorageClasses names a class in it.
+#[test]
+fn every_overlays_config_loads_and_its_storage_classes_name_its_classes() {
+    let overlays = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&overlays).unwrap() {
+        let dir = entry.unwrap().path();
+        let config = dir.join("config.yaml");
+        if !config.is_file() {
+            continue;
+        }
+        seen += 1;
+        let data = tempfile::tempdir().unwrap();
+        let classes = localvol::config::load_classes(Some(&config), data.path(), 1 << 30)
+            .unwrap_or_else(|e| panic!("{}: {e}", config.display()));
+        let names: Vec<String> = classes.iter().map(|c| c.name.to_string()).collect();
+        let rel = dir.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let docs = render(rel.to_str().unwrap());
+        let storage_classes: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "StorageClass").collect();
+        assert!(!storage_classes.is_empty(), "{}: no StorageClass", rel.display());
+        for sc in storage_classes {
+            let class = sc["parameters"]["localvol.csi.dev/device-class"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                names.iter().any(|n| n == class),
+                "{}: StorageClass {} names device class {class:?}, the config has {names:?}",
+                rel.display(),
+                sc["metadata"]["name"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    assert!(
+        seen >= 5,
+        "only {seen} overlays with a config.yaml under {}",
+        overlays.display()
+    );
 }

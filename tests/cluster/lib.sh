@@ -9,8 +9,8 @@ SYSTEM_NS=localvol-system
 
 # The device class the scenarios use, as the deployed overlay defines it. The host suite
 # (run.sh) uses the loop overlay's defaults; tests/vm/cluster-guest.sh sets these for the
-# lvm, lvm-thin and pmem overlays before each class's scenarios.
-CLASS_KIND=${CLASS_KIND:-loop}        # loop | lvm | lvm-thin | pmem: how the host sees a volume
+# lvm, lvm-thin, pmem and pmem-lvm overlays before each class's scenarios.
+CLASS_KIND=${CLASS_KIND:-loop}        # loop | lvm | lvm-thin | pmem | pmem-lvm: how the host sees a volume
 DEVICE_CLASS=${DEVICE_CLASS:-loop}    # localvol.csi.dev/device-class of the StorageClass
 SC=${SC:-localvol-loop}               # the overlay's StorageClass
 FSTYPE=${FSTYPE:-ext4}                # its csi.storage.k8s.io/fstype
@@ -91,7 +91,7 @@ dm_path_of() { # VG/LV: its /dev/mapper node (VG-LV, each '-' doubled)
 backing_for() { # HANDLE
   case $CLASS_KIND in
     loop) backing_of "$1" ;;
-    lvm|lvm-thin) lv_of "$1" || echo "$LVM_VG/${1#*.}" ;;
+    lvm|lvm-thin|pmem-lvm) lv_of "$1" || echo "$LVM_VG/${1#*.}" ;;
     # The namespace's name is the token (src/backend/pmem/mod.rs: namespace_name).
     pmem) echo "${1#*.}" ;;
     *) fail "backing_for: class kind $CLASS_KIND" ;;
@@ -100,7 +100,7 @@ backing_for() { # HANDLE
 backing_present() { # BACKING
   case $CLASS_KIND in
     loop) [ -f "$1" ] ;;
-    lvm|lvm-thin) lvs "$1" >/dev/null 2>&1 ;;
+    lvm|lvm-thin|pmem-lvm) lvs "$1" >/dev/null 2>&1 ;;
     pmem) [ -n "$(pmem_field "$1" dev)" ] ;;
   esac
 }
@@ -108,7 +108,7 @@ backing_present() { # BACKING
 backing_gone() { # BACKING
   case $CLASS_KIND in
     loop) [ ! -e "$1" ] ;;
-    lvm|lvm-thin) ! lvs "$1" >/dev/null 2>&1 && ! dmsetup info "$(basename "$(dm_path_of "$1")")" >/dev/null 2>&1 &&
+    lvm|lvm-thin|pmem-lvm) ! lvs "$1" >/dev/null 2>&1 && ! dmsetup info "$(basename "$(dm_path_of "$1")")" >/dev/null 2>&1 &&
       [ ! -e "$(dm_path_of "$1")" ] ;;
     pmem) [ -z "$(pmem_field "$1" dev)" ] ;;
   esac
@@ -117,7 +117,7 @@ backing_gone() { # BACKING
 device_of() { # BACKING
   case $CLASS_KIND in
     loop) loop_of "$1" ;;
-    lvm|lvm-thin) local d; d=$(dm_path_of "$1"); [ -b "$d" ] && echo "$d" ;;
+    lvm|lvm-thin|pmem-lvm) local d; d=$(dm_path_of "$1"); [ -b "$d" ] && echo "$d" ;;
     pmem) local b; b=$(pmem_field "$1" blockdev); [ -n "$b" ] && [ -b "/dev/$b" ] && echo "/dev/$b" ;;
   esac
 }
@@ -132,14 +132,14 @@ still_attached() { # BACKING
 read_backing() { # BACKING BYTES: the first bytes of the volume, read on the host
   case $CLASS_KIND in
     loop) head -c "$2" "$1" ;;
-    lvm|lvm-thin) head -c "$2" "$(dm_path_of "$1")" ;;
+    lvm|lvm-thin|pmem-lvm) head -c "$2" "$(dm_path_of "$1")" ;;
     pmem) head -c "$2" "$(device_of "$1")" ;;
   esac
 }
 backing_bytes() { # BACKING: the volume's size on the host
   case $CLASS_KIND in
     loop) stat -c %s "$1" ;;
-    lvm|lvm-thin) lvs --noheadings --units b --nosuffix -o lv_size "$1" | tr -d ' ' ;;
+    lvm|lvm-thin|pmem-lvm) lvs --noheadings --units b --nosuffix -o lv_size "$1" | tr -d ' ' ;;
     pmem) pmem_field "$1" size ;;
   esac
 }
@@ -235,12 +235,17 @@ expect_class_device() { # NONE (uses DEV, BACKING)
   [ -n "$DEV" ] || fail "no block device of $(describe_backing "$BACKING")"
   case $CLASS_KIND in
     loop) [[ $DEV == /dev/loop* ]] || fail "$DEV is not a loop device" ;;
-    lvm|lvm-thin)
+    lvm|lvm-thin|pmem-lvm)
       local dm; dm=$(awk '$2 == "device-mapper" {print $1}' /proc/devices)
       [ "${DEV#/dev/mapper/}" != "$DEV" ] && [ "$(majmin "$DEV")" != "" ] && [ "$(majmin "$DEV" | cut -d: -f1)" = "$dm" ] ||
         fail "$DEV of $BACKING is not a device-mapper device (major $dm)"
       if [ "$CLASS_KIND" = lvm-thin ]; then
         [ "$(lvs --noheadings -o segtype "$BACKING" | tr -d ' ')" = thin ] || fail "$BACKING is not a thin LV"
+      fi
+      # pmem in lvm mode: the LV lies on the VG's fsdax namespaces.
+      if [ "$CLASS_KIND" = pmem-lvm ]; then
+        local pvs; pvs=$(lvs --noheadings -o devices "$BACKING" | tr -d ' ')
+        [[ $pvs == /dev/pmem* ]] || fail "$BACKING lies on $pvs, not on a pmem device"
       fi ;;
     pmem) [[ $DEV == /dev/pmem* ]] || fail "$DEV is not a pmem device"
       [ "$(pmem_field "$BACKING" mode)" = fsdax ] || fail "namespace $BACKING is not fsdax" ;;
@@ -257,8 +262,11 @@ expect_pod_mount() { # NAMESPACE POD PATH
   [ "$fs" = "$FSTYPE" ] || fail "$3 in pod $2 is $fs, expected $FSTYPE"
   [ "$mm" = "$(majmin "$DEV")" ] || fail "$3 in pod $2 is device $mm ($src), not $DEV ($(majmin "$DEV"))"
   case $CLASS_KIND in
-    lvm|lvm-thin) [[ $src == /dev/mapper/* || $src == /dev/dm-* || $src == /dev/$LVM_VG/* ]] ||
-      fail "$3 in pod $2: mount source $src is not a device-mapper LV path" ;;
+    lvm|lvm-thin|pmem-lvm) [[ $src == /dev/mapper/* || $src == /dev/dm-* || $src == /dev/$LVM_VG/* ]] ||
+      fail "$3 in pod $2: mount source $src is not a device-mapper LV path"
+      # deploy/overlays/pmem-lvm mounts with -o dax, as pmem direct does.
+      [ "$CLASS_KIND" != pmem-lvm ] || grep -qw 'dax' <<<"$line" ||
+        fail "$3 in pod $2 is not mounted with dax: $line" ;;
     # deploy/overlays/pmem mounts with -o dax.
     pmem) [[ $src == /dev/pmem* ]] || fail "$3 in pod $2: mount source $src is not a pmem device"
       grep -qw 'dax' <<<"$line" ||

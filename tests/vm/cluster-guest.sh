@@ -11,8 +11,9 @@
 # needs are not in run.sh's.
 # Disks: /dev/vda for guest-prep.sh (the node's state, kubelet's root), /dev/vdb for the
 # volume group `localvol` of the lvm classes (the name deploy/overlays/lvm*/config.yaml
-# expects); the NVDIMM's region0 for the pmem class (deploy/overlays/pmem/config.yaml),
-# labelled here as new hardware would be. Writes RUN_DIR/results ("PASS|FAIL|SKIP
+# expects); the NVDIMM's region0 for the pmem classes (deploy/overlays/pmem/config.yaml;
+# for pmem-lvm, deploy/overlays/pmem-lvm/config.yaml's VG `localvol-pmem` on its one
+# fsdax namespace), labelled here as new hardware would be. Writes RUN_DIR/results ("PASS|FAIL|SKIP
 # SCENARIO CLASS SECONDS" lines, then "PASS|FAIL final-state") and RUN_DIR/logs/.
 # Exits 0 only if no line is a FAIL.
 set -uo pipefail
@@ -86,28 +87,44 @@ class_env() { # CLASS
               FS_SIZE=320Mi ;;   # mkfs.xfs refuses below 300 MB (tests/vm/README.md)
     lvm) CLASS_KIND=lvm DEVICE_CLASS=lvm SC=localvol-lvm FSTYPE=ext4 FS_SIZE=64Mi ;;
     pmem) CLASS_KIND=pmem DEVICE_CLASS=pmem SC=localvol-pmem FSTYPE=ext4 FS_SIZE=64Mi ;;
+    pmem-lvm) CLASS_KIND=pmem-lvm DEVICE_CLASS=pmem-lvm SC=localvol-pmem-lvm FSTYPE=ext4 FS_SIZE=64Mi ;;
     *) echo "FATAL: class $1 not supported here" >&2; exit 2 ;;
   esac
-  BLOCK_SIZE=32Mi LVM_VG=localvol OVERLAY=$HERE/overlays/$1
+  BLOCK_SIZE=32Mi OVERLAY=$HERE/overlays/$1
+  # deploy/overlays/pmem-lvm/config.yaml's VG; deploy/overlays/lvm*/config.yaml's.
+  if [ "$1" = pmem-lvm ]; then LVM_VG=localvol-pmem; else LVM_VG=localvol; fi
   # Scenario 4 grows the class's own fstype (ext4 grows online here: root has
-  # CAP_SYS_RESOURCE in the guest), by --node-resizer and then by the central csi-resizer.
-  S4_FSTYPE=$FSTYPE S4_CLASS=lvtest-$FSTYPE S4_CENTRAL_OVERLAY=$HERE/overlays/central-resizer-$1
+  # CAP_SYS_RESOURCE in the guest) by --node-resizer, on every class that grows; and on
+  # lvm-thin then by the central csi-resizer too. That half is the same code on every
+  # class (ControllerExpandVolume, then the backend's own growth the node half already
+  # ran): once is enough (it passed on pmem-lvm too, by hand: tests/vm/README.md).
+  S4_FSTYPE=$FSTYPE S4_CLASS=lvtest-$FSTYPE S4_CENTRAL_OVERLAY=
+  [ "$1" != lvm-thin ] || S4_CENTRAL_OVERLAY=$HERE/overlays/central-resizer-lvm-thin
 }
 # Scenarios that do not apply to a class, and why.
 not_for_class() { # SCENARIO CLASS
   case $1:$2 in
-    s4_expansion:pmem) echo "pmem direct volumes cannot grow (docs/backends.md; the overlay's StorageClass has allowVolumeExpansion: false)" ;;
-    s11_e2e_storage:lvm|s11_e2e_storage:pmem) echo "the e2e driver definition's promises (snapshots, clones) hold on lvm-thin; the guest runs the suites there" ;;
+    s11_e2e_storage:lvm|s11_e2e_storage:pmem|s11_e2e_storage:pmem-lvm) echo "the e2e driver definition's promises (snapshots, clones) hold on lvm-thin; the guest runs the suites there" ;;
     *) return 1 ;;
   esac
 }
 
 # The storage the overlay's config.yaml expects on the node.
 make_storage() { # CLASS
-  if [ "$1" = pmem ]; then   # an empty, labelled region0 (tests/vm/README.md)
-    ndctl disable-region region0 && ndctl init-labels -f nmem0 && ndctl enable-region region0
-    return
-  fi
+  case $1 in
+    pmem|pmem-lvm)   # an empty, labelled region0 (tests/vm/README.md)
+      ndctl disable-region region0 && ndctl init-labels -f nmem0 && ndctl enable-region region0 || return 1 ;;
+  esac
+  case $1 in
+    pmem) return 0 ;;
+    # deploy/overlays/pmem-lvm/config.yaml: the VG localvol-pmem on the region's one
+    # fsdax namespace, as its comment tells the operator to make it.
+    pmem-lvm)
+      local dev
+      dev=/dev/$(ndctl create-namespace --mode fsdax --region region0 | python3 -c 'import json, sys; print(json.load(sys.stdin)["blockdev"])') &&
+        pvcreate -q -y "$dev" && vgcreate -q localvol-pmem "$dev"
+      return ;;
+  esac
   pvcreate -q -y "$VG_DISK" && vgcreate -q localvol "$VG_DISK" || return 1
   case $1 in
     # deploy/overlays/lvm-thin/config.yaml: thin pool localvol/pool0.
@@ -116,8 +133,8 @@ make_storage() { # CLASS
     lvm) true ;;
   esac
 }
-# LVs left in the VG other than the class's own thin pool (and its hidden sub-LVs).
-volume_lvs() { lvs --noheadings -o lv_name localvol 2>/dev/null | awk '$1 != "pool0" && $1 !~ /^\[/ {print $1}'; }
+# LVs left in the class's VG other than its own thin pool (and its hidden sub-LVs).
+volume_lvs() { lvs --noheadings -o lv_name "$LVM_VG" 2>/dev/null | awk '$1 != "pool0" && $1 !~ /^\[/ {print $1}'; }
 # fsdax namespaces with a size: what localvol makes (not the raw namespace a label-less
 # region shows at boot, nor a region's idle seed namespace, which has none).
 pmem_namespaces() {
@@ -127,9 +144,24 @@ v = json.loads(d) if d else []
 for n in v if isinstance(v, list) else [v]:
     if n.get("size", 0) and n.get("mode") == "fsdax": print(n.get("dev"), n.get("name", ""), n.get("size"))'
 }
+# The fsdax namespaces that are volumes: for pmem-lvm, not the one under its VG.
+volume_namespaces() {
+  if [ "$CLASS" = pmem-lvm ]; then
+    local under; under=$(pvs --noheadings -o pv_name --select "vg_name=$LVM_VG" 2>/dev/null | tr -d ' ')
+    pmem_namespaces | while read -r dev name size; do
+      [ "/dev/$(ndctl list -n "$dev" | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["blockdev"])')" = "$under" ] ||
+        echo "$dev $name $size"
+    done
+  else pmem_namespaces; fi
+}
 remove_storage() { # CLASS
-  [ "$1" = pmem ] && return 0
-  vgremove -q -f localvol && pvremove -q "$VG_DISK"
+  case $1 in
+    pmem) return 0 ;;
+    pmem-lvm)
+      local under; under=$(pvs --noheadings -o pv_name --select "vg_name=$LVM_VG" | tr -d ' ')
+      vgremove -q -f "$LVM_VG" && pvremove -q "$under" && ndctl destroy-namespace -f all --region region0 ;;
+    *) vgremove -q -f localvol && pvremove -q "$VG_DISK" ;;
+  esac
 }
 # Device-mapper devices: none may be left once the storage is removed.
 dm_devices() { dmsetup ls 2>/dev/null | grep -v '^No devices found' || true; }
@@ -164,7 +196,7 @@ for CLASS in "${CLASSES[@]}"; do
   if ! make_storage "$CLASS" >"$LOGS/storage-$CLASS.log" 2>&1; then
     cat "$LOGS/storage-$CLASS.log"; result "FAIL deploy $CLASS $((SECONDS - start))s (storage)"; failed=1; continue
   fi
-  if [ "$CLASS" = pmem ]; then ndctl list -R; else vgs localvol; lvs -a localvol; fi
+  if [ "$CLASS" = pmem ]; then ndctl list -R; else vgs "$LVM_VG"; lvs -a "$LVM_VG"; fi
   phase "class $CLASS: deploy ${OVERLAY#"$REPO"/}"
   kubectl apply -k "$OVERLAY" >"$LOGS/apply-$CLASS.log" 2>&1 || { cat "$LOGS/apply-$CLASS.log"; }
   if ( set -e; wait_until 200 "DaemonSet localvol-node Ready ($CLASS)" daemon_ready ) >"$LOGS/deploy-$CLASS.log" 2>&1; then
@@ -193,11 +225,11 @@ for CLASS in "${CLASSES[@]}"; do
   start=$SECONDS
   cok=0
   undeploy || cok=1
-  left=$(volume_lvs; pmem_namespaces)
-  [ -z "$left" ] || { echo "cleanup: volumes left (LVs in localvol, fsdax namespaces): $left"; cok=1; }
-  remove_storage "$CLASS" >>"$LOGS/storage-$CLASS.log" 2>&1 || { echo "cleanup: cannot remove VG localvol"; tail -5 "$LOGS/storage-$CLASS.log"; cok=1; }
-  left=$(dm_devices)
-  [ -z "$left" ] || { echo "cleanup: device-mapper devices left: $left"; cok=1; dmsetup remove_all -f || true; vgremove -f localvol >/dev/null 2>&1; }
+  left=$(volume_lvs; volume_namespaces)
+  [ -z "$left" ] || { echo "cleanup: volumes left (LVs in $LVM_VG, fsdax namespaces): $left"; cok=1; }
+  remove_storage "$CLASS" >>"$LOGS/storage-$CLASS.log" 2>&1 || { echo "cleanup: cannot remove the storage of $CLASS"; tail -5 "$LOGS/storage-$CLASS.log"; cok=1; }
+  left=$(dm_devices; pmem_namespaces)
+  [ -z "$left" ] || { echo "cleanup: device-mapper devices or namespaces left: $left"; cok=1; dmsetup remove_all -f || true; vgremove -f "$LVM_VG" >/dev/null 2>&1; }
   if [ $cok = 0 ]; then result "PASS cleanup $CLASS $((SECONDS - start))s"; else result "FAIL cleanup $CLASS $((SECONDS - start))s"; failed=1; fi
 done
 

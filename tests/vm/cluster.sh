@@ -5,12 +5,13 @@
 # tests/cluster/overlays/CLASS: only the image and the host network changed) on storage
 # made as that overlay's config.yaml expects, then runs tests/cluster's scenarios on it.
 #
-#   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem] [SCENARIO...]    (root)
+#   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem,pmem-lvm] [SCENARIO...]    (root)
 #
 # Scenarios: names or numbers of tests/cluster/scenarios (default: 1 2 3 6 4, the ones
-# parametrised by class, in that order: 4 is the longest). Classes, in the order given: lvm-thin, lvm, pmem (default: all
-# three). A scenario that cannot apply to a class is reported SKIP with the reason
-# (only s4_expansion on pmem: direct volumes cannot grow).
+# parametrised by class, in that order: 4 is the longest). Classes, in the order given:
+# lvm-thin, lvm, pmem (direct), pmem-lvm (default: all four). A scenario that cannot
+# apply to a class is reported SKIP with the reason (tests/vm/cluster-guest.sh's
+# not_for_class).
 # The host builds everything (the kit install, the debug localvol, the image archives,
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
@@ -23,7 +24,7 @@ KIT=${KUBE_KIT:-$REPO/../shared/kube-kit}
 export KUBE_KIT_BIN=${KUBE_KIT_BIN:-/var/cache/kube-kit/bin}
 IMAGE_CACHE=/var/cache/localvol-image
 VM_CACHE=/var/cache/localvol-vm
-VERBOSE=() CLASSES=lvm-thin,lvm,pmem args=()
+VERBOSE=() CLASSES=lvm-thin,lvm,pmem,pmem-lvm args=()
 while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
 done
 IFS=, read -r -a class_list <<<"$CLASSES"
 for c in "${class_list[@]}"; do
-  case $c in lvm-thin|lvm|pmem) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem" >&2; exit 2 ;; esac
+  case $c in lvm-thin|lvm|pmem|pmem-lvm) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem, pmem-lvm" >&2; exit 2 ;; esac
 done
 ALL=(s1_registration s2_volumes s3_ephemeral s6_daemon_restart s4_expansion)
 # Not among the defaults: Kubernetes' storage e2e suites (lvm-thin only; S11_GUEST_FOCUS;
@@ -100,7 +101,7 @@ fi
 # ---------------------------------------------------------------- in the guest
 phase "guest: ${class_list[*]} x ${selected[*]}"
 pmem=0
-[[ ",$CLASSES," == *,pmem,* ]] && pmem=1G
+[[ ",$CLASSES," == *,pmem,* || ",$CLASSES," == *,pmem-lvm,* ]] && pmem=1G
 rc=0
 guest_start=$SECONDS
 tests/vm/run.sh "${VERBOSE[@]}" --disks 2 --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \

@@ -4,11 +4,13 @@
 # status ends as on any real cluster; a request the class cannot hold ends infeasible.
 # On lib.sh's DEVICE_CLASS, with S4_FSTYPE (xfs by default: see the note below; the lvm
 # classes in tests/vm/cluster-guest.sh use their own fstype) and the central csi-resizer
-# overlay S4_CENTRAL_OVERLAY (none: that half is skipped).
+# overlay S4_CENTRAL_OVERLAY (none: that half is skipped). On pmem direct, whose volumes
+# cannot grow, the refusal instead (s4_refused).
 S4_FSTYPE=${S4_FSTYPE:-xfs}
 S4_CLASS=lvtest-$S4_FSTYPE
 S4_CENTRAL_OVERLAY=${S4_CENTRAL_OVERLAY-$HERE/overlays/central-resizer}
 s4_expansion() {
+  if [ "$CLASS_KIND" = pmem ]; then s4_refused; return; fi
   if [ "$S4_FSTYPE" = xfs ] && grep -q '^CapEff:' /proc/self/status && ! capsh_has_sys_resource; then
     note "NOTE s4: ext4 is not grown online here: root lacks CAP_SYS_RESOURCE on this machine, which resize2fs needs on a mounted ext4; xfs is used"
   fi
@@ -46,6 +48,52 @@ YAML
   s4_infeasible $ns csi-resizer
   delete_namespace $ns
   k delete storageclass $S4_CLASS >/dev/null
+}
+
+# pmem direct: a namespace cannot grow in place (docs/backends.md), and the shipped
+# StorageClass says so up front (allowVolumeExpansion: false, which the API server
+# enforces). A class that allows expansion anyway gets localvol's own refusal: the claim
+# ends ControllerResizeInfeasible with the reason in a Warning event, nothing retried,
+# nothing changed, the pod's data intact.
+s4_refused() {
+  local ns=lvtest-s4 sc=lvtest-s4-pmem pvc=grow
+  k apply -f - >/dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $sc, labels: {lvtest: "1"}}
+provisioner: $DRIVER
+parameters:
+  localvol.csi.dev/device-class: $DEVICE_CLASS
+  csi.storage.k8s.io/fstype: $FSTYPE
+reclaimPolicy: Delete
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+YAML
+  new_namespace $ns
+  apply_pvc $ns $pvc "$FS_SIZE" $sc >/dev/null
+  apply_pod $ns app fs $pvc >/dev/null
+  wait_until 90 "pod with the pmem claim Running" pod_phase_is $ns app Running
+  volume_facts $ns $pvc
+  k -n $ns exec app -- sh -c 'echo before-refusal > /data/f && sync'
+  local size before; size=$(k -n $ns get pvc $pvc -o jsonpath='{.status.capacity.storage}')
+  before=$(backing_bytes "$BACKING")
+  k -n $ns patch pvc $pvc --type merge -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}' >/dev/null
+  wait_until 90 "claim marked ControllerResizeInfeasible" s4_status_is $ns $pvc ControllerResizeInfeasible
+  local why
+  why=$(k -n $ns get events --field-selector "involvedObject.name=$pvc,type=Warning" -o jsonpath='{.items[*].message}')
+  grep -q 'cannot grow in place' <<<"$why" || fail "no Warning event gives the reason: $why"
+  local events1 events2
+  events1=$(s4_resize_events $ns $pvc)
+  sleep 20
+  events2=$(s4_resize_events $ns $pvc)
+  [ "$events2" -le $((events1 + 1)) ] || fail "resize retried after the refusal: failure events $events1 -> $events2 in 20 s"
+  [ "$(k -n $ns get pvc $pvc -o jsonpath='{.status.capacity.storage}')" = "$size" ] || fail "capacity moved on a refused growth"
+  [ "$(backing_bytes "$BACKING")" = "$before" ] || fail "$(describe_backing "$BACKING") changed size on a refused growth"
+  [ "$(k -n $ns exec app -- cat /data/f)" = before-refusal ] || fail "data lost after the refusal"
+  note "NOTE s4: pmem direct: growth refused: $(grep -o '[^.]*cannot grow in place[^.]*' <<<"$why" | head -1)"
+  delete_namespace $ns
+  backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left"
+  k delete storageclass $sc >/dev/null
 }
 
 s4_restore() {
