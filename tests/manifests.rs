@@ -1,5 +1,6 @@
 //! The manifests as kustomize renders them (`kubectl kustomize`): what the DaemonSet
-//! mounts from the host for LVM, and kubelet's root directory as one setting.
+//! mounts from the host for LVM, kubelet's root directory as one setting, and each
+//! overlay's device-class file as the daemon loads it.
 //!
 //! kubectl is required: `LOCALVOL_KUBECTL`, else `kubectl` on PATH, else the kube-kit's
 //! /var/cache/kube-kit/bin/kubectl. Without one these tests fail; they never skip.
