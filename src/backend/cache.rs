@@ -20,12 +20,26 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Mutex;
+// tokio's clock (the real one outside tests) so that a test can run an idle hour of
+// probes and refreshes in paused time.
+use tokio::time::Instant;
 
-/// How long a report is trusted when nothing of ours changed the storage.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// How long a report is trusted when nothing of ours changed the storage. It sets how
+/// often an idle node runs the tool: kubelet's readiness probe (every second), the
+/// gauges' refresh (every 30 s) and external-provisioner's GetCapacity poll (every
+/// minute) all read through this cache, so an idle LVM node runs one `lvs` and one
+/// `vgs` a minute whatever its number of volumes (TopoLVM's issue 1221 measured about
+/// 40 LVM commands a minute at 100 volumes). With 10 s it ran twelve. The price: a
+/// change made by someone else (an administrator's `vgextend`) is seen up to a minute
+/// late, as the provisioner's own capacity poll would see it.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(60);
+/// How old a report may be before a request is refused for lack of space: a refusal is
+/// rare and a wrong one costly, so it is decided on a report read at most 10 s before
+/// (what others freed, a `vgextend`, is seen at once).
+pub const REFUSAL_TTL: Duration = Duration::from_secs(10);
 /// How old a report may be for looking up a class's own volumes. Only localvol changes
 /// them, and each of its changes is applied to the cached report; this bounds how long
 /// an administrator's out-of-band change to one (an `lvchange -an`) can go unseen.

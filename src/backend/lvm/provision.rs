@@ -149,9 +149,9 @@ impl LvmBackend {
     ) -> Result<VolumeRecord, BackendError> {
         let mut available = self.capacity_of(state)?.available;
         if spec.size_bytes > available {
-            // The report may predate what others freed (a vgextend): refuse only on one
-            // within the TTL.
-            available = self.capacity_of(&*self.vg.state().await?)?.available;
+            // The report may predate what others freed (a vgextend): refuse only on a
+            // recent one.
+            available = self.capacity_of(&*self.vg.refusal_state().await?)?.available;
         }
         if spec.size_bytes > available {
             return Err(self.no_space(spec.size_bytes, available));
@@ -269,7 +269,11 @@ impl LvmBackend {
             return Ok(lv.size);
         }
         let growth = size_bytes - lv.size;
-        let available = self.capacity_of(&state)?.available;
+        let mut available = self.capacity_of(&state)?.available;
+        if growth > available {
+            // As for a create: refuse only on a recent report.
+            available = self.capacity_of(&*self.vg.refusal_state().await?)?.available;
+        }
         if growth > available {
             return Err(self.no_space(growth, available));
         }

@@ -8,7 +8,7 @@ use tokio::sync::Mutex;
 
 use super::report::{self, Lv, ThinPool, Vg};
 use crate::backend::BackendError;
-use crate::backend::cache::{DEFAULT_TTL, KNOWN_TTL, ReportCache};
+use crate::backend::cache::{DEFAULT_TTL, KNOWN_TTL, REFUSAL_TTL, ReportCache};
 use crate::host::{CommandError, CommandSpec, Host};
 use crate::model::ClassName;
 
@@ -206,6 +206,12 @@ impl VolumeGroup {
     /// fresh one: for decisions about our own LVs.
     pub async fn known_state(&self) -> Result<Arc<VgState>, BackendError> {
         self.state_within(KNOWN_TTL).await
+    }
+
+    /// The cached report up to [`REFUSAL_TTL`] old, or a fresh one: before refusing a
+    /// request for lack of space.
+    pub async fn refusal_state(&self) -> Result<Arc<VgState>, BackendError> {
+        self.state_within(REFUSAL_TTL).await
     }
 
     async fn state_within(&self, max_age: Duration) -> Result<Arc<VgState>, BackendError> {

@@ -38,6 +38,43 @@ async fn thick_capacity_is_vg_free_minus_spare_and_too_big_changes_nothing() {
     assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
 }
 
+/// The report is trusted for a minute (an idle node's LVM commands), but a refusal for
+/// lack of space is decided on one at most 10 s old: space an administrator added
+/// (`vgextend`) serves a create and a growth at once, not a minute later.
+#[tokio::test(start_paused = true)]
+async fn space_added_behind_localvol_serves_creates_and_growth_before_the_report_expires() {
+    let f = Fixture::new(None);
+    let b = f.thick(0).await;
+    b.create(&spec("a", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(b.capacity().await.unwrap().available, 1016 * MIB);
+    // vgextend by hand: the VG doubles.
+    f.vg.lock().unwrap().size = 2048 * MIB;
+    tokio::time::advance(std::time::Duration::from_secs(11)).await;
+    assert_eq!(
+        b.capacity().await.unwrap().available,
+        1016 * MIB,
+        "capacity reads the cached report within the minute"
+    );
+    b.create(&spec("big", 1500 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    f.vg.lock().unwrap().size = 3072 * MIB;
+    tokio::time::advance(std::time::Duration::from_secs(11)).await;
+    assert_eq!(
+        b.expand(&Token::for_name("a"), 1000 * MIB).await.unwrap(),
+        1000 * MIB
+    );
+    // And a refusal still refuses, on a recent report.
+    tokio::time::advance(std::time::Duration::from_secs(11)).await;
+    let err = b
+        .create(&spec("huge", 4096 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BackendError::NoSpace { .. }), "{err}");
+}
+
 #[tokio::test]
 async fn thin_volumes_are_bounded_by_the_overprovision_ratio() {
     let f = Fixture::new(Some(true));

@@ -31,6 +31,48 @@ async fn classes_on_one_vg_share_one_report_and_see_only_their_volumes() {
     );
 }
 
+/// What an idle node asks of a thin class with 100 volumes, on the daemon's own
+/// schedule: kubelet's readiness probe every second (`check_health`), the gauges every
+/// 30 s (what `stats::refresh` reads), external-provisioner's GetCapacity every minute.
+/// Over ten minutes at most two LVM commands a minute may run (issue 32's target).
+#[tokio::test(start_paused = true)]
+async fn an_idle_node_runs_at_most_two_lvm_commands_a_minute_whatever_its_volumes() {
+    let f = Fixture::new(Some(true));
+    let thin = f.thin(5.0).await;
+    for i in 0..100 {
+        thin.create(&spec(&format!("pvc-{i}"), 8 * MIB, VolumeMode::Filesystem))
+            .await
+            .unwrap();
+    }
+    assert_eq!(thin.list().await.unwrap().len(), 100);
+    let before = f.commands.calls().len();
+    let minutes = 10;
+    for second in 0..minutes * 60 {
+        thin.check_health().await.unwrap();
+        if second % 30 == 0 {
+            thin.list().await.unwrap();
+            thin.capacity().await.unwrap();
+            thin.store_usage().await.unwrap();
+            thin.list_snapshots().await.unwrap();
+        }
+        if second % 60 == 0 {
+            thin.capacity().await.unwrap();
+        }
+        tokio::time::advance(std::time::Duration::from_secs(1)).await;
+    }
+    let idle: Vec<String> = f.commands.calls().split_off(before);
+    assert!(
+        idle.iter()
+            .all(|c| c.starts_with("lvs ") || c.starts_with("vgs ")),
+        "only reports while idle: {idle:?}"
+    );
+    assert!(
+        idle.len() <= 2 * minutes,
+        "{} LVM commands in {minutes} idle minutes: {idle:?}",
+        idle.len()
+    );
+}
+
 #[tokio::test]
 async fn inconsistent_tags_fail_get_and_are_skipped_by_list() {
     let f = Fixture::new(None);
