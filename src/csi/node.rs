@@ -250,6 +250,7 @@ mod tests {
     use crate::host::Host;
     use crate::host::fake::{FakeCommands, FakeSyscalls};
     use crate::k8s::fixtures::{self as k8s, Uses};
+    use crate::k8s::mock_api::{MockApi, get, ok};
     use crate::k8s::{Checker, OwnerCheck};
     use crate::locks::VolumeLocks;
     use crate::metrics::Metrics;
@@ -331,10 +332,10 @@ mod tests {
     async fn a_refused_stage_or_publish_changes_nothing_on_the_host() {
         let claim = k8s::pvc("web-0-data", "pvc-1", None, None);
         let pod = k8s::pod("web-0", "uid-a", k8s::NODE, &[Uses::Ephemeral("data")]);
-        let (client, server) = k8s::mock_api(vec![
-            k8s::get(k8s::pvc_uri("web-0-data"), k8s::ok(&claim)),
-            k8s::get(k8s::pvc_uri("web-0-data"), k8s::ok(&claim)),
-            k8s::get(k8s::pod_uri("web-0"), k8s::ok(&pod)),
+        let (client, server) = MockApi::scripted(vec![
+            get(k8s::pvc_uri("web-0-data"), ok(&claim)),
+            get(k8s::pvc_uri("web-0-data"), ok(&claim)),
+            get(k8s::pod_uri("web-0"), ok(&pod)),
             k8s::event("Pod", "web-0", vec![]),
             k8s::event("PersistentVolumeClaim", "web-0-data", vec![]),
         ]);
@@ -363,13 +364,13 @@ mod tests {
         assert!(node.syscalls.calls().is_empty(), "{:?}", node.syscalls.calls());
         assert!(!target.exists());
         drop(node);
-        server.await.unwrap();
+        server.finish().await;
     }
 
     #[tokio::test]
     async fn unstage_unpublish_and_stats_never_ask_the_api() {
         // No request is scripted and the cache never synced: any API use would fail.
-        let (client, server) = k8s::mock_api(vec![]);
+        let (client, server) = MockApi::scripted(vec![]);
         let node = node(k8s::checker(client, vec![], false));
         let target = node.dir.path().join("target");
         node.service
@@ -411,6 +412,6 @@ mod tests {
             .unwrap_err();
         assert_eq!(stage.code(), Code::Unavailable, "{}", stage.message());
         drop(node);
-        server.await.unwrap();
+        server.finish().await;
     }
 }

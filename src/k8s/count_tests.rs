@@ -1,6 +1,6 @@
 //! How many Kubernetes API requests each CSI node call costs. The calls go through the
 //! real CSI services (see [`super::node_fixture`]) with the owner check wired as the
-//! daemon wires it: the node's pod reflector and the claim cache against the fake API
+//! daemon wires it: the node's pod reflector and the claim cache against the mock API
 //! server, which records every request. Targets: with warm caches no request for
 //! NodePublishVolume, NodeUnpublishVolume or NodeGetVolumeStats, at most one for
 //! NodeStageVolume.
@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fake_api::FakeApi;
 use super::fixtures::{self, NODE, Uses, pod_owner, pv, pvc};
+use super::mock_api::MockApi;
 use super::node_fixture::{Node, PodRef};
 use super::{OwnerCheck, Retry, Timings, start_checker};
 use crate::model::DRIVER_NAME;
@@ -26,6 +26,11 @@ pub fn timings(object_ttl: Duration) -> Timings {
             max: Duration::from_millis(100),
         },
     }
+}
+
+/// Every request `api` was asked since the last call, as `METHOD /path?query`.
+pub fn take_lines(api: &MockApi) -> Vec<String> {
+    api.take_requests().iter().map(ToString::to_string).collect()
 }
 
 /// The request the node's pod reflector lists with.
@@ -85,12 +90,12 @@ pub async fn until_ready(node: &Node, ready: bool) -> Result<(), String> {
     }
 }
 
-/// A fake API server holding pod web-0 (uid A, on this node) with a generic ephemeral
+/// A mock API server holding pod web-0 (uid A, on this node) with a generic ephemeral
 /// volume `data`, and its claim web-0-data owned by it, to be bound to PV `pv-1`.
-pub fn ephemeral_world() -> (kube::Client, FakeApi) {
-    let (client, api) = FakeApi::start();
-    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
-    api.put_pvc(pvc(
+pub fn ephemeral_world() -> (kube::Client, MockApi) {
+    let (client, api) = MockApi::start();
+    api.put(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
+    api.put(pvc(
         "web-0-data",
         "pvc-1",
         Some(pod_owner("web-0", A)),
@@ -99,22 +104,22 @@ pub fn ephemeral_world() -> (kube::Client, FakeApi) {
     (client, api)
 }
 
-/// A fake API server holding pod web-0 (uid A, on this node) using the StatefulSet's
+/// A mock API server holding pod web-0 (uid A, on this node) using the StatefulSet's
 /// claim data-web-0 (uid pvc-1), to be bound to PV `pv-1`.
-pub fn statefulset_world() -> (kube::Client, FakeApi) {
-    let (client, api) = FakeApi::start();
-    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
+pub fn statefulset_world() -> (kube::Client, MockApi) {
+    let (client, api) = MockApi::start();
+    api.put(fixtures::pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]));
     let owner = fixtures::controller("StatefulSet", "apps/v1", "web", "uid-sts");
-    api.put_pvc(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
+    api.put(pvc("data-web-0", "pvc-1", Some(owner), Some("pv-1")));
     (client, api)
 }
 
 /// web-0 publishes `volume` once `ttl` has passed: the claim is read again, once.
-async fn publish_after(ttl: Duration, node: &mut Node, volume: &csi::Volume, api: &FakeApi) {
+async fn publish_after(ttl: Duration, node: &mut Node, volume: &csi::Volume, api: &MockApi) {
     tokio::time::sleep(ttl).await;
     node.publish(volume, "target", &WEB0).await.unwrap();
     assert_eq!(
-        api.take_requests(),
+        take_lines(api),
         [get_pvc("data-web-0")],
         "NodePublishVolume, cold"
     );
@@ -128,9 +133,9 @@ const WEB0: PodRef<'static> = PodRef {
 /// Waits until `node`'s pod reflector has synced with `api`, and checks that this took
 /// exactly one list and one watch from the listed version.
 /// web-0's generic ephemeral volume web-0-data (uid pvc-1), created and bound to PV pv-1.
-pub async fn web0_volume(node: &mut Node, api: &FakeApi) -> csi::Volume {
+pub async fn web0_volume(node: &mut Node, api: &MockApi) -> csi::Volume {
     let volume = node.create("web-0-data", "pv-1").await;
-    api.put_pv(pv(
+    api.put(pv(
         "pv-1",
         DRIVER_NAME,
         &volume.volume_id,
@@ -139,10 +144,10 @@ pub async fn web0_volume(node: &mut Node, api: &FakeApi) -> csi::Volume {
     volume
 }
 
-pub async fn synced(node: &Node, api: &FakeApi) {
+pub async fn synced(node: &Node, api: &MockApi) {
     until_ready(node, true).await.unwrap();
     api.until_watching().await;
-    assert_eq!(api.take_requests(), [pod_list(), pod_watch(api.version())]);
+    assert_eq!(take_lines(api), [pod_list(), pod_watch(api.version())]);
 }
 
 const NONE: [&str; 0] = [];
@@ -153,25 +158,25 @@ async fn a_generic_ephemeral_volume_costs_one_read_at_stage_and_none_after() {
     let mut node = node(client, timings(Duration::from_secs(30)));
     synced(&node, &api).await;
     let volume = web0_volume(&mut node, &api).await;
-    assert_eq!(api.take_requests(), NONE, "CreateVolume");
+    assert_eq!(take_lines(&api), NONE, "CreateVolume");
     let web0 = WEB0;
 
     node.stage(&volume).await.unwrap();
     // The claim, once; the owner pod comes from the node's pod cache.
-    assert_eq!(api.take_requests(), [get_pvc("web-0-data")], "NodeStageVolume");
+    assert_eq!(take_lines(&api), [get_pvc("web-0-data")], "NodeStageVolume");
     node.publish(&volume, "target", &web0).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+    assert_eq!(take_lines(&api), NONE, "NodePublishVolume");
     assert_eq!(node.stats(&volume, "target").await.unwrap(), 4 << 20);
-    assert_eq!(api.take_requests(), NONE, "NodeGetVolumeStats");
+    assert_eq!(take_lines(&api), NONE, "NodeGetVolumeStats");
     // kubelet repeats both after a restart: still nothing asked.
     node.stage(&volume).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodeStageVolume again");
+    assert_eq!(take_lines(&api), NONE, "NodeStageVolume again");
     node.publish(&volume, "target", &web0).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodePublishVolume again");
+    assert_eq!(take_lines(&api), NONE, "NodePublishVolume again");
     node.unpublish(&volume, "target").await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodeUnpublishVolume");
+    assert_eq!(take_lines(&api), NONE, "NodeUnpublishVolume");
     node.unstage(&volume).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodeUnstageVolume");
+    assert_eq!(take_lines(&api), NONE, "NodeUnstageVolume");
     assert!(node.mount_points().is_empty(), "{:?}", node.mount_points());
 }
 
@@ -186,13 +191,13 @@ async fn a_normal_claim_costs_one_read_at_stage_and_none_after() {
     let web0 = WEB0;
 
     node.stage(&volume).await.unwrap();
-    assert_eq!(api.take_requests(), [get_pvc("data-web-0")], "NodeStageVolume");
+    assert_eq!(take_lines(&api), [get_pvc("data-web-0")], "NodeStageVolume");
     node.publish(&volume, "target", &web0).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+    assert_eq!(take_lines(&api), NONE, "NodePublishVolume");
     node.stats(&volume, "target").await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodeGetVolumeStats");
+    assert_eq!(take_lines(&api), NONE, "NodeGetVolumeStats");
     node.unpublish(&volume, "target").await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodeUnpublishVolume");
+    assert_eq!(take_lines(&api), NONE, "NodeUnpublishVolume");
 }
 
 #[tokio::test]
@@ -205,12 +210,12 @@ async fn publish_after_the_claim_expired_reads_it_once() {
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;
     node.stage(&volume).await.unwrap();
-    assert_eq!(api.take_requests(), [get_pvc("data-web-0")], "NodeStageVolume");
+    assert_eq!(take_lines(&api), [get_pvc("data-web-0")], "NodeStageVolume");
 
     // A second pod, or the same one after kubelet restarted, long after the stage.
     publish_after(ttl, &mut node, &volume, &api).await;
     node.publish(&volume, "target", &WEB0).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodePublishVolume, warm again");
+    assert_eq!(take_lines(&api), NONE, "NodePublishVolume, warm again");
 }
 
 /// As the daemon wires it, the owner check labels the claims it reads with this node
@@ -227,7 +232,7 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
     let volume = node.create("data-web-0", "pv-1").await;
 
     node.stage(&volume).await.unwrap();
-    let requests = api.take_requests();
+    let requests = take_lines(&api);
     assert_eq!(requests.len(), 1, "NodeStageVolume: {requests:?}");
     assert!(
         requests[0].starts_with(&format!("PATCH {}", fixtures::pvc_uri("data-web-0"))),
@@ -237,7 +242,7 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
     labels
         .ensure([(fixtures::NS.to_string(), "data-web-0".to_string())])
         .await;
-    assert_eq!(api.take_requests(), NONE, "labelled once");
+    assert_eq!(take_lines(&api), NONE, "labelled once");
 
     publish_after(ttl, &mut node, &volume, &api).await;
 }
@@ -259,27 +264,27 @@ async fn a_labelled_claim_is_read_from_the_watch_of_the_nodes_claims() {
 
     tokio::time::sleep(ttl).await;
     node.stage(&volume).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodeStageVolume");
+    assert_eq!(take_lines(&api), NONE, "NodeStageVolume");
     tokio::time::sleep(ttl).await;
     node.publish(&volume, "target", &WEB0).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+    assert_eq!(take_lines(&api), NONE, "NodePublishVolume");
 
     claims.lose_sync();
     publish_after(ttl, &mut node, &volume, &api).await;
 }
 
-/// What the fake API was asked, but for the pod watch, which the fake server ends after
+/// What the mock API was asked, but for the pod watch, which the mock server ends after
 /// each event it sends (so the reflector watches again).
-fn asked(api: &FakeApi) -> Vec<String> {
+fn asked(api: &MockApi) -> Vec<String> {
     let watch = pod_watch(0);
     let watch = &watch[..watch.len() - 1];
-    let mut requests = api.take_requests();
+    let mut requests = take_lines(api);
     requests.retain(|r| !r.starts_with(watch));
     requests
 }
 
-/// Waits until the fake API has been asked something besides the pod watch; returns what.
-async fn until_asked(api: &FakeApi) -> Vec<String> {
+/// Waits until the mock API has been asked something besides the pod watch; returns what.
+async fn until_asked(api: &MockApi) -> Vec<String> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         let requests = asked(api);
@@ -297,8 +302,8 @@ async fn until_asked(api: &FakeApi) -> Vec<String> {
 /// no request.
 #[tokio::test]
 async fn a_new_volume_claim_is_read_when_its_pod_arrives_not_at_stage() {
-    let (client, api) = FakeApi::start();
-    api.put_pvc(pvc(
+    let (client, api) = MockApi::start();
+    api.put(pvc(
         "web-0-data",
         "pvc-1",
         Some(pod_owner("web-0", A)),
@@ -307,21 +312,21 @@ async fn a_new_volume_claim_is_read_when_its_pod_arrives_not_at_stage() {
     let mut node = node(client, timings(Duration::from_secs(30)));
     synced(&node, &api).await;
     let volume = web0_volume(&mut node, &api).await;
-    assert_eq!(api.take_requests(), NONE, "CreateVolume");
+    assert_eq!(take_lines(&api), NONE, "CreateVolume");
 
-    api.put_pod(fixtures::pod("other", "uid-o", NODE, &[Uses::Claim("not-ours")]));
-    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
+    api.put(fixtures::pod("other", "uid-o", NODE, &[Uses::Claim("not-ours")]));
+    api.put(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
     assert_eq!(until_asked(&api).await, [get_pvc("web-0-data")], "web-0 arrived");
     // Anything queued for the other pod would have been asked by now.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(asked(&api), NONE, "only web-0's claim is read");
 
     node.stage(&volume).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodeStageVolume");
+    assert_eq!(take_lines(&api), NONE, "NodeStageVolume");
     node.publish(&volume, "target", &WEB0).await.unwrap();
-    assert_eq!(api.take_requests(), NONE, "NodePublishVolume");
+    assert_eq!(take_lines(&api), NONE, "NodePublishVolume");
     // The pod changing later (its status, say) reads nothing again.
-    api.put_pod(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
+    api.put(fixtures::pod("web-0", A, NODE, &[Uses::Ephemeral("data")]));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(asked(&api), NONE, "web-0 changed");
 }

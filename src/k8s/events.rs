@@ -155,15 +155,17 @@ mod tests {
     use http::{Method, StatusCode};
     use serde_json::json;
 
-    use crate::k8s::fixtures::{Exchange, Reply, mock_api};
+    use crate::k8s::mock_api::{Exchange, MockApi, Reply};
 
     #[tokio::test]
     async fn a_missing_class_is_a_warning_on_the_node() {
-        let (client, api) = mock_api(vec![Exchange {
-            method: Method::POST,
-            uri: "/apis/events.k8s.io/v1/namespaces/default/events?".to_string(),
-            reply: Reply::Json(StatusCode::CREATED, json!({})),
-            check: Some(Box::new(|body| {
+        let (client, api) = MockApi::scripted(vec![
+            Exchange::new(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/default/events?",
+                Reply::Json(StatusCode::CREATED, json!({})),
+            )
+            .check(|body| {
                 assert_eq!(body["regarding"]["kind"], "Node", "{body}");
                 assert_eq!(body["regarding"]["name"], "node-a", "{body}");
                 assert_eq!(body["type"], "Warning", "{body}");
@@ -172,8 +174,8 @@ mod tests {
                 let note = body["note"].as_str().unwrap_or_default();
                 assert!(note.contains("device class ssd is not served"), "{note}");
                 assert!(note.contains("volume group vg-late does not exist"), "{note}");
-            })),
-        }]);
+            }),
+        ]);
         let missing = vec![(
             "ssd".to_string(),
             "volume group vg-late does not exist on this node".to_string(),
@@ -181,6 +183,6 @@ mod tests {
         crate::k8s::warn_missing_storage(client, "node-a", missing)
             .await
             .unwrap();
-        api.await.unwrap();
+        api.finish().await;
     }
 }

@@ -1,10 +1,10 @@
-//! Test fixtures: Kubernetes objects built with k8s-openapi types, and a scripted mock
-//! API server that asserts each request (method, path and query) in order and answers
-//! from the script. Any request past the script fails the test.
+//! Test fixtures: Kubernetes objects built with k8s-openapi types, their paths, the
+//! owner check's expected events for the mock API server (`super::mock_api`), and
+//! owner checks over a given pod cache.
 
 use std::time::Duration;
 
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, StatusCode};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, Container, EphemeralVolumeSource, ObjectReference, PersistentVolume,
     PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
@@ -12,13 +12,11 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Client;
-use kube::client::Body;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
-use tower_test::mock::{self, Handle};
 
+use super::mock_api::{Exchange, Reply};
 use super::{Checker, Synced};
 
 pub const NODE: &str = "node-a";
@@ -143,54 +141,6 @@ pub fn pv(name: &str, driver: &str, handle: &str, claim: Option<(&str, &str)>) -
     }
 }
 
-/// A Kubernetes `Status` body for an error answer.
-pub fn status(code: u16, reason: &str) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": format!("scripted {reason}"),
-        "reason": reason,
-        "code": code,
-    })
-}
-
-/// What the scripted server answers.
-pub enum Reply {
-    Json(StatusCode, Value),
-    /// The connection fails (the API server is down).
-    Unreachable,
-}
-
-pub fn ok<T: serde::Serialize>(object: &T) -> Reply {
-    Reply::Json(StatusCode::OK, serde_json::to_value(object).unwrap())
-}
-
-pub fn not_found() -> Reply {
-    Reply::Json(StatusCode::NOT_FOUND, status(404, "NotFound"))
-}
-
-/// Assertions on a request body, parsed as JSON.
-pub type BodyCheck = Box<dyn Fn(&Value) + Send>;
-
-/// One expected request and its answer. `check` sees the request body as JSON.
-pub struct Exchange {
-    pub method: Method,
-    pub uri: String,
-    pub reply: Reply,
-    pub check: Option<BodyCheck>,
-}
-
-pub fn get(uri: impl Into<String>, reply: Reply) -> Exchange {
-    Exchange {
-        method: Method::GET,
-        uri: uri.into(),
-        reply,
-        check: None,
-    }
-}
-
 pub fn pvc_uri(name: &str) -> String {
     format!("/api/v1/namespaces/{NS}/persistentvolumeclaims/{name}")
 }
@@ -205,80 +155,22 @@ pub fn pv_uri(name: &str) -> String {
 
 /// An events.k8s.io event created about `kind` `name`, with `note_has` in its note.
 pub fn event(kind: &'static str, name: &'static str, note_has: Vec<&'static str>) -> Exchange {
-    Exchange {
-        method: Method::POST,
-        uri: format!("/apis/events.k8s.io/v1/namespaces/{NS}/events?"),
-        reply: Reply::Json(StatusCode::CREATED, json!({})),
-        check: Some(Box::new(move |body: &Value| {
-            assert_eq!(body["regarding"]["kind"], kind, "{body}");
-            assert_eq!(body["regarding"]["name"], name, "{body}");
-            assert_eq!(body["type"], "Warning", "{body}");
-            assert_eq!(body["reason"], "ClaimOwnerMismatch", "{body}");
-            assert_eq!(body["reportingController"], "localvol.csi.dev", "{body}");
-            let note = body["note"].as_str().unwrap_or_default();
-            for part in &note_has {
-                assert!(note.contains(part), "note {note:?} lacks {part:?}");
-            }
-        })),
-    }
-}
-
-pub type ApiHandle = Handle<Request<Body>, Response<Body>>;
-
-/// A client wired to a scripted server. Await the handle after dropping every clone of
-/// the client: it fails if a request differed from the script, one was missing, or one
-/// came after the script ended.
-pub fn mock_api(script: Vec<Exchange>) -> (Client, JoinHandle<()>) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script));
-    (Client::new(service, "default"), server)
-}
-
-async fn serve(mut handle: ApiHandle, script: Vec<Exchange>) {
-    for (i, exchange) in script.into_iter().enumerate() {
-        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
-        let (request, respond) = next
-            .unwrap_or_else(|_| panic!("request {i} ({} {}) never came", exchange.method, exchange.uri))
-            .unwrap_or_else(|| {
-                panic!(
-                    "client gone before request {i} ({} {})",
-                    exchange.method, exchange.uri
-                )
-            });
-        let uri = request.uri().to_string();
-        assert_eq!(
-            (request.method(), uri.as_str()),
-            (&exchange.method, exchange.uri.as_str()),
-            "request {i}"
-        );
-        let body = request.into_body().collect_bytes().await.unwrap();
-        if let Some(check) = &exchange.check {
-            check(&serde_json::from_slice(&body).unwrap());
+    Exchange::new(
+        Method::POST,
+        format!("/apis/events.k8s.io/v1/namespaces/{NS}/events?"),
+        Reply::Json(StatusCode::CREATED, json!({})),
+    )
+    .check(move |body: &Value| {
+        assert_eq!(body["regarding"]["kind"], kind, "{body}");
+        assert_eq!(body["regarding"]["name"], name, "{body}");
+        assert_eq!(body["type"], "Warning", "{body}");
+        assert_eq!(body["reason"], "ClaimOwnerMismatch", "{body}");
+        assert_eq!(body["reportingController"], "localvol.csi.dev", "{body}");
+        let note = body["note"].as_str().unwrap_or_default();
+        for part in &note_has {
+            assert!(note.contains(part), "note {note:?} lacks {part:?}");
         }
-        match exchange.reply {
-            Reply::Json(code, value) => respond.send_response(
-                Response::builder()
-                    .status(code)
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&value).unwrap()))
-                    .unwrap(),
-            ),
-            Reply::Unreachable => respond.send_error(std::io::Error::new(
-                std::io::ErrorKind::ConnectionRefused,
-                "connection refused (scripted)",
-            )),
-        }
-    }
-    let extra = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-        .await
-        .expect("the client was not dropped after the script");
-    if let Some((request, _)) = extra {
-        panic!(
-            "unexpected request after the script: {} {}",
-            request.method(),
-            request.uri()
-        );
-    }
+    })
 }
 
 /// A pod cache holding `pods`, synced (or not).

@@ -354,9 +354,9 @@ pub fn spawn_pod_reflector(
 #[cfg(test)]
 mod count_tests;
 #[cfg(test)]
-mod fake_api;
-#[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+pub(crate) mod mock_api;
 #[cfg(test)]
 mod node_fixture;
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The API server goes away and comes back with the cluster changed. Through the real CSI
-//! services and the daemon's owner check (pod reflector and claim cache against the fake
+//! services and the daemon's owner check (pod reflector and claim cache against the mock
 //! API server): while the node's pod cache is out of sync, stage and publish answer
 //! UNAVAILABLE instead of allowing or refusing on what it last saw, readiness says so,
 //! cleanup calls go on; once back, the reflector lists again and the next decisions
@@ -7,13 +7,15 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use tonic::{Code, Status};
 
 use super::count_tests::{
-    ephemeral_world, get_pod, get_pvc, node, pod_list, pod_watch, synced, timings, until_ready, web0_volume,
+    ephemeral_world, get_pod, get_pvc, node, pod_list, pod_watch, synced, take_lines, timings, until_ready,
+    web0_volume,
 };
-use super::fake_api::{FakeApi, Mode};
 use super::fixtures::{self, NODE, NS, Uses, pod_owner, pv, pvc};
+use super::mock_api::{MockApi, Mode};
 use super::node_fixture::{Node, PodRef};
 use crate::model::DRIVER_NAME;
 use crate::proto::csi::v1::Volume;
@@ -47,14 +49,14 @@ fn assert_code(result: Result<(), Status>, code: Code, message_has: &str) {
 }
 
 /// uid A's stage reads the claim and web-0 by name, finds web-0 with uid B, and refuses.
-async fn stage_finds_web0_with_uid_b(api: &FakeApi, node: &mut Node, volume: &Volume) {
+async fn stage_finds_web0_with_uid_b(api: &MockApi, node: &mut Node, volume: &Volume) {
     assert_code(
         node.stage(volume).await,
         Code::FailedPrecondition,
         "found Pod apps/web-0 (uid uid-b)",
     );
     assert_eq!(
-        api.take_requests(),
+        take_lines(api),
         [
             get_pvc("web-0-data"),
             get_pod("web-0"),
@@ -65,21 +67,21 @@ async fn stage_finds_web0_with_uid_b(api: &FakeApi, node: &mut Node, volume: &Vo
 }
 
 /// web-0 (uid A) has its generic ephemeral volume staged and published on this node.
-async fn running(api: &FakeApi, node: &mut Node) -> Volume {
+async fn running(api: &MockApi, node: &mut Node) -> Volume {
     synced(node, api).await;
     let volume = web0_volume(node, api).await;
     node.stage(&volume).await.unwrap();
     node.publish(&volume, "target", &WEB0_A).await.unwrap();
-    assert_eq!(api.take_requests(), [get_pvc("web-0-data")]);
+    assert_eq!(take_lines(api), [get_pvc("web-0-data")]);
     volume
 }
 
 /// After the API server is back: the node listed its pods again (after any number of
 /// failed attempts) and watches from the version it listed.
-async fn resynced(api: &FakeApi, node: &Node) {
+async fn resynced(api: &MockApi, node: &Node) {
     until_ready(node, true).await.unwrap();
     api.until_watching().await;
-    let mut requests = api.take_requests();
+    let mut requests = take_lines(api);
     assert_eq!(requests.pop(), Some(pod_watch(api.version())), "{requests:#?}");
     assert_eq!(
         requests.pop(),
@@ -98,8 +100,8 @@ async fn pod_recreated_while_away(mode: Mode) {
     let reason = until_ready(&node, false).await.unwrap_err();
     assert!(reason.contains("Kubernetes caches"), "{reason}");
     // Meanwhile web-0 is deleted and created again: the node cannot see it.
-    api.delete_pod(NS, "web-0");
-    api.put_pod(fixtures::pod("web-0", B, NODE, &[Uses::Ephemeral("data")]));
+    api.delete::<Pod>(Some(NS), "web-0");
+    api.put(fixtures::pod("web-0", B, NODE, &[Uses::Ephemeral("data")]));
 
     // The cache still has web-0 with uid A and the claim cached says A: allowing would
     // rest on both, refusing web-0 (uid B) on the claim. Neither is decided.
@@ -120,7 +122,7 @@ async fn pod_recreated_while_away(mode: Mode) {
     node.unstage(&volume).await.unwrap();
     assert!(node.mount_points().is_empty(), "{:?}", node.mount_points());
     // Nothing was asked but the reflector's attempts to list (if its retry came yet).
-    let requests = api.take_requests();
+    let requests = take_lines(&api);
     assert!(requests.iter().all(|r| *r == pod_list()), "{requests:#?}");
 
     api.set_mode(Mode::Up);
@@ -131,14 +133,14 @@ async fn pod_recreated_while_away(mode: Mode) {
     stage_finds_web0_with_uid_b(&api, &mut node, &volume).await;
 
     // The garbage collector removes the old claim; web-0 (uid B) gets its own.
-    api.put_pvc(pvc(
+    api.put(pvc(
         "web-0-data",
         "pvc-2",
         Some(pod_owner("web-0", B)),
         Some("pv-2"),
     ));
     let fresh = node.create("web-0-data", "pv-2").await;
-    api.put_pv(pv(
+    api.put(pv(
         "pv-2",
         DRIVER_NAME,
         &fresh.volume_id,
@@ -148,9 +150,9 @@ async fn pod_recreated_while_away(mode: Mode) {
     // taken to mean that this volume's claim is elsewhere. The owner, web-0 with uid B,
     // comes from the listed cache.
     node.stage(&fresh).await.unwrap();
-    assert_eq!(api.take_requests(), [get_pvc("web-0-data")]);
+    assert_eq!(take_lines(&api), [get_pvc("web-0-data")]);
     node.publish(&fresh, "target", &WEB0_B).await.unwrap();
-    assert_eq!(api.take_requests(), NONE);
+    assert_eq!(take_lines(&api), NONE);
 }
 
 #[tokio::test]
@@ -172,7 +174,7 @@ async fn a_claim_changed_while_the_api_was_away_is_read_again() {
     api.set_mode(Mode::Down);
     until_ready(&node, false).await.unwrap_err();
     let intruder = pod_owner("intruder", "uid-x");
-    api.put_pvc(pvc("web-0-data", "pvc-1", Some(intruder), Some("pv-1")));
+    api.put(pvc("web-0-data", "pvc-1", Some(intruder), Some("pv-1")));
     api.set_mode(Mode::Up);
     resynced(&api, &node).await;
 
@@ -183,7 +185,7 @@ async fn a_claim_changed_while_the_api_was_away_is_read_again() {
         "found Pod apps/intruder (uid uid-x)",
     );
     assert_eq!(
-        api.take_requests(),
+        take_lines(&api),
         [get_pvc("web-0-data"), post_event(), post_event()]
     );
 }
@@ -201,7 +203,7 @@ async fn a_silent_api_server_makes_reads_time_out_not_decide() {
     tokio::time::sleep(ttl).await;
     // The claim's TTL is over: the stage reads it and gets no answer.
     assert_code(node.stage(&volume).await, Code::Unavailable, "no answer within");
-    assert_eq!(api.take_requests(), [get_pvc("web-0-data")]);
+    assert_eq!(take_lines(&api), [get_pvc("web-0-data")]);
     // Publishing to web-0 (uid B) would be refused on the claim; it is not refused on a
     // claim that cannot be read again.
     assert_code(
@@ -209,11 +211,11 @@ async fn a_silent_api_server_makes_reads_time_out_not_decide() {
         Code::Unavailable,
         "no answer within",
     );
-    assert_eq!(api.take_requests(), [get_pvc("web-0-data")]);
+    assert_eq!(take_lines(&api), [get_pvc("web-0-data")]);
 
     api.set_mode(Mode::Up);
     node.stage(&volume).await.unwrap();
-    assert_eq!(api.take_requests(), [get_pvc("web-0-data")]);
+    assert_eq!(take_lines(&api), [get_pvc("web-0-data")]);
 }
 
 #[tokio::test]
@@ -224,11 +226,11 @@ async fn a_watch_that_expired_lists_again_and_sees_what_it_missed() {
 
     // web-0 is recreated; the watch never tells, then ends with 410 Gone.
     api.hold_watch_events();
-    api.delete_pod(NS, "web-0");
-    api.put_pod(fixtures::pod("web-0", B, NODE, &[Uses::Ephemeral("data")]));
+    api.delete::<Pod>(Some(NS), "web-0");
+    api.put(fixtures::pod("web-0", B, NODE, &[Uses::Ephemeral("data")]));
     api.expire_watches();
     api.until_watching().await;
-    assert_eq!(api.take_requests(), [pod_list(), pod_watch(api.version())]);
+    assert_eq!(take_lines(&api), [pod_list(), pod_watch(api.version())]);
     until_ready(&node, true).await.unwrap();
 
     // The relisted cache has web-0 with uid B only, so uid A's stage reads the pod.
@@ -241,8 +243,8 @@ async fn a_watch_the_server_closes_is_resumed_without_a_list() {
     let node = node(client, timings(TTL));
     synced(&node, &api).await;
     // A change answers the open watch, which then ends as at the server's timeout.
-    api.put_pod(fixtures::pod("web-1", B, NODE, &[Uses::Ephemeral("data")]));
+    api.put(fixtures::pod("web-1", B, NODE, &[Uses::Ephemeral("data")]));
     api.until_watching().await;
-    assert_eq!(api.take_requests(), [pod_watch(api.version())]);
+    assert_eq!(take_lines(&api), [pod_watch(api.version())]);
     until_ready(&node, true).await.unwrap();
 }

@@ -14,7 +14,8 @@ use crate::backend::{CreateSpec, SnapshotSpec};
 use crate::fs::FsType;
 use crate::host::Host;
 use crate::host::fake::loop_machine;
-use crate::k8s::fixtures::{NODE, status};
+use crate::k8s::fixtures::NODE;
+use crate::k8s::mock_api::status;
 use crate::model::{ClaimRef, Token, VolumeMode};
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;

@@ -9,6 +9,7 @@ use kube::runtime::reflector;
 use tonic::Code;
 
 use super::fixtures::{self, *};
+use super::mock_api::*;
 use super::*;
 use crate::model::ClaimRef;
 use crate::request::{PodInfo, VolumeContext};
@@ -45,9 +46,9 @@ fn code(result: Result<(), OwnerError>) -> (Code, String) {
     (status.code(), status.message().to_string())
 }
 
-async fn finish(checker: Checker, server: tokio::task::JoinHandle<()>) {
+async fn finish(checker: Checker, server: MockApi) {
     drop(checker);
-    server.await.expect("the mock API server's assertions");
+    server.finish().await;
 }
 
 fn ephemeral_pod(uid: &str, node: &str) -> Pod {
@@ -59,7 +60,7 @@ async fn owned_by_the_pod_is_staged_and_published() {
     let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), None);
     // One read of the claim; the pod comes from the cache, the claim the second time
     // from the TTL cache.
-    let (client, server) = mock_api(vec![get(pvc_uri("web-0-data"), ok(&claim))]);
+    let (client, server) = MockApi::scripted(vec![get(pvc_uri("web-0-data"), ok(&claim))]);
     let checker = checker(client, vec![ephemeral_pod(A, NODE)]);
     let ctx = context("web-0-data", Some(("web-0", A)));
     checker.stage(VOLUME, &ctx).await.unwrap();
@@ -70,7 +71,7 @@ async fn owned_by_the_pod_is_staged_and_published() {
 #[tokio::test]
 async fn owned_by_another_pod_is_refused() {
     let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("intruder", B)), None);
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         // Stage: the owner is not on this node; asked once, it does not exist.
         get(pvc_uri("web-0-data"), ok(&claim)),
         get(pod_uri("intruder"), not_found()),
@@ -119,7 +120,7 @@ async fn same_named_pvc_without_owner_is_refused_at_publish() {
     // made one, and the pod's ephemeral volume resolves to this claim.
     let claim = pvc("web-0-data", "pvc-1", None, None);
     let pod = ephemeral_pod(A, NODE);
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         // Stage: no owner, a normal claim as far as staging goes.
         get(pvc_uri("web-0-data"), ok(&claim)),
         // Publish: cached claim and pod say refuse; both are read again first.
@@ -150,7 +151,7 @@ async fn same_named_pvc_without_owner_is_refused_at_publish() {
 #[tokio::test]
 async fn normal_pvc_through_a_claim_volume_is_allowed() {
     let claim = pvc("shared", "pvc-1", None, None);
-    let (client, server) = mock_api(vec![get(pvc_uri("shared"), ok(&claim))]);
+    let (client, server) = MockApi::scripted(vec![get(pvc_uri("shared"), ok(&claim))]);
     let checker = checker(client, vec![pod("web-0", A, NODE, &[Uses::Claim("shared")])]);
     let ctx = context("shared", Some(("web-0", A)));
     checker.stage(VOLUME, &ctx).await.unwrap();
@@ -164,7 +165,7 @@ async fn owned_by_a_non_pod_is_a_normal_claim() {
     let claim = pvc("data-web-0", "pvc-1", Some(owner), None);
     // The requesting pod is not in the node cache yet: one read from the API.
     let pod = pod("web-0", A, NODE, &[Uses::Claim("data-web-0")]);
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get(pvc_uri("data-web-0"), ok(&claim)),
         get(pod_uri("web-0"), ok(&pod)),
     ]);
@@ -181,7 +182,7 @@ async fn uid_mismatch_after_the_pod_was_recreated_is_refused() {
     // old pod (uid A), is still there.
     let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), None);
     let new_pod = ephemeral_pod(B, NODE);
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         // Stage: the cached web-0 has another UID, so it counts as a miss.
         get(pvc_uri("web-0-data"), ok(&claim)),
         get(pod_uri("web-0"), ok(&new_pod)),
@@ -216,7 +217,7 @@ async fn uid_mismatch_after_the_pod_was_recreated_is_refused() {
 #[tokio::test]
 async fn owner_pod_on_another_node_is_refused() {
     let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), None);
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get(pvc_uri("web-0-data"), ok(&claim)),
         get(pod_uri("web-0"), ok(&ephemeral_pod(A, "node-b"))),
         // No pod on this node names the claim: the event goes to the claim only.
@@ -234,7 +235,7 @@ async fn owner_pod_on_another_node_is_refused() {
 
 #[tokio::test]
 async fn api_down_is_unavailable() {
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get(pvc_uri("web-0-data"), Reply::Unreachable),
         get(
             pvc_uri("web-0-data"),
@@ -286,7 +287,7 @@ async fn api_silent_is_unavailable_after_the_deadline() {
 
 #[tokio::test]
 async fn api_refusing_access_is_internal() {
-    let (client, server) = mock_api(vec![get(
+    let (client, server) = MockApi::scripted(vec![get(
         pvc_uri("web-0-data"),
         Reply::Json(http::StatusCode::FORBIDDEN, status(403, "Forbidden")),
     )]);
@@ -298,7 +299,7 @@ async fn api_refusing_access_is_internal() {
 
 #[tokio::test]
 async fn cache_not_yet_synced_is_unavailable_without_asking() {
-    let (client, server) = mock_api(vec![]);
+    let (client, server) = MockApi::scripted(vec![]);
     let checker = fixtures::checker(client, vec![ephemeral_pod(A, NODE)], false);
     let ctx = context("web-0-data", Some(("web-0", A)));
     let (code_, message) = code(checker.stage(VOLUME, &ctx).await);

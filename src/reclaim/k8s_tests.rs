@@ -1,20 +1,17 @@
-//! KubeCluster against a scripted API server (tower-test): the exact requests it makes,
-//! and that watch events reschedule without a restart.
+//! KubeCluster against the mock API server (`crate::k8s::mock_api`): the exact requests
+//! it makes, and that watch events reschedule without a restart.
 
-use crate::k8s::claim_label::ClaimLabels;
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use axum::http::{Method, Request, Response, StatusCode};
+use http::Method;
 use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::client::Body;
-use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use serde_json::json;
 
 use super::*;
+use crate::k8s::claim_label::{ClaimLabels, NODE_LABEL};
+use crate::k8s::mock_api::{Asked, Exchange, MockApi, ok};
 use crate::model::ClaimRef;
 use crate::model::VolumeMode;
 use crate::reclaim::scheduler::{Scheduler, SchedulerConfig};
@@ -27,125 +24,29 @@ const UID: &str = "6f1c2a8e-0d4b-4c3e-9a51-2b7d9e0c4f10";
 const PVC_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims";
 /// Where this node's claims are listed and watched (label-selected, all namespaces).
 const ALL_PVCS_PATH: &str = "/api/v1/persistentvolumeclaims";
-const CM_PATH: &str = "/api/v1/namespaces/csi-addons-system/configmaps";
 
-#[derive(Debug, Clone)]
-struct Seen {
-    method: Method,
-    uri: String,
-    content_type: Option<String>,
-    body: Value,
+/// The requests made with `method`, in order.
+fn asked(api: &MockApi, method: Method) -> Vec<Asked> {
+    api.requests()
+        .into_iter()
+        .filter(|r| r.method == method)
+        .collect()
 }
 
-/// Lists answer with scripted items; a watch of a scripted path answers with the next
-/// event sent for it (and waits for one); every other watch stays open and silent.
-/// PATCH and POST answer with what the test registered for the path, or their body.
-struct MockApi {
-    seen: Arc<Mutex<Vec<Seen>>>,
-    events: HashMap<&'static str, mpsc::UnboundedSender<Value>>,
+/// A PATCH of the claim, answered with the claim as it was (not written to the store:
+/// the claim's watch sees only the changes the test makes).
+fn patch_answered() -> Exchange {
+    Exchange::new(Method::PATCH, format!("{PVC_PATH}/pvc-1?*"), ok(&pvc(&[])))
 }
 
-type Receivers = HashMap<&'static str, Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Value>>>>;
-
-fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(body).unwrap()))
-        .unwrap()
-}
-
-impl MockApi {
-    fn start(lists: HashMap<&'static str, Vec<Value>>, patched: Value) -> (Client, Self) {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        handle.allow(u64::MAX);
-        let client = Client::new(service, "default");
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let mut events = HashMap::new();
-        let mut receivers: Receivers = HashMap::new();
-        for path in [ALL_PVCS_PATH, CM_PATH] {
-            let (tx, rx) = mpsc::unbounded_channel();
-            events.insert(path, tx);
-            receivers.insert(path, Arc::new(tokio::sync::Mutex::new(rx)));
-        }
-        let record = Arc::clone(&seen);
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Some((request, send)) = handle.next_request().await {
-                let (parts, body) = request.into_parts();
-                let bytes = body.collect_bytes().await.unwrap();
-                let path = parts.uri.path().to_string();
-                let watching = parts.uri.query().unwrap_or("").contains("watch=true");
-                record.lock().unwrap().push(Seen {
-                    method: parts.method.clone(),
-                    uri: parts.uri.to_string(),
-                    content_type: parts
-                        .headers
-                        .get("content-type")
-                        .map(|v| v.to_str().unwrap().to_string()),
-                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                });
-                match parts.method {
-                    Method::GET if watching => match receivers.get(path.as_str()) {
-                        Some(rx) => {
-                            let rx = Arc::clone(rx);
-                            tokio::spawn(async move {
-                                if let Some(event) = rx.lock().await.recv().await {
-                                    let mut line = serde_json::to_vec(&event).unwrap();
-                                    line.push(b'\n');
-                                    send.send_response(Response::new(Body::from(line)));
-                                }
-                            });
-                        }
-                        None => held.push(send),
-                    },
-                    Method::GET => {
-                        let items = lists.get(path.as_str()).cloned().unwrap_or_default();
-                        send.send_response(json_response(
-                            StatusCode::OK,
-                            &json!({
-                                "apiVersion": "v1",
-                                "kind": "List",
-                                "metadata": {"resourceVersion": "10"},
-                                "items": items,
-                            }),
-                        ));
-                    }
-                    Method::PATCH => send.send_response(json_response(StatusCode::OK, &patched)),
-                    _ => {
-                        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                        send.send_response(json_response(StatusCode::CREATED, &body));
-                    }
-                }
-            }
-        });
-        (client, Self { seen, events })
-    }
-
-    fn send(&self, path: &'static str, event_type: &str, object: Value) {
-        self.events[path]
-            .send(json!({"type": event_type, "object": object}))
-            .unwrap();
-    }
-
-    fn seen(&self, method: Method) -> Vec<Seen> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.method == method)
-            .cloned()
-            .collect()
-    }
-}
-
-fn pvc(annotations: &[(&str, &str)], resource_version: &str) -> Value {
-    serde_json::to_value(PersistentVolumeClaim {
+/// Claim apps/pvc-1 of this node (labelled with it, so its watch selects it).
+fn pvc(annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("pvc-1".to_string()),
             namespace: Some("apps".to_string()),
             uid: Some(UID.to_string()),
-            resource_version: Some(resource_version.to_string()),
+            labels: Some([(NODE_LABEL.to_string(), "node-a".to_string())].into()),
             annotations: crate::reclaim_policy::annotations(annotations),
             ..ObjectMeta::default()
         },
@@ -154,22 +55,19 @@ fn pvc(annotations: &[(&str, &str)], resource_version: &str) -> Value {
             ..Default::default()
         }),
         ..Default::default()
-    })
-    .unwrap()
+    }
 }
 
-fn config_map(data: &[(&str, &str)], resource_version: &str) -> Value {
-    serde_json::to_value(ConfigMap {
+fn config_map(data: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
         metadata: ObjectMeta {
             name: Some(CONFIG_MAP_NAME.to_string()),
             namespace: Some("csi-addons-system".to_string()),
-            resource_version: Some(resource_version.to_string()),
             ..ObjectMeta::default()
         },
         data: Some(data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
         ..Default::default()
-    })
-    .unwrap()
+    }
 }
 
 fn path_of(uri: &str) -> &str {
@@ -218,8 +116,11 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
             },
         )
         .await;
-    let lists = HashMap::from([(ALL_PVCS_PATH, vec![pvc(&[(SCHEDULE_ANNOTATION, "@daily")], "10")])]);
-    let (client, api) = MockApi::start(lists, pvc(&[], "20"));
+    let (client, api) = MockApi::start();
+    api.put(pvc(&[(SCHEDULE_ANNOTATION, "@daily")]));
+    // The label, then the result of the run.
+    api.expect(patch_answered());
+    api.expect(patch_answered());
     let cluster = KubeCluster::start(
         client.clone(),
         "csi-addons-system",
@@ -244,8 +145,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
     .await;
     // This node's claims: listed and watched once, by this node's label, never by
     // name or namespace; the claim of the volume is labelled with one merge patch.
-    let claim_reads: Vec<_> = api
-        .seen(Method::GET)
+    let claim_reads: Vec<_> = asked(&api, Method::GET)
         .into_iter()
         .filter(|s| s.uri.contains("persistentvolumeclaims"))
         .collect();
@@ -280,11 +180,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
     );
 
     // The annotation changes: the next run follows without a restart.
-    api.send(
-        ALL_PVCS_PATH,
-        "MODIFIED",
-        pvc(&[(SCHEDULE_ANNOTATION, "@hourly")], "11"),
-    );
+    api.put(pvc(&[(SCHEDULE_ANNOTATION, "@hourly")]));
     let hourly = Schedule::Hourly.next_staggered_after(now, UID, two_hours);
     assert_ne!(daily, hourly);
     refresh_until(&cluster, &mut scheduler, now, "@hourly after MODIFIED", |s| {
@@ -293,11 +189,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
     .await;
 
     // The ConfigMap turns staggering off.
-    api.send(
-        CM_PATH,
-        "ADDED",
-        config_map(&[("cronjob-stagger-window", "0")], "12"),
-    );
+    api.put(config_map(&[("cronjob-stagger-window", "0")]));
     let due: Timestamp = "2024-05-15T11:00:00Z".parse().unwrap();
     refresh_until(
         &cluster,
@@ -327,21 +219,17 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
             .starts_with("reclaimed "),
         "{annotations}"
     );
-    assert!(api.seen(Method::POST).is_empty(), "no event for a success");
+    assert!(asked(&api, Method::POST).is_empty(), "no event for a success");
 
     // An invalid schedule: @weekly, and one warning event (not one per refresh).
-    api.send(
-        ALL_PVCS_PATH,
-        "MODIFIED",
-        pvc(&[(SCHEDULE_ANNOTATION, "every day")], "13"),
-    );
+    api.put(pvc(&[(SCHEDULE_ANNOTATION, "every day")]));
     let weekly = Schedule::Weekly.next_staggered_after(now, UID, Duration::ZERO);
     refresh_until(&cluster, &mut scheduler, now, "@weekly fallback", |s| {
         s.next_run(&id) == weekly
     })
     .await;
     scheduler.refresh(now).await.unwrap();
-    let events = api.seen(Method::POST);
+    let events = asked(&api, Method::POST);
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(
         path_of(&events[0].uri),
@@ -357,14 +245,10 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
     assert!(event["note"].as_str().unwrap().contains("every day"), "{event}");
 
     // enable: "false" on the PVC turns it off.
-    api.send(
-        ALL_PVCS_PATH,
-        "MODIFIED",
-        pvc(
-            &[(SCHEDULE_ANNOTATION, "@hourly"), (ENABLE_ANNOTATION, "false")],
-            "14",
-        ),
-    );
+    api.put(pvc(&[
+        (SCHEDULE_ANNOTATION, "@hourly"),
+        (ENABLE_ANNOTATION, "false"),
+    ]));
     refresh_until(&cluster, &mut scheduler, now, "disabled", |s| {
         s.next_run(&id).is_none()
     })
@@ -374,8 +258,8 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
 }
 
 /// The merge patches that put this node's label on a claim.
-fn label_patches(api: &MockApi) -> Vec<Seen> {
-    api.seen(Method::PATCH)
+fn label_patches(api: &MockApi) -> Vec<Asked> {
+    asked(api, Method::PATCH)
         .into_iter()
         .filter(|p| {
             p.body == json!({"metadata": {"labels": {crate::k8s::claim_label::NODE_LABEL: "node-a"}}})
@@ -384,8 +268,8 @@ fn label_patches(api: &MockApi) -> Vec<Seen> {
 }
 
 /// The patches that write the reclaim result.
-fn annotation_patches(api: &MockApi) -> Vec<Seen> {
-    api.seen(Method::PATCH)
+fn annotation_patches(api: &MockApi) -> Vec<Asked> {
+    asked(api, Method::PATCH)
         .into_iter()
         .filter(|p| !p.body["metadata"]["annotations"].is_null())
         .collect()
@@ -393,7 +277,8 @@ fn annotation_patches(api: &MockApi) -> Vec<Seen> {
 
 #[tokio::test]
 async fn a_failure_is_annotated_and_raised_as_an_event() {
-    let (client, api) = MockApi::start(HashMap::new(), pvc(&[], "20"));
+    let (client, api) = MockApi::start();
+    api.expect(patch_answered());
     let cluster = KubeCluster::start(
         client.clone(),
         "csi-addons-system",
@@ -412,7 +297,7 @@ async fn a_failure_is_annotated_and_raised_as_an_event() {
             },
         )
         .await;
-    let patches = api.seen(Method::PATCH);
+    let patches = asked(&api, Method::PATCH);
     assert_eq!(patches.len(), 1);
     assert_eq!(
         patches[0].body,
@@ -421,7 +306,7 @@ async fn a_failure_is_annotated_and_raised_as_an_event() {
             LAST_RESULT_ANNOTATION: "failed: FITRIM /stage: Operation not supported",
         }}})
     );
-    let events = api.seen(Method::POST);
+    let events = asked(&api, Method::POST);
     assert_eq!(events.len(), 1, "{events:?}");
     let event = &events[0].body;
     assert_eq!(event["reason"], json!("ReclaimSpaceFailed"));

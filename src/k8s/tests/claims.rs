@@ -10,7 +10,7 @@ fn get_pv(name: &str, claim: Option<(&str, &str)>) -> Exchange {
 
 #[tokio::test]
 async fn a_volume_without_a_claim_is_not_checked() {
-    let (client, server) = mock_api(vec![]);
+    let (client, server) = MockApi::scripted(vec![]);
     let checker = checker(client, vec![]);
     let ctx = VolumeContext {
         claim: ClaimRef::default(),
@@ -28,7 +28,7 @@ async fn a_volume_without_a_claim_is_not_checked() {
 #[tokio::test]
 async fn the_claim_is_found_through_the_pv_when_the_context_lacks_it() {
     let claim = pvc("web-0-data", "pvc-1", Some(pod_owner("web-0", A)), Some("pv-1"));
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get_pv("pv-1", Some(("web-0-data", "pvc-1"))),
         get(pvc_uri("web-0-data"), ok(&claim)),
     ]);
@@ -46,7 +46,7 @@ async fn the_claim_is_found_through_the_pv_when_the_context_lacks_it() {
 
 #[tokio::test]
 async fn a_pv_of_another_volume_or_unbound_finds_no_claim() {
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get(
             pv_uri("pv-1"),
             ok(&pv(
@@ -85,7 +85,7 @@ async fn a_context_naming_a_claim_bound_elsewhere_defers_to_the_pv() {
     // the PV's claimRef names the claim actually behind this volume.
     let stale = pvc("web-0-data", "pvc-new", None, Some("pv-other"));
     let actual = pvc("web-1-data", "pvc-1", Some(pod_owner("web-1", A)), Some("pv-1"));
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get(pvc_uri("web-0-data"), ok(&stale)),
         get_pv("pv-1", Some(("web-1-data", "pvc-1"))),
         get(pvc_uri("web-1-data"), ok(&actual)),
@@ -100,7 +100,7 @@ async fn a_context_naming_a_claim_bound_elsewhere_defers_to_the_pv() {
 #[tokio::test]
 async fn publish_without_pod_info_is_refused_for_a_claim() {
     let claim = pvc("web-0-data", "pvc-1", None, None);
-    let (client, server) = mock_api(vec![get(pvc_uri("web-0-data"), ok(&claim))]);
+    let (client, server) = MockApi::scripted(vec![get(pvc_uri("web-0-data"), ok(&claim))]);
     let checker = checker(client, vec![]);
     let (code_, message) = code(checker.publish(VOLUME, &context("web-0-data", None)).await);
     assert_eq!(code_, Code::FailedPrecondition, "{message}");
@@ -110,7 +110,7 @@ async fn publish_without_pod_info_is_refused_for_a_claim() {
 
 #[tokio::test]
 async fn a_missing_claim_is_refused() {
-    let (client, server) = mock_api(vec![get(pvc_uri("web-0-data"), not_found())]);
+    let (client, server) = MockApi::scripted(vec![get(pvc_uri("web-0-data"), not_found())]);
     let checker = checker(client, vec![]);
     let (code_, message) = code(checker.stage(VOLUME, &context("web-0-data", None)).await);
     assert_eq!(code_, Code::FailedPrecondition, "{message}");
@@ -126,7 +126,7 @@ async fn a_claim_replaced_within_the_ttl_is_read_again_before_it_is_not_found() 
     let old = pvc("web-0-data", "pvc-1", None, Some("pv-1"));
     let new = pvc("web-0-data", "pvc-2", None, Some("pv-2"));
     let pv_2 = pv("pv-2", "localvol.csi.dev", VOLUME, Some(("web-0-data", "pvc-2")));
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get_pv("pv-1", Some(("web-0-data", "pvc-1"))),
         get(pvc_uri("web-0-data"), ok(&old)),
         get(pv_uri("pv-2"), ok(&pv_2)),
@@ -157,7 +157,7 @@ async fn a_context_naming_a_claim_made_again_and_unbound_defers_to_the_pv() {
     // claim it names is gone (another uid under that name). Before, the unbound claim
     // was taken for this volume's and the stage allowed for the new pod.
     let new = pvc("web-0-data", "pvc-2", Some(pod_owner("web-0", B)), None);
-    let (client, server) = mock_api(vec![
+    let (client, server) = MockApi::scripted(vec![
         get(pvc_uri("web-0-data"), ok(&new)),
         get_pv("pv-1", Some(("web-0-data", "pvc-1"))),
         // The refusal rests on the cached claim: everything is read again first.

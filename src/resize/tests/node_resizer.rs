@@ -81,7 +81,7 @@ fn pv_json(id: &VolumeId, rv: &str, capacity: &str) -> Value {
 }
 
 /// The read of PV pvc-1 (volume `id`) at `rv`.
-fn get_pv(id: &VolumeId, rv: &str, capacity: &str) -> Step {
+fn get_pv(id: &VolumeId, rv: &str, capacity: &str) -> Exchange {
     step(
         Method::GET,
         "/api/v1/persistentvolumes/pvc-1",
@@ -90,7 +90,7 @@ fn get_pv(id: &VolumeId, rv: &str, capacity: &str) -> Step {
     )
 }
 
-fn storage_class(allow: bool) -> Step {
+fn storage_class(allow: bool) -> Exchange {
     step(
         Method::GET,
         "/apis/storage.k8s.io/v1/storageclasses/localvol",
@@ -124,7 +124,7 @@ fn key() -> (String, String) {
 async fn node_resizer_grows_the_volume_records_it_and_leaves_the_filesystem_to_kubelet() {
     let node = Node::new();
     let id = node.create().await;
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         get_claim("41", "128Mi", "64Mi", None),
         get_pv(&id, "7", "64Mi"),
         storage_class(true),
@@ -167,14 +167,14 @@ async fn node_resizer_grows_the_volume_records_it_and_leaves_the_filesystem_to_k
     assert_eq!(node.image_size(), 128 << 20, "the backing file grew");
     assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
     drop(resizer);
-    server.await.unwrap();
+    server.finish().await;
 }
 
 #[tokio::test]
 async fn node_resizer_marks_an_expansion_that_cannot_fit_as_infeasible() {
     let node = Node::new();
     let id = node.create().await;
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         get_claim("41", "20Gi", "64Mi", None),
         get_pv(&id, "7", "64Mi"),
         storage_class(true),
@@ -202,14 +202,14 @@ async fn node_resizer_marks_an_expansion_that_cannot_fit_as_infeasible() {
     assert_eq!(node.image_size(), 64 << 20, "nothing grew");
     assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
     drop(resizer);
-    server.await.unwrap();
+    server.finish().await;
 }
 
 #[tokio::test]
 async fn node_resizer_leaves_claims_it_may_not_or_need_not_grow() {
     let node = Node::new();
     let id = node.create().await;
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         // The class does not allow expansion.
         get_claim("41", "128Mi", "64Mi", None),
         get_pv(&id, "7", "64Mi"),
@@ -225,7 +225,7 @@ async fn node_resizer_leaves_claims_it_may_not_or_need_not_grow() {
     assert_eq!(resizer.reconcile(&other).await.unwrap(), Outcome::Done);
     assert_eq!(node.image_size(), 64 << 20);
     drop(resizer);
-    server.await.unwrap();
+    server.finish().await;
 }
 
 #[tokio::test]
@@ -233,7 +233,7 @@ async fn node_resizer_retries_a_busy_volume_without_touching_the_status_more() {
     let node = Node::new();
     let id = node.create().await;
     let _held = node.locks.try_lock(&id.token, "NodeExpandVolume").unwrap();
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         get_claim("41", "128Mi", "64Mi", None),
         get_pv(&id, "7", "64Mi"),
         storage_class(true),
@@ -247,14 +247,14 @@ async fn node_resizer_retries_a_busy_volume_without_touching_the_status_more() {
         Outcome::RetryAfter(crate::resize::node_resizer::RETRY)
     );
     drop(resizer);
-    server.await.unwrap();
+    server.finish().await;
 }
 
 #[tokio::test]
 async fn reporting_off_makes_no_request_at_all() {
     let node = Node::new();
     let id = node.create().await;
-    let (client, server) = serve(vec![]);
+    let (client, server) = MockApi::scripted(vec![]);
     let args = ResizeArgs {
         report_resize_status: ReportResizeStatus::Off,
         ..ResizeArgs::default()
@@ -267,7 +267,7 @@ async fn reporting_off_makes_no_request_at_all() {
     let report = reporting.started(&node.volumes, &id, GI2).await;
     reporting.finished(report, &Err(no_space())).await;
     drop((reporting, client));
-    server.await.unwrap();
+    server.finish().await;
 }
 
 #[test]
@@ -327,13 +327,14 @@ async fn auto_reporting_follows_the_kubelet_version() {
             false,
         ),
     ] {
-        let (client, server) = serve(vec![step(Method::GET, "/api/v1/nodes/node-a", status, reply)]);
+        let (client, server) =
+            MockApi::scripted(vec![step(Method::GET, "/api/v1/nodes/node-a", status, reply)]);
         let reporting = crate::resize::reporting(&args, Some(&client), "node-a")
             .await
             .unwrap();
         assert_eq!(matches!(reporting, NodeReporting::On(_)), expect_on);
         drop((reporting, client));
-        server.await.unwrap();
+        server.finish().await;
     }
     let reporting = crate::resize::reporting(&args, None, "node-a").await.unwrap();
     assert!(
@@ -351,7 +352,7 @@ async fn auto_reporting_follows_the_kubelet_version() {
 async fn the_claims_of_this_nodes_volumes_are_labelled_once_and_watched_by_that_label() {
     let node = Node::new();
     node.create().await;
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         step(
             Method::PATCH,
             &format!("{PVC_PATH}?*"),
@@ -370,7 +371,7 @@ async fn the_claims_of_this_nodes_volumes_are_labelled_once_and_watched_by_that_
     // Labelled already: no second request (the script would fail on one).
     resizer.label_local().await.unwrap();
     drop(resizer);
-    server.await.unwrap();
+    server.finish().await;
 }
 
 /// A volume created after the resizer last read the node's volume list (its claim then
@@ -379,7 +380,7 @@ async fn the_claims_of_this_nodes_volumes_are_labelled_once_and_watched_by_that_
 #[tokio::test]
 async fn a_claim_of_a_volume_newer_than_the_resizer_list_is_looked_at() {
     let node = Node::new();
-    let (client, server) = serve(vec![get_claim("41", "64Mi", "64Mi", None)]);
+    let (client, server) = MockApi::scripted(vec![get_claim("41", "64Mi", "64Mi", None)]);
     let resizer = resizer(client, &node);
     // Read while the node had no volume: nothing to look at, nothing asked.
     assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
@@ -387,5 +388,5 @@ async fn a_claim_of_a_volume_newer_than_the_resizer_list_is_looked_at() {
     // At once: the claim is read (the script fails if it is not).
     assert_eq!(resizer.reconcile(&key()).await.unwrap(), Outcome::Done);
     drop(resizer);
-    server.await.unwrap();
+    server.finish().await;
 }

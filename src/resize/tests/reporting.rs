@@ -6,7 +6,7 @@ use super::*;
 #[tokio::test]
 async fn success_reports_in_progress_then_the_new_capacity() {
     let fs_pending = json!([{"type": "FileSystemResizePending", "status": "True"}]);
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         step(
             Method::GET,
             PVC_PATH,
@@ -41,7 +41,7 @@ async fn terminal_failure_sets_the_failure_value_and_condition() {
         ("31", "NodeResizeInfeasible"),
         ("32", "NodeResizeInfeasible"),
     ] {
-        let (client, server) = serve(vec![
+        let (client, server) = MockApi::scripted(vec![
             get_claim("41", "4Gi", "1Gi", Some("NodeResizePending")),
             patch_claim("42", "4Gi", "1Gi", Some("NodeResizeInProgress")).body(in_progress_patch("41")),
             event("Normal", "NodeExpansionStarted"),
@@ -83,7 +83,7 @@ async fn a_forced_failure_value_does_not_ask_the_server() {
         (FailureValue::NodeResizeFailed, "NodeResizeFailed"),
         (FailureValue::NodeResizeInfeasible, "NodeResizeInfeasible"),
     ] {
-        let (client, server) = serve(vec![
+        let (client, server) = MockApi::scripted(vec![
             get_claim("41", "4Gi", "1Gi", Some("NodeResizeInProgress")),
             // Already in progress: nothing to write at the start.
             event("Normal", "NodeExpansionStarted"),
@@ -108,7 +108,7 @@ async fn transient_failure_writes_no_status_then_success_does() {
         timeout: Duration::from_secs(120),
     }))
     .into();
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         // First try: times out.
         get_claim("41", "2Gi", "1Gi", Some("NodeResizePending")),
         patch_claim("42", "2Gi", "1Gi", Some("NodeResizeInProgress")).body(in_progress_patch("41")),
@@ -120,13 +120,12 @@ async fn transient_failure_writes_no_status_then_success_does() {
         event_again("NodeExpansionRetrying"),
         // Third try: done.
         get_claim("42", "2Gi", "1Gi", Some("NodeResizeInProgress")),
-        Step {
-            method: Method::PATCH,
-            path: "/apis/events.k8s.io/v1/namespaces/apps/events/data.*".to_string(),
-            check: None,
-            status: 200,
-            reply: json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "data.1"}, "eventTime": "2025-01-01T00:00:00.000000Z"}),
-        },
+        step(
+            Method::PATCH,
+            EVENTS_SERIES_PATH,
+            200,
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "data.1"}, "eventTime": "2025-01-01T00:00:00.000000Z"}),
+        ),
         patch_claim("43", "2Gi", "2Gi", None).body(json!({
             "metadata": {"resourceVersion": "42"},
             "status": {"allocatedResourceStatuses": {"storage": null}, "capacity": {"storage": "2Gi"}},
@@ -141,12 +140,12 @@ async fn transient_failure_writes_no_status_then_success_does() {
     let report = reporter.started(&claim(), GI2).await;
     reporter.finished(report, &Ok::<_, Error>(GI2)).await;
     drop(reporter);
-    server.await.unwrap();
+    server.finish().await;
 }
 
 #[tokio::test]
 async fn a_claim_changed_meanwhile_is_read_again_and_patched_at_its_new_version() {
-    let (client, server) = serve(vec![
+    let (client, server) = MockApi::scripted(vec![
         get_claim("41", "2Gi", "1Gi", Some("NodeResizePending")),
         step(Method::PATCH, STATUS_PATH, 409, conflict()).body(in_progress_patch("41")),
         get_claim("44", "2Gi", "1Gi", Some("NodeResizePending")),
@@ -171,7 +170,7 @@ async fn conflicts_are_retried_a_bounded_number_of_times() {
             script.push(get_claim(next, "2Gi", "1Gi", Some("NodeResizePending")));
         }
     }
-    let (client, server) = serve(script);
+    let (client, server) = MockApi::scripted(script);
     let status = crate::resize::status::ClaimStatus::new(client, FailureValue::Auto);
     let pvc = status.get(NS, PVC).await.unwrap();
     let err = status
@@ -183,12 +182,12 @@ async fn conflicts_are_retried_a_bounded_number_of_times() {
         "{err}"
     );
     drop(status);
-    server.await.unwrap();
+    server.finish().await;
 }
 
 #[tokio::test]
 async fn a_repeated_call_at_the_same_size_writes_nothing() {
-    let (client, server) = serve(vec![get_claim("41", "2Gi", "2Gi", None)]);
+    let (client, server) = MockApi::scripted(vec![get_claim("41", "2Gi", "2Gi", None)]);
     report_one((client, server), FailureValue::Auto, GI2, Ok::<_, Error>(GI2)).await;
 }
 
@@ -196,6 +195,6 @@ async fn a_repeated_call_at_the_same_size_writes_nothing() {
 async fn a_claim_bound_to_another_volume_is_left_alone() {
     let mut other = pvc("41", "2Gi", "1Gi", Some("NodeResizePending"), json!([]));
     other["spec"]["volumeName"] = json!("pvc-other");
-    let (client, server) = serve(vec![step(Method::GET, PVC_PATH, 200, other)]);
+    let (client, server) = MockApi::scripted(vec![step(Method::GET, PVC_PATH, 200, other)]);
     report_one((client, server), FailureValue::Auto, GI2, Err(no_space())).await;
 }
