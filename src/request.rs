@@ -439,5 +439,4 @@ impl NodeExpandRequest {
 }
 
 #[cfg(test)]
-#[path = "request_tests.rs"]
 mod tests;

@@ -399,15 +399,11 @@ fn remove_files([record, rest @ ..]: &[PathBuf; 4]) -> Result<(), BackendError> 
     rest.iter().map(remove).fold(Ok(()), Result::and)
 }
 
-#[path = "loop_capacity.rs"]
 mod capacity;
-#[path = "loop_devices.rs"]
 mod devices;
-#[path = "loop_snapshots.rs"]
 mod snapshots;
 
 #[cfg(test)]
-#[path = "loopdev_tests.rs"]
 mod tests;
 
 /// The image's `(st_dev, st_ino)`, as LOOP_GET_STATUS64 reports a backing file's;

@@ -40,9 +40,7 @@ use crate::proto::localvol::v1::volume_states_client::VolumeStatesClient;
 use crate::request::PARAM_DEVICE_CLASS;
 use crate::volume::{OpenError, Volumes};
 
-#[path = "status_mounts.rs"]
 mod mounts;
-#[path = "status_table.rs"]
 mod table;
 use mounts::local_view;
 pub use table::{human_bytes, render_table, render_table_at};
@@ -419,5 +417,4 @@ fn add_daemon_state(status: &mut VolumeStatus, state: &pb::VolumeState) {
 }
 
 #[cfg(test)]
-#[path = "status_tests.rs"]
 mod tests;

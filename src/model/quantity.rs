@@ -144,5 +144,4 @@ pub fn format_bytes(bytes: u64) -> String {
 }
 
 #[cfg(test)]
-#[path = "quantity_tests.rs"]
 mod tests;

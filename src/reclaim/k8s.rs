@@ -276,5 +276,4 @@ impl Cluster for KubeCluster {
 }
 
 #[cfg(test)]
-#[path = "k8s_tests.rs"]
 mod tests;

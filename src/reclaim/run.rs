@@ -315,5 +315,4 @@ impl Runner {
 }
 
 #[cfg(test)]
-#[path = "run_tests.rs"]
 mod tests;

@@ -367,5 +367,4 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-#[path = "scheduler_tests.rs"]
 mod tests;

@@ -39,5 +39,4 @@ pub fn classify(cause: Cause<'_>) -> Failure {
 }
 
 #[cfg(test)]
-#[path = "classify_tests.rs"]
 mod tests;

@@ -20,7 +20,7 @@ pub fn format(bytes: u64) -> Quantity {
 mod tests {
     use super::*;
 
-    // The grammar's table tests are beside the parser, in model/quantity_tests.rs.
+    // The grammar's table tests are beside the parser, in model/quantity/tests.rs.
     #[test]
     fn api_quantities_go_through_the_one_parser() {
         assert_eq!(bytes(&Quantity("1.5Gi".to_string())), Some(3 << 29));

@@ -197,5 +197,4 @@ impl Volumes {
 }
 
 #[cfg(test)]
-#[path = "classes_tests.rs"]
 mod tests;

@@ -91,5 +91,4 @@ impl Volumes {
 }
 
 #[cfg(test)]
-#[path = "grow_tests.rs"]
 mod tests;

@@ -348,5 +348,4 @@ impl Volumes {
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
 mod tests;

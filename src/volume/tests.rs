@@ -18,15 +18,12 @@ use crate::request::{
 const LOOP_DEV: &str = "/dev/loop-fake7";
 
 /// Create, expand and delete.
-#[path = "tests/controller.rs"]
 mod controller;
 
 /// Stats, publish and unpublish asking the kernel about their paths.
-#[path = "tests/kernel_view.rs"]
 mod kernel_view;
 
 /// A staging path named as a target and a target named as a staging path (issue 33).
-#[path = "tests/stage_or_target.rs"]
 mod stage_or_target;
 
 struct Fixture {

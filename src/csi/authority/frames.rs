@@ -298,5 +298,4 @@ fn write_block(block: &PendingBlock, rewritten: &[u8], output: &mut BytesMut) {
 }
 
 #[cfg(test)]
-#[path = "frames_tests.rs"]
 mod tests;

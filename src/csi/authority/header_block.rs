@@ -199,5 +199,4 @@ fn string_len(bytes: &[u8]) -> Result<usize, HeaderBlockError> {
 }
 
 #[cfg(test)]
-#[path = "header_block_tests.rs"]
 mod tests;

@@ -413,5 +413,4 @@ impl LoopBackend {
 }
 
 #[cfg(test)]
-#[path = "loop_snapshots_tests.rs"]
 mod tests;
