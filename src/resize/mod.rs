@@ -7,13 +7,13 @@
 //! module decides when to call them and tells Kubernetes what happened, with the
 //! status values and conditions kubelet and external-resizer use.
 
+pub mod claim_status;
 pub mod classify;
 mod events;
 pub mod kubelet;
 pub mod node_resizer;
 pub mod quantity;
 pub mod report;
-pub mod status;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ use crate::volume::{VolumeError, Volumes};
 #[derive(Debug, thiserror::Error)]
 pub enum ResizeError {
     #[error(transparent)]
-    Status(#[from] status::StatusError),
+    Status(#[from] claim_status::StatusError),
     #[error(transparent)]
     Busy(#[from] LockError),
     #[error(transparent)]

@@ -14,9 +14,9 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::Client;
 use tracing::{info, warn};
 
+use super::claim_status::{self, ClaimStatus, StatusError, Transition};
 use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
-use super::status::{self, ClaimStatus, StatusError, Transition};
 use super::{FailureValue, quantity};
 use crate::model::VolumeId;
 use crate::model::full_message;
@@ -109,10 +109,10 @@ impl NodeReporter {
             report.claim = None;
             return report;
         }
-        let at_size = status::capacity(&pvc)
+        let at_size = claim_status::capacity(&pvc)
             .and_then(quantity::bytes)
             .is_some_and(|have| required > 0 && have >= required);
-        if at_size && status::resize_status(&pvc).is_none() {
+        if at_size && claim_status::resize_status(&pvc).is_none() {
             report.already_done = true;
             report.pvc = Some(pvc);
             return report;

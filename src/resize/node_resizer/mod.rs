@@ -36,10 +36,10 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tracing::{debug, info};
 
+use super::claim_status::{self, ATTEMPTS, ClaimStatus, FailureNames, StatusError, Transition};
 use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
 use super::quantity;
-use super::status::{self, ATTEMPTS, ClaimStatus, FailureNames, StatusError, Transition};
 use super::{FailureValue, ResizeError};
 use crate::k8s::api::{ApiError, call, replace};
 use crate::k8s::claim_label::{self, ClaimLabels};
@@ -123,7 +123,7 @@ fn requested(
         .as_ref()?
         .requests
         .as_ref()?
-        .get(status::STORAGE)
+        .get(claim_status::STORAGE)
 }
 
 fn bytes(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<u64> {
@@ -135,15 +135,15 @@ fn bytes(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) ->
 pub fn wants_attention(pvc: &PersistentVolumeClaim) -> bool {
     let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
         && pvc.spec.as_ref().and_then(|s| s.volume_name.as_ref()).is_some();
-    let grow = match (bytes(requested(pvc)), bytes(status::capacity(pvc))) {
+    let grow = match (bytes(requested(pvc)), bytes(claim_status::capacity(pvc))) {
         (Some(want), Some(have)) => want > have,
         _ => false,
     };
-    bound && pvc.metadata.deletion_timestamp.is_none() && (grow || status::resize_status(pvc).is_some())
+    bound && pvc.metadata.deletion_timestamp.is_none() && (grow || claim_status::resize_status(pvc).is_some())
 }
 
 fn pv_capacity(pv: &PersistentVolume) -> Option<u64> {
-    bytes(pv.spec.as_ref()?.capacity.as_ref()?.get(status::STORAGE))
+    bytes(pv.spec.as_ref()?.capacity.as_ref()?.get(claim_status::STORAGE))
 }
 
 impl NodeResizer {
@@ -244,13 +244,13 @@ impl NodeResizer {
             debug!(pvc = %format!("{namespace}/{name}"), "claim is bound to another volume than this node's");
             return Ok(Outcome::Done);
         }
-        let (Some(want), Some(have)) = (bytes(requested(&pvc)), bytes(status::capacity(&pvc))) else {
+        let (Some(want), Some(have)) = (bytes(requested(&pvc)), bytes(claim_status::capacity(&pvc))) else {
             return Ok(Outcome::Done);
         };
-        let current = status::resize_status(&pvc).map(str::to_string);
+        let current = claim_status::resize_status(&pvc).map(str::to_string);
         // A terminal failure at this size waits for the claim to ask for another one.
         if current.as_deref().is_some_and(FailureNames::is_failure)
-            && bytes(status::allocated(&pvc)) == Some(want)
+            && bytes(claim_status::allocated(&pvc)) == Some(want)
         {
             return Ok(Outcome::Done);
         }
@@ -268,19 +268,19 @@ impl NodeResizer {
             // Nothing to grow. A controller state left from an attempt the claim no
             // longer asks for is cleared; node states are kubelet's to finish.
             let stale = current.as_deref().is_some_and(|v| {
-                v == status::CONTROLLER_RESIZE_IN_PROGRESS
-                    || v == status::CONTROLLER_RESIZE_FAILED
-                    || v == status::CONTROLLER_RESIZE_INFEASIBLE
+                v == claim_status::CONTROLLER_RESIZE_IN_PROGRESS
+                    || v == claim_status::CONTROLLER_RESIZE_FAILED
+                    || v == claim_status::CONTROLLER_RESIZE_INFEASIBLE
             });
             if stale && pv_size <= have {
-                let capacity = status::capacity(&pvc).cloned().expect("checked above");
+                let capacity = claim_status::capacity(&pvc).cloned().expect("checked above");
                 self.status.apply(pvc, &Transition::Finished { capacity }).await?;
             }
             return Ok(Outcome::Done);
         }
         if matches!(
             current.as_deref(),
-            Some(status::NODE_RESIZE_PENDING | status::NODE_RESIZE_IN_PROGRESS)
+            Some(claim_status::NODE_RESIZE_PENDING | claim_status::NODE_RESIZE_IN_PROGRESS)
         ) && pv_size >= want
         {
             // The volume has grown; kubelet finishes on the node.
@@ -316,7 +316,7 @@ impl NodeResizer {
         let target = requested(&pvc)
             .cloned()
             .expect("wants_attention checked the request");
-        let starting = status::resize_status(&pvc) != Some(status::CONTROLLER_RESIZE_IN_PROGRESS);
+        let starting = claim_status::resize_status(&pvc) != Some(claim_status::CONTROLLER_RESIZE_IN_PROGRESS);
         let pvc = self
             .status
             .apply(
@@ -430,7 +430,7 @@ impl NodeResizer {
             let spec = pv.spec.get_or_insert_with(Default::default);
             spec.capacity
                 .get_or_insert_with(Default::default)
-                .insert(status::STORAGE.to_string(), quantity::format(size));
+                .insert(claim_status::STORAGE.to_string(), quantity::format(size));
             let result = replace(&pvs, || format!("update PersistentVolume {name}"), &name, &pv).await;
             match result {
                 Ok(_) => return Ok(()),

@@ -171,14 +171,14 @@ async fn conflicts_are_retried_a_bounded_number_of_times() {
         }
     }
     let (client, server) = MockApi::scripted(script);
-    let status = crate::resize::status::ClaimStatus::new(client, FailureValue::Auto);
+    let status = crate::resize::claim_status::ClaimStatus::new(client, FailureValue::Auto);
     let pvc = status.get(NS, PVC).await.unwrap();
     let err = status
-        .apply(pvc, &crate::resize::status::Transition::NodeInProgress)
+        .apply(pvc, &crate::resize::claim_status::Transition::NodeInProgress)
         .await
         .unwrap_err();
     assert!(
-        matches!(err, crate::resize::status::StatusError::Conflict { .. }),
+        matches!(err, crate::resize::claim_status::StatusError::Conflict { .. }),
         "{err}"
     );
     drop(status);

@@ -405,5 +405,4 @@ impl ClaimStatus {
 }
 
 #[cfg(test)]
-#[path = "status_tests.rs"]
 mod tests;
