@@ -253,5 +253,4 @@ pub fn publish_needs_pod(claim: &ClaimView) -> bool {
 }
 
 #[cfg(test)]
-#[path = "owner_tests.rs"]
 mod tests;
