@@ -214,6 +214,23 @@ spec:
 YAML
 }
 
+# A WaitForFirstConsumer StorageClass of the run's device class with FSTYPE (labelled
+# lvtest, as the scenarios' other objects are named, to tell it from the overlay's).
+apply_storage_class() { # NAME FSTYPE ALLOW-EXPANSION(true|false)
+  k apply -f - >/dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $1, labels: {lvtest: "1"}}
+provisioner: $DRIVER
+parameters:
+  localvol.csi.dev/device-class: $DEVICE_CLASS
+  csi.storage.k8s.io/fstype: $2
+reclaimPolicy: Delete
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: $3
+YAML
+}
+
 new_namespace() { k create namespace "$1" >/dev/null; note "namespace $1"; }
 
 # The volume of a claim as the API and the host see it; sets PV, HANDLE, BACKING and DEV

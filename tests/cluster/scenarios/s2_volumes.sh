@@ -16,15 +16,7 @@ s2_volumes() {
   # The class's other filesystem, through the StorageClass parameter that picks it.
   local other=xfs size=320Mi   # mkfs.xfs refuses below 300 MB (tests/vm/README.md)
   [ "$FSTYPE" = xfs ] && other=ext4 size=$FS_SIZE
-  k apply -f - >/dev/null <<YAML
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: lvtest-s2-$other, labels: {lvtest: "1"}}
-provisioner: $DRIVER
-parameters: {localvol.csi.dev/device-class: $DEVICE_CLASS, csi.storage.k8s.io/fstype: $other}
-reclaimPolicy: Delete
-volumeBindingMode: WaitForFirstConsumer
-YAML
+  apply_storage_class "lvtest-s2-$other" $other false
   apply_pvc $ns "fs-$other" $size "lvtest-s2-$other" >/dev/null
   FSTYPE=$other s2_filesystem $ns "fs-$other"
   k delete storageclass "lvtest-s2-$other" >/dev/null

@@ -14,18 +14,7 @@ s4_expansion() {
   if [ "$S4_FSTYPE" = xfs ] && grep -q '^CapEff:' /proc/self/status && ! capsh_has_sys_resource; then
     note "NOTE s4: ext4 is not grown online here: root lacks CAP_SYS_RESOURCE on this machine, which resize2fs needs on a mounted ext4; xfs is used"
   fi
-  k apply -f - >/dev/null <<YAML
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: $S4_CLASS, labels: {lvtest: "1"}}
-provisioner: $DRIVER
-parameters:
-  localvol.csi.dev/device-class: $DEVICE_CLASS
-  csi.storage.k8s.io/fstype: $S4_FSTYPE
-reclaimPolicy: Delete
-volumeBindingMode: WaitForFirstConsumer
-allowVolumeExpansion: true
-YAML
+  apply_storage_class $S4_CLASS $S4_FSTYPE true
   local ns=lvtest-s4
   new_namespace $ns
   # Back to the run's overlay even when a step fails, so later scenarios see it.
@@ -57,18 +46,7 @@ YAML
 # nothing changed, the pod's data intact.
 s4_refused() {
   local ns=lvtest-s4 sc=lvtest-s4-pmem pvc=grow
-  k apply -f - >/dev/null <<YAML
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: $sc, labels: {lvtest: "1"}}
-provisioner: $DRIVER
-parameters:
-  localvol.csi.dev/device-class: $DEVICE_CLASS
-  csi.storage.k8s.io/fstype: $FSTYPE
-reclaimPolicy: Delete
-volumeBindingMode: WaitForFirstConsumer
-allowVolumeExpansion: true
-YAML
+  apply_storage_class $sc $FSTYPE true
   new_namespace $ns
   apply_pvc $ns $pvc "$FS_SIZE" $sc >/dev/null
   apply_pod $ns app fs $pvc >/dev/null
