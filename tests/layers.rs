@@ -437,6 +437,52 @@ fn every_api_write_event_and_deadline_goes_through_k8s() {
     );
 }
 
+/// The modules that may name gRPC types, as lib.rs states: the command line and the
+/// wiring, the gRPC edges, the one mapping of errors to statuses, and the layer that
+/// turns protobuf messages into typed requests (`request`) with the generated code
+/// (`proto`). "Lower modules never see gRPC types."
+const GRPC_EDGE: [&str; 8] = [
+    "cli",
+    "app",
+    "telemetry",
+    "csi",
+    "registration",
+    "error",
+    "request",
+    "proto",
+];
+
+/// gRPC types named in `code`: tonic's, prost's, or the generated messages.
+fn grpc_names(code: &str) -> Vec<&'static str> {
+    ["tonic::", "prost::", "crate::proto"]
+        .into_iter()
+        .filter(|n| code.contains(n))
+        .collect()
+}
+
+#[test]
+fn lower_modules_never_see_grpc_types() {
+    let found: Vec<String> = crate_files()
+        .into_iter()
+        .filter(|(top, _, _)| !GRPC_EDGE.contains(&top.as_str()))
+        .filter_map(|(_, file, code)| {
+            let names = grpc_names(&code);
+            (!names.is_empty()).then(|| {
+                format!(
+                    "{}: {}",
+                    file.strip_prefix(src()).unwrap().display(),
+                    names.join(", ")
+                )
+            })
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "gRPC types below the edges (convert at the edge, in csi/ or request.rs):\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_reader_sees_what_it_must() {
     let code = code_only(

@@ -150,7 +150,9 @@ impl reclaim_space_node_server::ReclaimSpaceNode for ReclaimSpaceService {
         .await;
         match result {
             Ok(outcome) => {
-                self.0.metrics.observe_rpc(METHOD, tonic::Code::Ok, started);
+                self.0
+                    .metrics
+                    .observe_rpc(METHOD, &super::code_label(tonic::Code::Ok), started);
                 let reply = match &outcome {
                     // The backing store's usage where the backend can tell, else the
                     // filesystem's (which a trim does not change; the header says which).
@@ -169,7 +171,9 @@ impl reclaim_space_node_server::ReclaimSpaceNode for ReclaimSpaceService {
             Err(error) => {
                 let status = Status::from(error);
                 span.in_scope(|| warn!(code = ?status.code(), error = status.message(), "call failed"));
-                self.0.metrics.observe_rpc(METHOD, status.code(), started);
+                self.0
+                    .metrics
+                    .observe_rpc(METHOD, &super::code_label(status.code()), started);
                 Err(status)
             }
         }

@@ -117,7 +117,7 @@ fn the_dashboard_uses_only_exported_metrics() {
             ..ClassStats::default()
         },
     );
-    m.observe_rpc("CreateVolume", tonic::Code::Ok, Instant::now());
+    m.observe_rpc("CreateVolume", "Ok", Instant::now());
     let exported = m.render();
     let mut checked = 0;
     for prefix in ["localvol_", "process_"] {
