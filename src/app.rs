@@ -17,6 +17,7 @@ use tracing::info;
 use crate::config::{Config, RegistrationConfig};
 use crate::csi::addons::Addons;
 use crate::csi::{self, Driver};
+use crate::gauges;
 use crate::health::Health;
 use crate::host::Host;
 use crate::k8s::OwnerCheck;
@@ -29,9 +30,8 @@ use crate::reclaim::{self, Runner};
 use crate::registration::{self, RegistrationService};
 use crate::request::KubeletRoots;
 use crate::resize::NodeReporting;
-use crate::stats;
-use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
+use crate::volume_states::VolumeStates;
 
 /// The volume limit kubelet is told for this node: 0 is CSI's "unset", no limit. Local
 /// volumes are bounded by the node's capacity, which the device classes report, not by
@@ -383,6 +383,11 @@ fn start_background(
         );
         tokio::spawn(scheduler.run(stop.signal()))
     });
-    let stats = tokio::spawn(stats::run(volumes, metrics, config.stats_interval, stop.signal()));
+    let stats = tokio::spawn(gauges::run(
+        volumes,
+        metrics,
+        config.stats_interval,
+        stop.signal(),
+    ));
     Background { stats, scheduler }
 }

@@ -10,13 +10,15 @@
 //! 4. `error`: module errors into gRPC statuses, in one exhaustive match
 //! 5. `resize`: node expansion and its reports
 //! 6. `reclaim`, `k8s`: beside the request chain (schedules, owners)
-//! 7. `stats`: periodic refresh of the volume and capacity gauges
+//! 7. `gauges`: the periodic refresh of the per-class volume and capacity gauges
 //! 8. `metrics`: the registry and its HTTP endpoint
 //! 9. `health`: readiness of the device classes
 //! 10. `volume`: one function per operation, with idempotency
-//! 11. `request`, `proto`, `locks`, `status_registry`: typed requests, per-volume locks
+//! 11. `request`, `proto`, `locks`, `volume_states`: typed requests, per-volume locks,
+//!     what the daemon remembers of each volume for `localvol status`
 //! 12. `backend`: LVM, PMEM and loop-file volumes
-//! 13. `config`, `reclaim_policy`: validated configuration
+//! 13. `config`, `reclaim_policy`: validated configuration, and which ReclaimSpace
+//!     schedule applies to a volume (pure; `config` validates schedules with it)
 //! 14. `model`: the shared vocabulary (ids, claims, capacity ranges, driver name)
 //! 15. `fs`, `mount`: filesystems and mounts
 //! 16. `host`: the only code that touches the machine (commands, syscalls)
@@ -34,6 +36,7 @@ pub mod config;
 pub mod csi;
 pub mod error;
 pub mod fs;
+pub mod gauges;
 pub mod health;
 pub mod host;
 pub mod k8s;
@@ -47,7 +50,6 @@ pub mod reclaim_policy;
 pub mod registration;
 pub mod request;
 pub mod resize;
-pub mod stats;
-pub mod status_registry;
 pub mod telemetry;
 pub mod volume;
+pub mod volume_states;

@@ -6,7 +6,8 @@
 //! `crate::` path that points up and on any import cycle between top-level modules.
 //! It also keeps Kubernetes API calls in one layer: outside `k8s`, code may hold a
 //! client, name objects and watch them, but writes, events, deadlines and the reading
-//! of API errors go through `crate::k8s` (see `every_api_write_event_and_deadline_goes_through_k8s`).
+//! of API errors go through `crate::k8s` (see `every_api_write_event_and_deadline_goes_through_k8s`);
+//! and it checks lib.rs's "lower modules never see gRPC types" (`lower_modules_never_see_grpc_types`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

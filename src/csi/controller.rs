@@ -15,7 +15,7 @@ use crate::request::{
     self, ContentSource, ControllerExpandRequest, CreateRequest, ListSnapshotsRequest, PARAM_DEVICE_CLASS,
     SnapshotRequest,
 };
-use crate::status_registry::{ResizeState, ResizeStep};
+use crate::volume_states::{ResizeState, ResizeStep};
 
 #[derive(Debug)]
 pub struct ControllerService(pub Arc<Driver>);

@@ -8,7 +8,7 @@ mod controller;
 mod identity;
 mod node;
 pub mod socket;
-pub mod states;
+pub mod volume_states;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,8 +28,8 @@ use crate::proto::csi::v1::identity_server::IdentityServer;
 use crate::proto::csi::v1::node_server::NodeServer;
 use crate::proto::localvol::v1::volume_states_server::VolumeStatesServer;
 use crate::request::KubeletRoots;
-use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
+use crate::volume_states::VolumeStates;
 
 /// Shared state of the CSI services.
 #[derive(Debug)]
@@ -122,13 +122,13 @@ pub fn services(
     IdentityServer<identity::IdentityService>,
     ControllerServer<controller::ControllerService>,
     NodeServer<node::NodeService>,
-    VolumeStatesServer<states::StatesService>,
+    VolumeStatesServer<volume_states::StatesService>,
 ) {
     (
         IdentityServer::new(identity::IdentityService(Arc::clone(&driver))),
         ControllerServer::new(controller::ControllerService(Arc::clone(&driver))),
         NodeServer::new(node::NodeService(Arc::clone(&driver))),
-        VolumeStatesServer::new(states::StatesService(driver)),
+        VolumeStatesServer::new(volume_states::StatesService(driver)),
     )
 }
 

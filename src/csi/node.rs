@@ -11,8 +11,8 @@ use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capabil
 use crate::request::{
     NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
 };
-use crate::status_registry::{ObjectName, ResizeState, ResizeStep};
 use crate::volume::{VolumeCondition, VolumeStats};
+use crate::volume_states::{ObjectName, ResizeState, ResizeStep};
 
 #[derive(Debug)]
 pub struct NodeService(pub Arc<Driver>);

@@ -2,13 +2,15 @@
 //! on each volume's filesystem, on a schedule configured the way csi-addons configures
 //! it, and on demand over the csi-addons API.
 //!
-//! - [`schedule`]: schedules (`@weekly`, cron) and the UID-based stagger; pure.
-//! - [`policy`]: which schedule applies to a volume (annotations, ConfigMap, node file); pure.
 //! - [`run`]: one run on one volume, under its lock and the node's concurrency limit.
 //! - [`scheduler`]: the background task that starts runs when they are due.
-//! - [`service`]: the csi-addons Identity and ReclaimSpaceNode gRPC services.
 //! - [`k8s`]: watches that reschedule on annotation and ConfigMap changes, and the
 //!   `last-run`/`last-result` annotations and failure events written back.
+//!
+//! Elsewhere: which schedule applies to a volume, and the schedules themselves (cron,
+//! `@weekly`, the UID-based stagger), are `crate::reclaim_policy`, pure and low in the
+//! layers because `config` validates the node's reclaim settings with it; the
+//! csi-addons gRPC services are the edge's, `csi::addons`.
 
 pub mod k8s;
 pub mod run;

@@ -24,8 +24,8 @@ use crate::metrics::Metrics;
 use crate::model::{VolumeId, VolumeMode};
 use crate::mount::MountTable;
 use crate::request::{HostPath, KubeletRoots};
-use crate::status_registry::{ReclaimResult, VolumeStates};
 use crate::volume::{VolumeError, Volumes};
+use crate::volume_states::{ReclaimResult, VolumeStates};
 
 /// What a usage number measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

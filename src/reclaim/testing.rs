@@ -16,8 +16,8 @@ use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
 use crate::model::ClaimRef;
 use crate::model::{Token, VolumeId, VolumeMode};
-use crate::status_registry::VolumeStates;
 use crate::volume::Volumes;
+use crate::volume_states::VolumeStates;
 
 pub const DEV: &str = "/dev/loop-fake7";
 pub const MIB: u64 = 1 << 20;

@@ -42,7 +42,7 @@ async fn trims_the_staged_filesystem_and_measures_the_image() {
         .expect("last reclaim kept");
     assert_eq!(
         last.result,
-        crate::status_registry::ReclaimResult::Trimmed {
+        crate::volume_states::ReclaimResult::Trimmed {
             reclaimed_bytes: trim.before,
             trimmed_bytes: 60 * MIB,
         }
@@ -186,7 +186,7 @@ async fn a_failing_fitrim_is_reported() {
     let err = f.runner.reclaim(&id, &[]).await.unwrap_err();
     assert_eq!(err.label(), "syscall");
     match f.states.get(&id).and_then(|s| s.last_reclaim).map(|l| l.result) {
-        Some(crate::status_registry::ReclaimResult::Failed { error }) => {
+        Some(crate::volume_states::ReclaimResult::Failed { error }) => {
             assert!(error.contains("FITRIM"), "{error}")
         }
         other => panic!("the failure is kept as the last reclaim: {other:?}"),

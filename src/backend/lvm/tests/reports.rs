@@ -33,7 +33,7 @@ async fn classes_on_one_vg_share_one_report_and_see_only_their_volumes() {
 
 /// What an idle node asks of a thin class with 100 volumes, on the daemon's own
 /// schedule: kubelet's readiness probe every second (`check_health`), the gauges every
-/// 30 s (what `stats::refresh` reads), external-provisioner's GetCapacity every minute.
+/// 30 s (what `gauges::refresh` reads), external-provisioner's GetCapacity every minute.
 /// Over ten minutes at most two LVM commands a minute may run (issue 32's target).
 #[tokio::test(start_paused = true)]
 async fn an_idle_node_runs_at_most_two_lvm_commands_a_minute_whatever_its_volumes() {

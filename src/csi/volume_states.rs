@@ -1,5 +1,6 @@
 //! `localvol.v1.VolumeStates` on the CSI socket: the daemon's in-memory
-//! [`VolumeStates`] for `localvol status`. Read-only, no lock, no backend call.
+//! [`crate::volume_states::VolumeStates`] for `localvol status`, under the same name as
+//! the service it answers. Read-only, no lock, no backend call.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -9,7 +10,7 @@ use tonic::{Request, Response, Status};
 use super::Driver;
 use crate::proto::localvol::v1 as pb;
 use crate::proto::localvol::v1::volume_states_server::VolumeStates as Service;
-use crate::status_registry::{LastReclaim, LastResize, ObjectName, ReclaimResult, ResizeState, VolumeState};
+use crate::volume_states::{LastReclaim, LastResize, ObjectName, ReclaimResult, ResizeState, VolumeState};
 
 #[derive(Debug)]
 pub struct StatesService(pub Arc<Driver>);
@@ -113,7 +114,7 @@ mod tests {
 
     use super::*;
     use crate::model::{ClassName, Token, VolumeId};
-    use crate::status_registry::{ResizeStep, VolumeStates};
+    use crate::volume_states::{ResizeStep, VolumeStates};
 
     #[test]
     fn registry_entries_go_on_the_wire_unchanged() {
