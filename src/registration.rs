@@ -95,17 +95,16 @@ pub fn serve(
     service: RegistrationService,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, SocketError> {
-    let listener = socket::bind_private(&path)?;
+    let endpoint = service.csi_endpoint.clone();
+    let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(service));
+    let serving = socket::serve(&path, router, shutdown)?;
     info!(
         socket = %path.display(),
-        endpoint = %service.csi_endpoint.display(),
+        endpoint = %endpoint.display(),
         "serving kubelet plugin registration"
     );
     Ok(async move {
-        let served = tonic::transport::Server::builder()
-            .add_service(RegistrationServer::new(service))
-            .serve_with_incoming_shutdown(socket::incoming(listener), shutdown)
-            .await;
+        let served = serving.await;
         // Gone from plugins_registry, the plugin is deregistered by kubelet.
         if let Err(e) = std::fs::remove_file(&path)
             && e.kind() != std::io::ErrorKind::NotFound
