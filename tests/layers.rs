@@ -7,7 +7,8 @@
 //! It also keeps Kubernetes API calls in one layer: outside `k8s`, code may hold a
 //! client, name objects and watch them, but writes, events, deadlines and the reading
 //! of API errors go through `crate::k8s` (see `every_api_write_event_and_deadline_goes_through_k8s`);
-//! and it checks lib.rs's "lower modules never see gRPC types" (`lower_modules_never_see_grpc_types`).
+//! it checks lib.rs's "lower modules never see gRPC types" (`lower_modules_never_see_grpc_types`),
+//! and that every module and its unit tests are where the compiler looks, without `#[path]`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -482,6 +483,46 @@ fn lower_modules_never_see_grpc_types() {
         "gRPC types below the edges (convert at the edge, in csi/ or request.rs):\n{}",
         found.join("\n")
     );
+}
+
+/// Every `.rs` file under `src/`, test code included.
+fn all_source_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            all_source_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// One way to place a module's unit tests and children: a module's unit tests are its
+/// child module `tests`, inline or in the file the compiler looks in for a child
+/// (`foo/tests.rs` beside `foo.rs`, `tests.rs` beside a `mod.rs`); a large one has
+/// children of its own in `tests/`. No `#[path]` moves a module elsewhere, and no
+/// `*_tests.rs` file stands beside its module.
+#[test]
+fn modules_and_their_tests_are_where_the_compiler_looks() {
+    let mut files = Vec::new();
+    all_source_files(&src(), &mut files);
+    let misplaced: Vec<String> = files
+        .iter()
+        .filter_map(|file| {
+            let text = fs::read_to_string(file).unwrap();
+            let rel = file.strip_prefix(src()).unwrap().display();
+            if file.file_name().unwrap().to_string_lossy().ends_with("_tests.rs") {
+                Some(format!(
+                    "{rel}: a *_tests.rs sibling (move it to <module>/tests.rs)"
+                ))
+            } else if code_only(&text).contains("#[path") {
+                Some(format!("{rel}: #[path] (put the file where the compiler looks)"))
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert!(misplaced.is_empty(), "{}", misplaced.join("\n"));
 }
 
 #[test]

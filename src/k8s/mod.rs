@@ -352,14 +352,8 @@ pub fn spawn_pod_reflector(
 }
 
 #[cfg(test)]
-mod count_tests;
-#[cfg(test)]
 pub(crate) mod fixtures;
 #[cfg(test)]
 pub(crate) mod mock_api;
-#[cfg(test)]
-mod node_fixture;
-#[cfg(test)]
-mod outage_tests;
 #[cfg(test)]
 mod tests;

@@ -419,5 +419,4 @@ pub fn spawn(
 }
 
 #[cfg(test)]
-#[path = "snapshot_content_tests.rs"]
 mod tests;

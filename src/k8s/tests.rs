@@ -20,6 +20,12 @@ const B: &str = "uid-b";
 
 /// Finding the claim (context, PV, missing, replaced).
 mod claims;
+/// How many API requests the owner check makes per call, on a node of real CSI services.
+mod count;
+/// The real CSI services of one node with the owner check wired in, for count and outage.
+mod node_fixture;
+/// The owner check while the API server is down, failing or silent.
+mod outage;
 
 fn checker(client: kube::Client, pods: Vec<Pod>) -> Checker {
     fixtures::checker(client, pods, true)

@@ -378,5 +378,4 @@ impl fmt::Display for Schedule {
 }
 
 #[cfg(test)]
-#[path = "schedule_tests.rs"]
 mod tests;

@@ -10,13 +10,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use tonic::{Code, Status};
 
-use super::count_tests::{
+use super::count::{
     ephemeral_world, get_pod, get_pvc, node, pod_list, pod_watch, synced, take_lines, timings, until_ready,
     web0_volume,
 };
-use super::fixtures::{self, NODE, NS, Uses, pod_owner, pv, pvc};
-use super::mock_api::{MockApi, Mode};
 use super::node_fixture::{Node, PodRef};
+use crate::k8s::fixtures::{self, NODE, NS, Uses, pod_owner, pv, pvc};
+use crate::k8s::mock_api::{MockApi, Mode};
 use crate::model::DRIVER_NAME;
 use crate::proto::csi::v1::Volume;
 

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fixtures::{self, NODE, Uses, pod_owner, pv, pvc};
-use super::mock_api::MockApi;
 use super::node_fixture::{Node, PodRef};
-use super::{OwnerCheck, Retry, Timings, start_checker};
+use crate::k8s::fixtures::{self, NODE, Uses, pod_owner, pv, pvc};
+use crate::k8s::mock_api::MockApi;
+use crate::k8s::{OwnerCheck, Retry, Timings, start_checker};
 use crate::model::DRIVER_NAME;
 use crate::proto::csi::v1 as csi;
 
@@ -64,8 +64,8 @@ pub fn node(client: kube::Client, timings: Timings) -> Node {
 fn node_with(
     client: kube::Client,
     timings: Timings,
-    labels: Option<super::claim_label::ClaimLabels>,
-    claims: Option<super::node_claims::NodeClaims>,
+    labels: Option<crate::k8s::claim_label::ClaimLabels>,
+    claims: Option<crate::k8s::node_claims::NodeClaims>,
 ) -> Node {
     Node::new(|health| {
         OwnerCheck::On(Arc::new(start_checker(
@@ -226,7 +226,7 @@ async fn publish_after_the_claim_expired_reads_it_once() {
 async fn the_first_read_of_a_claim_is_the_node_label_patch() {
     let (client, api) = statefulset_world();
     let ttl = Duration::from_secs(2);
-    let labels = super::claim_label::ClaimLabels::new(client.clone(), NODE);
+    let labels = crate::k8s::claim_label::ClaimLabels::new(client.clone(), NODE);
     let mut node = node_with(client, timings(ttl), Some(labels.clone()), None);
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;
@@ -254,7 +254,7 @@ async fn the_first_read_of_a_claim_is_the_node_label_patch() {
 async fn a_labelled_claim_is_read_from_the_watch_of_the_nodes_claims() {
     let (client, api) = statefulset_world();
     let ttl = Duration::from_millis(100);
-    let (claims, mut writer) = super::node_claims::NodeClaims::by_hand();
+    let (claims, mut writer) = crate::k8s::node_claims::NodeClaims::by_hand();
     let mut node = node_with(client, timings(ttl), None, Some(claims.clone()));
     synced(&node, &api).await;
     let volume = node.create("data-web-0", "pv-1").await;

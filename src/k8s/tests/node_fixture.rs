@@ -11,12 +11,12 @@ use std::sync::Arc;
 use tonic::Status;
 use tower::util::BoxCloneService;
 
-use super::OwnerCheck;
-use super::fixtures::{NODE, NS};
 use crate::csi::Driver;
 use crate::health::Health;
 use crate::host::Host;
 use crate::host::fake::{FakeSyscalls, loop_machine};
+use crate::k8s::OwnerCheck;
+use crate::k8s::fixtures::{NODE, NS};
 use crate::locks::VolumeLocks;
 use crate::metrics::Metrics;
 use crate::proto::csi::v1::{self as csi, controller_client::ControllerClient, node_client::NodeClient};
