@@ -416,22 +416,28 @@ fn k8s_only_names(code: &str) -> Vec<&'static str> {
     found
 }
 
-#[test]
-fn every_api_write_event_and_deadline_goes_through_k8s() {
-    let outside: Vec<String> = crate_files()
+/// "file: name, name" for each non-test file outside `allowed` top-level modules whose
+/// code names something `names` finds.
+fn names_outside(allowed: &[&str], names: impl Fn(&str) -> Vec<&'static str>) -> Vec<String> {
+    crate_files()
         .into_iter()
-        .filter(|(top, _, _)| top != "k8s")
+        .filter(|(top, _, _)| !allowed.contains(&top.as_str()))
         .filter_map(|(_, file, code)| {
-            let names = k8s_only_names(&code);
-            (!names.is_empty()).then(|| {
+            let found = names(&code);
+            (!found.is_empty()).then(|| {
                 format!(
                     "{}: {}",
                     file.strip_prefix(src()).unwrap().display(),
-                    names.join(", ")
+                    found.join(", ")
                 )
             })
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn every_api_write_event_and_deadline_goes_through_k8s() {
+    let outside = names_outside(&["k8s"], k8s_only_names);
     assert!(
         outside.is_empty(),
         "Kubernetes API calls made outside src/k8s/ (use crate::k8s::api and crate::k8s::events):\n{}",
@@ -464,20 +470,7 @@ fn grpc_names(code: &str) -> Vec<&'static str> {
 
 #[test]
 fn lower_modules_never_see_grpc_types() {
-    let found: Vec<String> = crate_files()
-        .into_iter()
-        .filter(|(top, _, _)| !GRPC_EDGE.contains(&top.as_str()))
-        .filter_map(|(_, file, code)| {
-            let names = grpc_names(&code);
-            (!names.is_empty()).then(|| {
-                format!(
-                    "{}: {}",
-                    file.strip_prefix(src()).unwrap().display(),
-                    names.join(", ")
-                )
-            })
-        })
-        .collect();
+    let found = names_outside(&GRPC_EDGE, grpc_names);
     assert!(
         found.is_empty(),
         "gRPC types below the edges (convert at the edge, in csi/ or request.rs):\n{}",
