@@ -70,6 +70,17 @@ fn config_map(data: &[(&str, &str)]) -> ConfigMap {
     }
 }
 
+/// The daemon's KubeCluster for node-a, labelling claims without a grace period.
+fn cluster_on(client: kube::Client) -> Arc<KubeCluster> {
+    KubeCluster::start(
+        client.clone(),
+        "csi-addons-system",
+        "node-a",
+        ClaimLabels::new(client.clone(), "node-a").with_grace(std::time::Duration::ZERO),
+        NodeClaims::start(client, "node-a"),
+    )
+}
+
 fn path_of(uri: &str) -> &str {
     uri.split('?').next().unwrap()
 }
@@ -121,13 +132,7 @@ async fn annotation_and_config_map_changes_reschedule_and_runs_annotate_the_pvc(
     // The label, then the result of the run.
     api.expect(patch_answered());
     api.expect(patch_answered());
-    let cluster = KubeCluster::start(
-        client.clone(),
-        "csi-addons-system",
-        "node-a",
-        ClaimLabels::new(client.clone(), "node-a").with_grace(std::time::Duration::ZERO),
-        NodeClaims::start(client, "node-a"),
-    );
+    let cluster = cluster_on(client);
     let config = SchedulerConfig {
         policy: NodePolicy::default(),
         busy_retry: Duration::from_secs(60),
@@ -279,13 +284,7 @@ fn annotation_patches(api: &MockApi) -> Vec<Asked> {
 async fn a_failure_is_annotated_and_raised_as_an_event() {
     let (client, api) = MockApi::start();
     api.expect(patch_answered());
-    let cluster = KubeCluster::start(
-        client.clone(),
-        "csi-addons-system",
-        "node-a",
-        ClaimLabels::new(client.clone(), "node-a").with_grace(std::time::Duration::ZERO),
-        NodeClaims::start(client, "node-a"),
-    );
+    let cluster = cluster_on(client);
     let finished: Timestamp = "2024-05-16T00:41:07Z".parse().unwrap();
     cluster
         .report(
