@@ -19,6 +19,16 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+step "disk"
+# CI once failed three minutes in with the disk full (the disk is shared with other
+# work): the run says what it had. A one-off run never reuses incremental compilation
+# state, which is as large as the build itself.
+df -h . /tmp
+[ "${CI:-}" != true ] || export CARGO_INCREMENTAL=0
+free_gib=$(( $(df --output=avail -k . | tail -n 1) / 1024 / 1024 ))
+[ "$free_gib" -ge 8 ] ||
+  echo "tests/all.sh: WARNING: ${free_gib} GiB free here; a run writes about 8 GiB" >&2
+
 step "format"
 cargo fmt --all -- --check
 
