@@ -176,55 +176,52 @@ impl ClaimLabels {
 mod tests {
     use std::sync::Arc;
 
-    use http::{Request, Response};
-    use kube::client::Body;
+    use http::Method;
 
     use super::*;
+    use crate::k8s::mock_api::{Exchange, MockApi, ok};
 
-    /// The API server's answer to a label PATCH: the claim.
-    fn claim_response(name: &str) -> Response<Body> {
+    /// The label PATCH of claim `name` in namespace `apps`, answered with the claim.
+    fn label_patch(name: &str) -> Exchange {
         let claim = serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}});
-        Response::builder()
-            .body(Body::from(serde_json::to_vec(&claim).unwrap()))
-            .unwrap()
+        Exchange::new(
+            Method::PATCH,
+            format!("/api/v1/namespaces/apps/persistentvolumeclaims/{name}?"),
+            ok(&claim),
+        )
     }
 
     /// Concurrent calls (the reclaim scheduler calls on every refresh) label a claim
     /// once: the second call does not PATCH while the first one's PATCH is in flight.
     #[tokio::test]
     async fn concurrent_calls_label_a_claim_once() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let labels =
-            Arc::new(ClaimLabels::new(Client::new(service, "default"), "node-a").with_grace(Duration::ZERO));
+        let (client, api) = MockApi::scripted(vec![]);
+        let patch = api.expect(label_patch("data").held());
+        let labels = Arc::new(ClaimLabels::new(client, "node-a").with_grace(Duration::ZERO));
         let claim = || vec![("apps".to_string(), "data".to_string())];
         let first = tokio::spawn({
             let labels = Arc::clone(&labels);
             async move { labels.ensure(claim()).await }
         });
-        let (request, send) = handle.next_request().await.unwrap();
-        assert_eq!(request.method(), http::Method::PATCH);
-        assert!(
-            request
-                .uri()
-                .path()
-                .ends_with("/namespaces/apps/persistentvolumeclaims/data")
-        );
-        // While that PATCH is unanswered, a second call finds the claim taken.
+        patch.asked().await;
+        // While that PATCH is unanswered, a second call finds the claim taken (a second
+        // PATCH would be one past the script).
         labels.ensure(claim()).await;
-        send.send_response(claim_response("data"));
+        patch.release();
         first.await.unwrap();
         labels.ensure(claim()).await;
         drop(labels);
-        assert!(handle.next_request().await.is_none(), "a second PATCH");
+        api.finish().await;
     }
 
     /// A claim first seen is left alone for the grace (its provisioning may not have
     /// finished), then labelled; one a label watch has shown is never patched.
     #[tokio::test]
     async fn claims_are_labelled_after_the_grace_and_never_when_seen_labelled() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        // Nothing is expected yet: a PATCH within the grace would be past the script.
+        let (client, api) = MockApi::scripted(vec![]);
         let grace = Duration::from_millis(300);
-        let labels = Arc::new(ClaimLabels::new(Client::new(service, "default"), "node-a").with_grace(grace));
+        let labels = Arc::new(ClaimLabels::new(client, "node-a").with_grace(grace));
         let claims = || {
             vec![
                 ("apps".to_string(), "new".to_string()),
@@ -232,30 +229,16 @@ mod tests {
             ]
         };
         labels.mark_labelled("apps", "seen");
-        // Within the grace: no request (the mock would never answer one).
-        tokio::time::timeout(Duration::from_secs(5), labels.ensure(claims()))
-            .await
-            .expect("no PATCH within the grace");
+        labels.ensure(claims()).await;
+        let asked = api.requests();
+        assert!(asked.is_empty(), "a PATCH within the grace: {asked:?}");
         tokio::time::sleep(grace).await;
-        let later = tokio::spawn({
-            let labels = Arc::clone(&labels);
-            async move { labels.ensure(claims()).await }
-        });
-        let (request, send) = handle.next_request().await.unwrap();
-        assert_eq!(request.method(), http::Method::PATCH);
-        assert!(
-            request.uri().path().ends_with("/persistentvolumeclaims/new"),
-            "{}",
-            request.uri()
-        );
-        send.send_response(claim_response("new"));
-        later.await.unwrap();
+        api.expect(label_patch("new"));
+        labels.ensure(claims()).await;
         labels.ensure(claims()).await;
         drop(labels);
-        assert!(
-            handle.next_request().await.is_none(),
-            "a PATCH of a labelled claim"
-        );
+        // No PATCH of a labelled claim: it would be past the script.
+        api.finish().await;
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //!
 //! 1. its mode: up, down (connections fail), failing (every request gets one HTTP
 //!    error) or silent (requests are taken and never answered until the mode changes);
-//! 2. the next expected exchange, if the request is that one: its check runs on the
-//!    body and its reply is sent. Expectations are met in the order they were given;
+//! 2. the next expected exchange, if the request is that one: its checks run on the
+//!    content type and body, and its reply is sent, or, for a held exchange, kept
+//!    until the test releases it. Expectations are met in the order they were given;
 //! 3. its store of objects: get, list and watch, JSON merge patch, and creates (answered
 //!    with what was sent, not kept). A scripted server has no store: every request
 //!    must be the next expected one.
@@ -17,11 +18,21 @@
 //! ends, as when the server's watch timeout closes it, and the client watches again
 //! from the last version it saw).
 //!
-//! What goes wrong (a request other than the expected one, a failed body check, one the
+//! [`MockApi::expect`] returns a handle on its exchange, [`Expected`]: the test waits
+//! for the request with it (to act while a call is in flight, or to read what was
+//! asked), and releases a held exchange's reply with it. A held reply never released
+//! is never sent: the request hangs, as one to a server that stopped answering.
+//!
+//! Every request is recorded with the (tokio) time it came, for tests of retry delays.
+//!
+//! What goes wrong (a request other than the expected one, a failed check, one the
 //! store does not serve) is answered with a 500 and kept: [`MockApi::finish`] fails on
-//! it, and on expectations never met.
+//! it, and on expectations never met. Finishing waits for the client to be dropped;
+//! where a test cannot drop it (a spawned reflector keeps it) or must know that nothing
+//! more is asked while it is still in use, [`MockApi::assert_no_request_within`] waits
+//! a while instead.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +43,9 @@ use kube::client::Body;
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tower_test::mock::{self, Handle, SendResponse};
 
 /// How the server answers.
@@ -83,8 +96,11 @@ pub struct Exchange {
     method: Method,
     /// Path and query; a trailing `*` matches any rest.
     uri: String,
+    content_type: Option<String>,
     check: Option<BodyCheck>,
     reply: Reply,
+    /// The reply waits for [`Expected::release`].
+    held: bool,
 }
 
 impl Exchange {
@@ -92,14 +108,29 @@ impl Exchange {
         Self {
             method,
             uri: uri.into(),
+            content_type: None,
             check: None,
             reply,
+            held: false,
         }
+    }
+
+    /// The request must carry this content type (a patch's says which kind it is).
+    pub fn content_type(mut self, content_type: &str) -> Self {
+        self.content_type = Some(content_type.to_string());
+        self
     }
 
     /// Runs `check` on the request's body, parsed as JSON; its panics fail the exchange.
     pub fn check(mut self, check: impl Fn(&Value) + Send + 'static) -> Self {
         self.check = Some(Box::new(check));
+        self
+    }
+
+    /// The reply is sent only when the test calls [`Expected::release`], so that it can
+    /// act while the call is in flight; until then the request hangs.
+    pub fn held(mut self) -> Self {
+        self.held = true;
         self
     }
 
@@ -131,6 +162,8 @@ pub struct Asked {
     pub content_type: Option<String>,
     /// `Null` when there is none or it is not JSON.
     pub body: Value,
+    /// When it came.
+    pub at: Instant,
 }
 
 /// `METHOD /path?query`.
@@ -162,7 +195,16 @@ struct State {
     mode: Mode,
     /// Requests no expectation covers fail instead of going to the store.
     scripted: bool,
-    expected: VecDeque<Exchange>,
+    /// With the number of each, counted from 0 in the order given.
+    expected: VecDeque<(usize, Exchange)>,
+    /// How many expectations were given.
+    given: usize,
+    /// The request (its index in `asked`) that met each expectation, by number.
+    met: BTreeMap<usize, usize>,
+    /// The replies of held exchanges asked and not yet released, by number.
+    held: BTreeMap<usize, (Respond, Reply)>,
+    /// Held exchanges released before they were asked: answered at once.
+    released: BTreeSet<usize>,
     asked: Vec<Asked>,
     /// How many of `asked` [`MockApi::take_requests`] has returned.
     taken: usize,
@@ -177,7 +219,11 @@ struct State {
     holding: bool,
     watches: Vec<Watch>,
     /// Requests taken while silent.
-    held: Vec<Respond>,
+    silenced: Vec<Respond>,
+    /// The client is gone: nothing more will be asked.
+    ended: bool,
+    /// Wakes [`Expected::asked`] after each request and when the client is gone.
+    news: Arc<Notify>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -251,6 +297,10 @@ impl MockApi {
             mode: Mode::Up,
             scripted,
             expected: VecDeque::new(),
+            given: 0,
+            met: BTreeMap::new(),
+            held: BTreeMap::new(),
+            released: BTreeSet::new(),
             asked: Vec::new(),
             taken: 0,
             failures: Vec::new(),
@@ -260,7 +310,9 @@ impl MockApi {
             compacted: 0,
             holding: false,
             watches: Vec::new(),
-            held: Vec::new(),
+            silenced: Vec::new(),
+            ended: false,
+            news: Arc::new(Notify::new()),
             task: None,
         })));
         let task = tokio::spawn(serve(Arc::clone(&api.0), handle));
@@ -272,9 +324,20 @@ impl MockApi {
         lock(&self.0)
     }
 
-    /// Expects `exchange` after the ones expected before it.
-    pub fn expect(&self, exchange: Exchange) {
-        self.state().expected.push_back(exchange);
+    /// Expects `exchange` after the ones expected before it. The handle may be dropped,
+    /// but for a held exchange whose reply the test means to release.
+    pub fn expect(&self, exchange: Exchange) -> Expected {
+        let mut state = self.state();
+        let number = state.given;
+        state.given += 1;
+        let expected = Expected {
+            api: self.clone(),
+            number,
+            held: exchange.held,
+            exchange: exchange.to_string(),
+        };
+        state.expected.push_back((number, exchange));
+        expected
     }
 
     /// Every request so far, in order.
@@ -297,10 +360,24 @@ impl MockApi {
         let ended = tokio::time::timeout(Duration::from_secs(10), task).await;
         let state = self.state();
         let mut problems = state.failures.clone();
-        problems.extend(state.expected.iter().map(|e| format!("never asked: {e}")));
+        problems.extend(state.expected.iter().map(|(_, e)| format!("never asked: {e}")));
         if ended.is_err() {
             problems.push("the client is still in use 10s on".to_string());
         }
+        assert!(problems.is_empty(), "mock API server: {problems:#?}");
+    }
+
+    /// Waits `wait`, then fails if anything was asked meanwhile, or went wrong before.
+    pub async fn assert_no_request_within(&self, wait: Duration) {
+        let before = self.state().asked.len();
+        tokio::time::sleep(wait).await;
+        let state = self.state();
+        let mut problems = state.failures.clone();
+        problems.extend(
+            state.asked[before..]
+                .iter()
+                .map(|a| format!("asked within {wait:?}: {a}")),
+        );
         assert!(problems.is_empty(), "mock API server: {problems:#?}");
     }
 
@@ -312,8 +389,9 @@ impl MockApi {
     pub fn set_mode(&self, mode: Mode) {
         let mut state = self.state();
         state.mode = mode;
-        // Whatever was held is cut off, as a dropped connection would be.
-        for respond in std::mem::take(&mut state.held) {
+        // Whatever was silenced is cut off, as a dropped connection would be. Held
+        // exchanges' replies are the test's to release, and stay held.
+        for respond in std::mem::take(&mut state.silenced) {
             respond.send_error(refused());
         }
         match mode {
@@ -387,6 +465,59 @@ impl MockApi {
     }
 }
 
+/// The test's handle on one expected exchange.
+pub struct Expected {
+    api: MockApi,
+    /// Its number in the order of expectations.
+    number: usize,
+    held: bool,
+    /// `METHOD /uri`, for messages.
+    exchange: String,
+}
+
+impl Expected {
+    /// Waits until the exchange has been asked, and returns the request. Fails instead if
+    /// something went wrong first (a request out of order, say) or the client is gone.
+    pub async fn asked(&self) -> Asked {
+        let news = Arc::clone(&self.api.state().news);
+        loop {
+            // Registered before looking, so that news in between is not missed.
+            let notified = news.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let state = self.api.state();
+                if let Some(&n) = state.met.get(&self.number) {
+                    return state.asked[n].clone();
+                }
+                let failures = &state.failures;
+                assert!(
+                    failures.is_empty(),
+                    "mock API server, waiting for {}: {failures:#?}",
+                    self.exchange
+                );
+                assert!(!state.ended, "{} never asked: the client is gone", self.exchange);
+            }
+            notified.await;
+        }
+    }
+
+    /// Sends a held exchange's reply: now if it has been asked, else as soon as it is.
+    pub fn release(self) {
+        assert!(self.held, "{} is not held", self.exchange);
+        let mut state = self.api.state();
+        match state.held.remove(&self.number) {
+            Some((respond, reply)) => {
+                drop(state);
+                send(reply, respond);
+            }
+            None => {
+                state.released.insert(self.number);
+            }
+        }
+    }
+}
+
 fn object_path<K: Resource<DynamicType = ()>>(namespace: Option<&str>, name: &str) -> String {
     format!("{}/{name}", K::url_path(&(), namespace))
 }
@@ -403,9 +534,18 @@ async fn serve(state: Arc<Mutex<State>>, mut handle: Handle<Request<Body>, Respo
                 .get(http::header::CONTENT_TYPE)
                 .map(|v| v.to_str().unwrap().to_string()),
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            at: Instant::now(),
         };
         answer(&state, asked, respond);
+        let news = Arc::clone(&lock(&state).news);
+        news.notify_waiters();
     }
+    let news = {
+        let mut state = lock(&state);
+        state.ended = true;
+        Arc::clone(&state.news)
+    };
+    news.notify_waiters();
 }
 
 fn answer(shared: &Mutex<State>, asked: Asked, respond: Respond) {
@@ -416,16 +556,16 @@ fn answer(shared: &Mutex<State>, asked: Asked, respond: Respond) {
         Mode::Up => {}
         Mode::Down => return respond.send_error(refused()),
         Mode::Failing(code) => return respond.send_response(failing(code)),
-        Mode::Silent => return state.held.push(respond),
+        Mode::Silent => return state.silenced.push(respond),
     }
-    if state.expected.front().is_some_and(|e| e.is(&asked)) {
-        let exchange = state.expected.pop_front().unwrap();
+    if state.expected.front().is_some_and(|(_, e)| e.is(&asked)) {
+        let (number, exchange) = state.expected.pop_front().unwrap();
         // The check may panic: not under the lock.
         drop(state);
-        return answer_expected(shared, n, exchange, &asked, respond);
+        return answer_expected(shared, n, number, exchange, &asked, respond);
     }
     if state.scripted {
-        let problem = match state.expected.front() {
+        let problem = match state.expected.front().map(|(_, e)| e) {
             Some(expected) => format!("request {n}: expected {expected}, got {asked}"),
             None => format!("request {n} past the script: {asked}"),
         };
@@ -434,7 +574,23 @@ fn answer(shared: &Mutex<State>, asked: Asked, respond: Respond) {
     state.answer_from_store(n, &asked, respond);
 }
 
-fn answer_expected(shared: &Mutex<State>, n: usize, exchange: Exchange, asked: &Asked, respond: Respond) {
+fn answer_expected(
+    shared: &Mutex<State>,
+    n: usize,
+    number: usize,
+    exchange: Exchange,
+    asked: &Asked,
+    respond: Respond,
+) {
+    if let Some(wanted) = &exchange.content_type
+        && asked.content_type.as_ref() != Some(wanted)
+    {
+        let problem = format!(
+            "request {n} ({asked}): content type {:?}, not {wanted}",
+            asked.content_type
+        );
+        return lock(shared).fail(problem, respond);
+    }
     if let Some(check) = &exchange.check {
         let problem = if asked.body.is_null() {
             Some("no JSON body".to_string())
@@ -453,7 +609,18 @@ fn answer_expected(shared: &Mutex<State>, n: usize, exchange: Exchange, asked: &
             return lock(shared).fail(format!("request {n} ({asked}): body: {problem}"), respond);
         }
     }
-    match exchange.reply {
+    let mut state = lock(shared);
+    state.met.insert(number, n);
+    if exchange.held && !state.released.remove(&number) {
+        state.held.insert(number, (respond, exchange.reply));
+        return;
+    }
+    drop(state);
+    send(exchange.reply, respond);
+}
+
+fn send(reply: Reply, respond: Respond) {
+    match reply {
         Reply::Json(code, value) => respond.send_response(json_response(code, &value)),
         Reply::Unreachable => respond.send_error(refused()),
     }

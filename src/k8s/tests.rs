@@ -266,9 +266,9 @@ async fn api_down_is_unavailable() {
 
 #[tokio::test]
 async fn api_silent_is_unavailable_after_the_deadline() {
-    let (service, mut handle) =
-        tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, server) = MockApi::scripted(vec![]);
+    // Takes the request and never answers it.
+    server.set_mode(Mode::Silent);
     let (store, synced) = pod_cache(vec![], true);
     let checker = Checker::with_timings(
         client,
@@ -278,17 +278,12 @@ async fn api_silent_is_unavailable_after_the_deadline() {
         Duration::from_secs(60),
         Duration::from_millis(100),
     );
-    let hold = tokio::spawn(async move {
-        // Take the request and never answer it.
-        let (request, respond) = handle.next_request().await.unwrap();
-        assert_eq!(request.uri().path(), pvc_uri("web-0-data"));
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        drop(respond);
-    });
     let (code_, message) = code(checker.stage(VOLUME, &context("web-0-data", None)).await);
     assert_eq!(code_, Code::Unavailable, "{message}");
     assert!(message.contains("no answer within"), "{message}");
-    hold.abort();
+    let asked: Vec<String> = server.requests().iter().map(|r| r.to_string()).collect();
+    assert_eq!(asked, [format!("GET {}", pvc_uri("web-0-data"))]);
+    finish(checker, server).await;
 }
 
 #[tokio::test]
@@ -320,9 +315,18 @@ async fn cache_not_yet_synced_is_unavailable_without_asking() {
 
 #[tokio::test]
 async fn the_pod_cache_lists_this_nodes_pods_and_then_reports_synced() {
-    let (service, mut handle) =
-        tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
-    let client = kube::Client::new(service, "default");
+    let list = serde_json::json!({
+        "kind": "PodList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "100"},
+        "items": [serde_json::to_value(ephemeral_pod(A, NODE)).unwrap()],
+    });
+    let (client, server) = MockApi::scripted(vec![get(
+        "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-a&limit=500",
+        Reply::Json(http::StatusCode::OK, list),
+    )]);
+    // Never released: held open, as a watch with nothing to tell.
+    let watch = server.expect(get("/api/v1/pods?*", ok(&serde_json::json!({}))).held());
     let called = Arc::new(AtomicBool::new(false));
     let (store, synced) = {
         let called = Arc::clone(&called);
@@ -336,26 +340,8 @@ async fn the_pod_cache_lists_this_nodes_pods_and_then_reports_synced() {
     };
     assert!(!synced.get());
 
-    let (request, respond) = handle.next_request().await.unwrap();
-    assert_eq!(request.method(), http::Method::GET);
-    assert_eq!(
-        request.uri().to_string(),
-        "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-a&limit=500"
-    );
-    let list = serde_json::json!({
-        "kind": "PodList",
-        "apiVersion": "v1",
-        "metadata": {"resourceVersion": "100"},
-        "items": [serde_json::to_value(ephemeral_pod(A, NODE)).unwrap()],
-    });
-    respond.send_response(
-        http::Response::builder()
-            .body(kube::client::Body::from(serde_json::to_vec(&list).unwrap()))
-            .unwrap(),
-    );
-    // Then it watches from the listed version, with the same selector.
-    let (request, _watch) = handle.next_request().await.unwrap();
-    let uri = request.uri().to_string();
+    // It lists, then watches from the listed version, with the same selector.
+    let uri = watch.asked().await.uri;
     assert!(uri.contains("watch=true"), "{uri}");
     assert!(uri.contains("fieldSelector=spec.nodeName%3Dnode-a"), "{uri}");
     assert!(uri.contains("resourceVersion=100"), "{uri}");
@@ -371,6 +357,8 @@ async fn the_pod_cache_lists_this_nodes_pods_and_then_reports_synced() {
     let cached = store.get(&reflector::ObjectRef::new("web-0").within(NS)).unwrap();
     assert_eq!(cached.metadata.uid.as_deref(), Some(A));
     assert!(cached.metadata.managed_fields.is_none());
+    // The reflector keeps the client: it cannot be finished.
+    server.assert_no_request_within(Duration::from_millis(100)).await;
 }
 
 #[test]
@@ -403,9 +391,14 @@ fn a_slimmed_pod_still_answers_every_owner_question() {
 /// the cache. One request.
 #[tokio::test]
 async fn concurrent_reads_of_one_claim_make_one_request() {
-    let (service, mut handle) =
-        tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
-    let client = kube::Client::new(service, "default");
+    let claim = pvc(
+        "web-0-data",
+        "pvc-1",
+        Some(pod_owner("web-0", "uid-a")),
+        Some("pv-1"),
+    );
+    let (client, server) = MockApi::scripted(vec![]);
+    let read_claim = server.expect(get(pvc_uri("web-0-data"), ok(&claim)).held());
     let (store, synced) = pod_cache(vec![], true);
     let lookup = Arc::new(lookup::Lookup::new(
         client,
@@ -419,30 +412,16 @@ async fn concurrent_reads_of_one_claim_make_one_request() {
         tokio::spawn(async move { lookup.pvc(NS, "web-0-data", lookup::Source::Cache).await })
     };
     let first = read(&lookup);
-    let (request, respond) = handle.next_request().await.unwrap();
-    assert_eq!(request.uri().path(), pvc_uri("web-0-data"));
+    read_claim.asked().await;
     let second = read(&lookup);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let claim = pvc(
-        "web-0-data",
-        "pvc-1",
-        Some(pod_owner("web-0", "uid-a")),
-        Some("pv-1"),
-    );
-    respond.send_response(
-        http::Response::builder()
-            .status(http::StatusCode::OK)
-            .body(kube::client::Body::from(serde_json::to_vec(&claim).unwrap()))
-            .unwrap(),
-    );
+    read_claim.release();
     let first = first.await.unwrap().unwrap().expect("found");
     let second = second.await.unwrap().unwrap().expect("found");
     assert!(!first.cached);
     assert!(second.cached, "the second read waited for the first");
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), handle.next_request())
-            .await
-            .is_err(),
-        "a second request was made"
-    );
+    // A second request would also be one past the script.
+    server.assert_no_request_within(Duration::from_millis(100)).await;
+    drop(lookup);
+    server.finish().await;
 }

@@ -4,10 +4,8 @@
 
 use std::path::Path;
 
-use http::{Method, Request, Response, StatusCode};
-use kube::client::Body;
+use http::{Method, StatusCode};
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle, SendResponse};
 
 use super::*;
 use crate::backend::{CreateSpec, SnapshotSpec};
@@ -15,10 +13,8 @@ use crate::fs::FsType;
 use crate::host::Host;
 use crate::host::fake::loop_machine;
 use crate::k8s::fixtures::NODE;
-use crate::k8s::mock_api::status;
+use crate::k8s::mock_api::{Exchange, MockApi, Reply, get, status};
 use crate::model::{ClaimRef, Token, VolumeMode};
-
-type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
 const CONTENTS: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents";
 
@@ -72,11 +68,11 @@ impl Node {
         }
     }
 
-    /// A labeller of this node, node-a, over a mock API server.
-    fn labeller(&self) -> (ContentLabeller, ApiHandle) {
-        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let labeller = ContentLabeller::new(Client::new(service, "default"), Arc::clone(&self.volumes), NODE);
-        (labeller, handle)
+    /// A labeller of this node, node-a, over a mock API server that expects nothing yet.
+    fn labeller(&self) -> (ContentLabeller, MockApi) {
+        let (client, api) = MockApi::scripted(vec![]);
+        let labeller = ContentLabeller::new(client, Arc::clone(&self.volumes), NODE);
+        (labeller, api)
     }
 }
 
@@ -104,68 +100,69 @@ fn object(value: &Value) -> DynamicObject {
     serde_json::from_value(value.clone()).unwrap()
 }
 
-fn respond(send: SendResponse<Response<Body>>, code: StatusCode, body: &Value) {
-    send.send_response(
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap(),
-    );
+fn answer(code: u16, body: Value) -> Reply {
+    Reply::Json(StatusCode::from_u16(code).unwrap(), body)
 }
 
-/// Takes the next request, which must be the label PATCH of `name`, exactly: a JSON
-/// merge patch of the label and the version seen, nothing else.
-async fn expect_label_patch(handle: &mut ApiHandle, name: &str) -> SendResponse<Response<Body>> {
-    let (request, send) = handle.next_request().await.expect("a PATCH");
-    assert_eq!(request.method(), Method::PATCH);
-    assert_eq!(request.uri().to_string(), format!("{CONTENTS}/{name}?"));
-    assert_eq!(
-        request.headers()[http::header::CONTENT_TYPE],
-        "application/merge-patch+json"
-    );
-    let body: Value = serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
-    assert_eq!(
-        body,
-        json!({"metadata": {
-            "resourceVersion": "42",
-            "labels": {"snapshot.storage.kubernetes.io/managed-by": NODE},
-        }})
-    );
-    send
+/// The label PATCH of `name`, exactly: a JSON merge patch of the label and the version
+/// seen, nothing else.
+fn label_patch(name: &str, reply: Reply) -> Exchange {
+    Exchange::new(Method::PATCH, format!("{CONTENTS}/{name}?"), reply)
+        .content_type("application/merge-patch+json")
+        .check(|body| {
+            assert_eq!(
+                body,
+                &json!({"metadata": {
+                    "resourceVersion": "42",
+                    "labels": {"snapshot.storage.kubernetes.io/managed-by": NODE},
+                }})
+            );
+        })
 }
 
-/// Drops the labeller and asserts that it made no request (more).
-async fn no_more_requests(labeller: ContentLabeller, mut handle: ApiHandle) {
+const SELECTOR: &str = "labelSelector=%21snapshot.storage.kubernetes.io%2Fmanaged-by";
+
+/// The list of the unlabelled contents.
+fn list(reply: Reply) -> Exchange {
+    get(format!("{CONTENTS}?&{SELECTOR}&limit=500"), reply)
+}
+
+/// The watch of the unlabelled contents from `version`. Its reply is held and never
+/// released: a watch with nothing to tell.
+fn watch(version: u64) -> Exchange {
+    let uri = format!(
+        "{CONTENTS}?&watch=true&timeoutSeconds=290&{SELECTOR}&allowWatchBookmarks=true&resourceVersion={version}"
+    );
+    get(uri, answer(200, json!({}))).held()
+}
+
+/// Drops the labeller and asserts that it made no request but the expected ones.
+async fn finish(labeller: ContentLabeller, api: MockApi) {
     drop(labeller);
-    if let Some((request, _)) = handle.next_request().await {
-        panic!("unexpected request {} {}", request.method(), request.uri());
-    }
+    api.finish().await;
 }
 
 #[tokio::test]
 async fn a_content_of_this_nodes_snapshot_gets_one_label_patch_with_its_version() {
     let node = Node::new().await;
     assert_eq!(node.handle, "snapshot.default.snap-1");
-    let (labeller, mut handle) = node.labeller();
+    let (labeller, api) = node.labeller();
     let content = pre_provisioned("pre-1", DRIVER_NAME, &node.handle);
-    let labelling = tokio::spawn({
-        let (labeller, content) = (labeller.clone(), object(&content));
-        async move { labeller.label(&content).await }
-    });
-    let send = expect_label_patch(&mut handle, "pre-1").await;
     let mut labelled = content.clone();
     labelled["metadata"]["labels"] = json!({MANAGED_BY: NODE});
     labelled["metadata"]["resourceVersion"] = json!("43");
-    respond(send, StatusCode::OK, &labelled);
-    assert_eq!(labelling.await.unwrap().unwrap(), Outcome::Labelled);
-    no_more_requests(labeller, handle).await;
+    api.expect(label_patch("pre-1", answer(200, labelled)));
+    assert_eq!(
+        labeller.label(&object(&content)).await.unwrap(),
+        Outcome::Labelled
+    );
+    finish(labeller, api).await;
 }
 
 #[tokio::test]
 async fn a_content_of_a_snapshot_not_on_this_node_gets_no_request() {
     let node = Node::new().await;
-    let (labeller, handle) = node.labeller();
+    let (labeller, api) = node.labeller();
     for handle_text in ["snapshot.default.elsewhere", "snapshot.fast.snap-1"] {
         let content = object(&pre_provisioned("pre-1", DRIVER_NAME, handle_text));
         assert_eq!(
@@ -174,13 +171,13 @@ async fn a_content_of_a_snapshot_not_on_this_node_gets_no_request() {
             "{handle_text}"
         );
     }
-    no_more_requests(labeller, handle).await;
+    finish(labeller, api).await;
 }
 
 #[tokio::test]
 async fn contents_of_other_drivers_and_handles_not_ours_get_no_request() {
     let node = Node::new().await;
-    let (labeller, handle) = node.labeller();
+    let (labeller, api) = node.labeller();
     let cases = [
         // Another driver's content, even with a handle that is this node's snapshot id.
         (
@@ -218,7 +215,7 @@ async fn contents_of_other_drivers_and_handles_not_ours_get_no_request() {
             "{content}"
         );
     }
-    no_more_requests(labeller, handle).await;
+    finish(labeller, api).await;
 }
 
 /// The watch's selector keeps labelled contents away, but one that comes anyway (a
@@ -226,7 +223,7 @@ async fn contents_of_other_drivers_and_handles_not_ours_get_no_request() {
 #[tokio::test]
 async fn a_labelled_content_is_left_alone() {
     let node = Node::new().await;
-    let (labeller, handle) = node.labeller();
+    let (labeller, api) = node.labeller();
     for value in [NODE, "node-b", ""] {
         let labelled = content(
             "pre-1",
@@ -250,7 +247,7 @@ async fn a_labelled_content_is_left_alone() {
         labeller.label(&object(&unversioned)).await.unwrap(),
         Outcome::Skipped(Skip::Incomplete)
     );
-    no_more_requests(labeller, handle).await;
+    finish(labeller, api).await;
 }
 
 /// 404: gone, nothing to do; 409: changed since seen, left for its next event; other
@@ -258,7 +255,7 @@ async fn a_labelled_content_is_left_alone() {
 #[tokio::test]
 async fn patch_answers_gone_conflict_and_failures() {
     let node = Node::new().await;
-    let (labeller, mut handle) = node.labeller();
+    let (labeller, api) = node.labeller();
     let content = object(&pre_provisioned("pre-1", DRIVER_NAME, &node.handle));
     for (code, reason) in [
         (404, "NotFound"),
@@ -266,20 +263,15 @@ async fn patch_answers_gone_conflict_and_failures() {
         (403, "Forbidden"),
         (503, "ServiceUnavailable"),
     ] {
-        let labelling = tokio::spawn({
-            let (labeller, content) = (labeller.clone(), content.clone());
-            async move { labeller.label(&content).await }
-        });
-        let send = expect_label_patch(&mut handle, "pre-1").await;
-        respond(send, StatusCode::from_u16(code).unwrap(), &status(code, reason));
-        match (code, labelling.await.unwrap()) {
+        api.expect(label_patch("pre-1", answer(code, status(code, reason))));
+        match (code, labeller.label(&content).await) {
             (404, Ok(Outcome::Gone)) | (409, Ok(Outcome::Conflict)) => {}
             (403, Err(e @ ContentError::Label(_))) => assert!(e.is_terminal(), "{e}"),
             (503, Err(e @ ContentError::Label(_))) => assert!(!e.is_terminal(), "{e}"),
             (code, other) => panic!("{code}: {other:?}"),
         }
     }
-    no_more_requests(labeller, handle).await;
+    finish(labeller, api).await;
 }
 
 /// The list and the watch both select the unlabelled contents only; of what they show,
@@ -287,51 +279,52 @@ async fn patch_answers_gone_conflict_and_failures() {
 #[tokio::test]
 async fn the_watch_selects_unlabelled_contents_and_labels_this_nodes() {
     let node = Node::new().await;
-    let (labeller, mut handle) = node.labeller();
-    let task = tokio::spawn(run(labeller, Timings::default()));
-    let selector = "labelSelector=%21snapshot.storage.kubernetes.io%2Fmanaged-by";
-
-    let (request, send) = handle.next_request().await.unwrap();
-    assert_eq!(request.method(), Method::GET);
-    assert_eq!(
-        request.uri().to_string(),
-        format!("{CONTENTS}?&{selector}&limit=500")
-    );
-    let list = json!({
-        "apiVersion": "snapshot.storage.k8s.io/v1",
-        "kind": "VolumeSnapshotContentList",
-        "metadata": {"resourceVersion": "50"},
-        "items": [
-            pre_provisioned("elsewhere", DRIVER_NAME, "snapshot.default.elsewhere"),
-            pre_provisioned("other", "hostpath.csi.k8s.io", &node.handle),
-            pre_provisioned("pre-1", DRIVER_NAME, &node.handle),
-        ],
-    });
-    respond(send, StatusCode::OK, &list);
-
-    let send = expect_label_patch(&mut handle, "pre-1").await;
-    respond(
-        send,
-        StatusCode::OK,
-        &content(
-            "pre-1",
-            DRIVER_NAME,
-            json!({"snapshotHandle": node.handle}),
-            json!({MANAGED_BY: NODE}),
+    let (labeller, api) = node.labeller();
+    api.expect(list(answer(
+        200,
+        json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshotContentList",
+            "metadata": {"resourceVersion": "50"},
+            "items": [
+                pre_provisioned("elsewhere", DRIVER_NAME, "snapshot.default.elsewhere"),
+                pre_provisioned("other", "hostpath.csi.k8s.io", &node.handle),
+                pre_provisioned("pre-1", DRIVER_NAME, &node.handle),
+            ],
+        }),
+    )));
+    api.expect(label_patch(
+        "pre-1",
+        answer(
+            200,
+            content(
+                "pre-1",
+                DRIVER_NAME,
+                json!({"snapshotHandle": node.handle}),
+                json!({MANAGED_BY: NODE}),
+            ),
         ),
-    );
-
-    let (request, _held) = handle.next_request().await.unwrap();
-    assert_eq!(request.method(), Method::GET);
-    assert_eq!(
-        request.uri().to_string(),
-        format!(
-            "{CONTENTS}?&watch=true&timeoutSeconds=290&{selector}&allowWatchBookmarks=true&resourceVersion=50"
-        )
-    );
+    ));
+    let watching = api.expect(watch(50));
+    let task = tokio::spawn(run(labeller, Timings::default()));
+    watching.asked().await;
     task.abort();
     let _ = task.await;
-    assert!(handle.next_request().await.is_none(), "a request after the watch");
+    // Nothing after the watch: it would be past the script.
+    api.finish().await;
+}
+
+/// A list of the one pre-provisioned content of this node, at resourceVersion 7.
+fn list_of_pre_1(node: &Node) -> Reply {
+    answer(
+        200,
+        json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshotContentList",
+            "metadata": {"resourceVersion": "7"},
+            "items": [pre_provisioned("pre-1", DRIVER_NAME, &node.handle)],
+        }),
+    )
 }
 
 /// Without the CRD (404) or the RBAC (403) the list is asked for again only every
@@ -339,83 +332,53 @@ async fn the_watch_selects_unlabelled_contents_and_labels_this_nodes() {
 #[tokio::test(start_paused = true)]
 async fn without_the_api_the_list_is_retried_slowly() {
     let node = Node::new().await;
-    let (labeller, mut handle) = node.labeller();
-    let task = tokio::spawn(run(labeller, Timings::default()));
-    let mut last = None;
+    let (labeller, api) = node.labeller();
     for (code, reason) in [(404, "NotFound"), (404, "NotFound"), (403, "Forbidden")] {
-        let (request, send) = handle.next_request().await.unwrap();
-        let now = tokio::time::Instant::now();
-        if let Some(last) = last {
-            assert!(now - last >= ABSENT_RETRY, "asked again after {:?}", now - last);
-        }
-        last = Some(now);
-        assert!(
-            request.uri().query().unwrap().contains("limit=500"),
-            "{}",
-            request.uri()
-        );
-        respond(send, StatusCode::from_u16(code).unwrap(), &status(code, reason));
+        api.expect(list(answer(code, status(code, reason))));
     }
-    let (request, send) = handle.next_request().await.unwrap();
-    assert!(tokio::time::Instant::now() - last.unwrap() >= ABSENT_RETRY);
-    assert!(
-        request.uri().query().unwrap().contains("limit=500"),
-        "{}",
-        request.uri()
-    );
-    let list = json!({
-        "apiVersion": "snapshot.storage.k8s.io/v1",
-        "kind": "VolumeSnapshotContentList",
-        "metadata": {"resourceVersion": "7"},
-        "items": [pre_provisioned("pre-1", DRIVER_NAME, &node.handle)],
-    });
-    respond(send, StatusCode::OK, &list);
-    let send = expect_label_patch(&mut handle, "pre-1").await;
-    respond(send, StatusCode::CONFLICT, &status(409, "Conflict"));
+    api.expect(list(list_of_pre_1(&node)));
+    api.expect(label_patch("pre-1", answer(409, status(409, "Conflict"))));
     // A conflict is left for the content's next event: the watch goes on.
-    let (request, _held) = handle.next_request().await.unwrap();
-    assert!(
-        request.uri().query().unwrap().contains("watch=true"),
-        "{}",
-        request.uri()
-    );
+    let watching = api.expect(watch(7));
+    let task = tokio::spawn(run(labeller, Timings::default()));
+    watching.asked().await;
+    let lists: Vec<_> = api
+        .requests()
+        .iter()
+        .filter(|r| r.uri.contains("limit=500"))
+        .map(|r| r.at)
+        .collect();
+    assert_eq!(lists.len(), 4);
+    for pair in lists.windows(2) {
+        let again = pair[1] - pair[0];
+        assert!(again >= ABSENT_RETRY, "asked again after {again:?}");
+    }
     task.abort();
     let _ = task.await;
+    api.finish().await;
 }
 
 /// A failed PATCH lists again after the backoff, which brings the content back.
 #[tokio::test(start_paused = true)]
 async fn a_failed_label_is_retried_by_listing_again() {
     let node = Node::new().await;
-    let (labeller, mut handle) = node.labeller();
+    let (labeller, api) = node.labeller();
+    api.expect(list(list_of_pre_1(&node)));
+    let failed = api.expect(label_patch(
+        "pre-1",
+        answer(503, status(503, "ServiceUnavailable")),
+    ));
+    let listed_again = api.expect(list(list_of_pre_1(&node)));
+    api.expect(label_patch("pre-1", answer(404, status(404, "NotFound"))));
+    // Gone: nothing more to label, the watch goes on.
+    let watching = api.expect(watch(7));
     let task = tokio::spawn(run(labeller, Timings::default()));
-    let list = json!({
-        "apiVersion": "snapshot.storage.k8s.io/v1",
-        "kind": "VolumeSnapshotContentList",
-        "metadata": {"resourceVersion": "7"},
-        "items": [pre_provisioned("pre-1", DRIVER_NAME, &node.handle)],
-    });
-    let (_, send) = handle.next_request().await.unwrap();
-    respond(send, StatusCode::OK, &list);
-    let send = expect_label_patch(&mut handle, "pre-1").await;
-    let failed = tokio::time::Instant::now();
-    respond(
-        send,
-        StatusCode::SERVICE_UNAVAILABLE,
-        &status(503, "ServiceUnavailable"),
-    );
-    let (request, send) = handle.next_request().await.unwrap();
-    assert!(
-        request.uri().query().unwrap().contains("limit=500"),
-        "{}",
-        request.uri()
-    );
-    assert!(tokio::time::Instant::now() - failed >= WATCH_RETRY.first);
-    respond(send, StatusCode::OK, &list);
-    let send = expect_label_patch(&mut handle, "pre-1").await;
-    respond(send, StatusCode::NOT_FOUND, &status(404, "NotFound"));
+    watching.asked().await;
+    let backoff = listed_again.asked().await.at - failed.asked().await.at;
+    assert!(backoff >= WATCH_RETRY.first, "listed again after {backoff:?}");
     task.abort();
     let _ = task.await;
+    api.finish().await;
 }
 
 #[test]
