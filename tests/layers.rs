@@ -556,3 +556,28 @@ fn the_reader_sees_what_it_must() {
     );
     assert!(k8s_only_names(&code_only("let t = tokio::time::timeout(d, fitrim);")).is_empty());
 }
+
+/// One mock API server: the raw request/response mock (`tower_test`) is driven by
+/// `src/k8s/mock_api.rs` alone, and every test that talks to a fake Kubernetes API
+/// talks to that one.
+#[test]
+fn one_mock_api_server() {
+    let mut files = Vec::new();
+    all_source_files(&src(), &mut files);
+    all_source_files(&src().parent().unwrap().join("tests"), &mut files);
+    let drivers: Vec<String> = files
+        .iter()
+        .filter(|file| code_only(&fs::read_to_string(file).unwrap()).contains("tower_test"))
+        .map(|file| {
+            file.strip_prefix(src().parent().unwrap())
+                .unwrap()
+                .display()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        drivers,
+        ["src/k8s/mock_api.rs"],
+        "tower_test outside the one mock API server (use crate::k8s::mock_api::MockApi)"
+    );
+}
