@@ -93,7 +93,7 @@ pub async fn serve(
         health,
         owner_check,
         max_volumes_per_node: MAX_VOLUMES_PER_NODE,
-        states,
+        volume_states: states,
         roots,
     });
     let stop = Stop::new();

@@ -14,15 +14,15 @@ use tokio::time::MissedTickBehavior;
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::backend::{Backend, BackendError};
-use crate::metrics::{ClassStats, Metrics};
+use crate::metrics::{ClassGauges, Metrics};
 use crate::model::full_message;
 use crate::volume::Volumes;
 
-async fn class_stats(backend: &Backend) -> Result<ClassStats, BackendError> {
+async fn class_stats(backend: &Backend) -> Result<ClassGauges, BackendError> {
     let volumes = backend.list().await?;
     let capacity = backend.capacity().await?;
     let storage = backend.store_usage().await?;
-    Ok(ClassStats {
+    Ok(ClassGauges {
         volumes: volumes.len() as u64,
         snapshots: backend.list_snapshots().await?.len() as u64,
         provisioned_bytes: volumes.iter().map(|v| v.size_bytes).sum(),

@@ -23,7 +23,9 @@
 //! 15. `fs`, `mount`: filesystems and mounts
 //! 16. `host`: the only code that touches the machine (commands, syscalls)
 //!
-//! Lower modules never see gRPC types.
+//! gRPC types (tonic's, prost's, the generated messages) stay in layers 1 to 4 and,
+//! below them, in `proto`, the generated code, and `request`, which turns its messages
+//! into typed requests. Lower modules never see gRPC types.
 
 // Errors carry their context (paths, stderr) unboxed: they are built on cold paths, and
 // flat enums keep the one exhaustive Status mapping readable.

@@ -95,7 +95,7 @@ impl ReclaimMetrics {
 
 /// What the periodic refresh found in one device class.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ClassStats {
+pub struct ClassGauges {
     pub volumes: u64,
     /// Snapshots held by the class (0 where the kind makes none).
     pub snapshots: u64,
@@ -267,7 +267,7 @@ impl Metrics {
     }
 
     /// Records a successful refresh of `class`'s volume and capacity gauges.
-    pub fn set_class_stats(&self, class_name: &ClassName, stats: ClassStats) {
+    pub fn set_class_stats(&self, class_name: &ClassName, stats: ClassGauges) {
         let class = class_name.as_str();
         self.volumes
             .with_label_values(&[class])

@@ -162,7 +162,7 @@ impl Controller for ControllerService {
                 };
                 let guard = driver.lock(&id.token, "DeleteVolume")?;
                 driver.volumes.delete(&guard, &id).await?;
-                driver.states.forget(&id);
+                driver.volume_states.forget(&id);
                 Ok(csi::DeleteVolumeResponse {})
             })
             .await
@@ -410,7 +410,7 @@ impl Controller for ControllerService {
             .observe("ControllerExpandVolume", &raw.volume_id, async {
                 let req = ControllerExpandRequest::try_from(&raw)?;
                 let guard = self.0.lock(&req.id.token, "ControllerExpandVolume")?;
-                let (states, step) = (&self.0.states, ResizeStep::Controller);
+                let (states, step) = (&self.0.volume_states, ResizeStep::Controller);
                 let target_bytes = req.capacity.required;
                 states.resized(&req.id, step, ResizeState::InProgress { target_bytes });
                 let expanded = match self.0.volumes.expand(&guard, &req).await {

@@ -45,7 +45,7 @@ pub struct Driver {
     /// Upper bound kubelet is told for volumes on this node (0: no limit).
     pub max_volumes_per_node: i64,
     /// What `localvol status` shows beyond the backends: pods, last reclaim, resize.
-    pub states: VolumeStates,
+    pub volume_states: VolumeStates,
     /// Where node calls may stage and publish (`--kubelet-root-dir`).
     pub roots: KubeletRoots,
 }

@@ -96,7 +96,7 @@ impl Node for NodeService {
                 driver.volumes.publish(&guard, &req).await?;
                 let (claim, pod) = publication_of(&req);
                 driver
-                    .states
+                    .volume_states
                     .published(&req.id, req.target_path.as_path(), claim, pod);
                 Ok(csi::NodePublishVolumeResponse {})
             })
@@ -116,7 +116,9 @@ impl Node for NodeService {
                     let req = UnpublishRequest::parse(&raw, &driver.roots)?;
                     let guard = driver.lock(&req.id.token, "NodeUnpublishVolume")?;
                     driver.volumes.unpublish(&guard, &req).await?;
-                    driver.states.unpublished(&req.id, req.target_path.as_path());
+                    driver
+                        .volume_states
+                        .unpublished(&req.id, req.target_path.as_path());
                     Ok(csi::NodeUnpublishVolumeResponse {})
                 },
             )
@@ -168,7 +170,7 @@ impl Node for NodeService {
                 let guard = driver.lock(&req.id.token, "NodeExpandVolume")?;
                 let resize = &driver.resize;
                 let target_bytes = req.capacity.required;
-                let states = &driver.states;
+                let states = &driver.volume_states;
                 states.resized(
                     &req.id,
                     ResizeStep::Node,
@@ -290,7 +292,7 @@ mod tests {
             owner_check: OwnerCheck::On(Arc::new(checker)),
             resize: Default::default(),
             max_volumes_per_node: 0,
-            states: Default::default(),
+            volume_states: Default::default(),
             roots: crate::request::KubeletRoots::new(vec![dir.path().to_path_buf()]),
         };
         Node {

@@ -105,7 +105,7 @@ pub fn bind_private(path: &Path) -> Result<UnixListener, SocketError> {
 /// The connections a gRPC server on `listener` serves: each read through
 /// [`NormalizedStream`], so that h2 takes whatever `:authority` the client sends.
 /// Every unix socket localvol serves is served from this.
-pub fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<NormalizedStream<UnixStream>>> {
+fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<NormalizedStream<UnixStream>>> {
     UnixListenerStream::new(listener).map(|accepted| accepted.map(NormalizedStream::new))
 }
 

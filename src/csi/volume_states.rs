@@ -96,7 +96,7 @@ impl Service for StatesService {
         &self,
         _: Request<pb::ListVolumeStatesRequest>,
     ) -> Result<Response<pb::ListVolumeStatesResponse>, Status> {
-        let states = &self.0.states;
+        let states = &self.0.volume_states;
         Ok(Response::new(pb::ListVolumeStatesResponse {
             volumes: states
                 .snapshot()

@@ -11,7 +11,7 @@ fn has_line(text: &str, line: &str) -> bool {
 #[test]
 fn class_stats_are_set_and_dropped_on_failure() {
     let m = Metrics::new();
-    let stats = ClassStats {
+    let stats = ClassGauges {
         volumes: 3,
         snapshots: 2,
         provisioned_bytes: 3 << 30,
@@ -102,11 +102,11 @@ fn the_dashboard_uses_only_exported_metrics() {
     let dashboard = std::fs::read_to_string(path).unwrap();
     let m = Metrics::new();
     let class = class("fast");
-    m.set_class_stats(&class, ClassStats::default());
+    m.set_class_stats(&class, ClassGauges::default());
     m.class_stats_failed(&class);
     m.set_class_stats(
         &class,
-        ClassStats {
+        ClassGauges {
             storage: Some(crate::backend::StoreUsage {
                 thin_pool: Some(crate::backend::ThinPoolFill {
                     data_percent: 50.0,
@@ -114,7 +114,7 @@ fn the_dashboard_uses_only_exported_metrics() {
                 }),
                 ..Default::default()
             }),
-            ..ClassStats::default()
+            ..ClassGauges::default()
         },
     );
     m.observe_rpc("CreateVolume", "Ok", Instant::now());

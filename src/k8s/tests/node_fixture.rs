@@ -61,7 +61,7 @@ impl Node {
             health: Arc::clone(&health),
             owner_check: check(Arc::clone(&health)),
             max_volumes_per_node: 0,
-            states: Default::default(),
+            volume_states: Default::default(),
             roots: crate::request::KubeletRoots::new(vec![dir.path().to_path_buf()]),
         });
         let (_, controller, node, _) = crate::csi::services(driver);
