@@ -2,7 +2,9 @@
 //! which the host lacks): one volume's lifecycle on LVM thick, LVM thin and PMEM
 //! (fsdax, `mode: direct`) through the daemon's socket, against the same tools run
 //! directly, measured in one run and reported as ratios, with the tool calls each side
-//! made. Results print as a table and go to `target/bench/backends.json`.
+//! made. Then the daemon's idle LVM command rate (only capacity polls), with no volume
+//! and with 100 thin ones, against TopoLVM's figure at 100 volumes. Results print as a table and go
+//! to `target/bench/backends.json`.
 //!
 //! It takes the guest's /dev/vda, /dev/vdb and region0 for itself: it refuses to run
 //! anywhere else (`VMTEST_GUEST=1` is set by tests/vm/run.sh).
@@ -39,6 +41,13 @@ device-classes:
     mode: direct
     region: region0
 ";
+
+/// Thin volumes held while the idle rate is measured: TopoLVM runs about 40 LVM
+/// commands a minute at this many (its issue #1221), the anchor of the comparison.
+const IDLE_VOLUMES: usize = 100;
+const TOPOLVM_IDLE_PER_MINUTE: f64 = 40.0;
+/// localvol's own target, whatever the number of volumes.
+const IDLE_TARGET_PER_MINUTE: f64 = 2.0;
 
 /// The device classes measured, as named in [`CONFIG`].
 const CLASSES: [&str; 3] = ["thick", "thin", "pmem"];
@@ -133,6 +142,32 @@ struct ClassResult {
     raw_programs: Vec<String>,
 }
 
+/// Whether `program` is one of LVM's (or device-mapper's, under it).
+fn is_lvm(program: &str) -> bool {
+    program == "lvm" || program == "dmsetup" || ["lv", "vg", "pv"].iter().any(|p| program.starts_with(p))
+}
+
+/// How often an idle node is asked for each class's capacity in the idle windows:
+/// external-provisioner polls GetCapacity once a minute per class; this is six times
+/// that, so that a cache which did not hold would show.
+const CAPACITY_POLL: Duration = Duration::from_secs(10);
+
+/// The LVM programs the daemon runs in `window` while only GetCapacity of every class
+/// is asked (every [`CAPACITY_POLL`]), and their rate per minute.
+async fn idle_lvm_commands(daemon: &Daemon, csi: &mut harness::Csi, window: Duration) -> (f64, Vec<String>) {
+    let before = daemon.commands_run().len();
+    let start = std::time::Instant::now();
+    while start.elapsed() < window {
+        for class in CLASSES {
+            csi.capacity_of(class).await;
+        }
+        tokio::time::sleep(CAPACITY_POLL.min(window.saturating_sub(start.elapsed()))).await;
+    }
+    let mut programs = daemon.commands_run().split_off(before);
+    programs.retain(|p| is_lvm(p));
+    (programs.len() as f64 * 60.0 / window.as_secs_f64(), programs)
+}
+
 fn total_p50(runs: &[[Duration; 6]]) -> Duration {
     let mut totals: Vec<Duration> = runs.iter().map(|r| r.iter().sum()).collect();
     totals.sort();
@@ -167,7 +202,9 @@ async fn main() {
     )
     .await;
     let channel = localvol::csi::socket::connect(&daemon.socket).await.unwrap();
-    let work: PathBuf = base.path().join("work");
+    // Below the daemon's kubelet root (its data directory here): stage and publish
+    // paths are confined there.
+    let work: PathBuf = daemon.dir.join("work");
     std::fs::create_dir_all(&work).unwrap();
 
     let mut results = Vec::new();
@@ -192,6 +229,21 @@ async fn main() {
             result.raw_programs = programs;
         }
         results.push(result);
+    }
+
+    // Idle: only capacity polls for a window, first with no volume, then with
+    // IDLE_VOLUMES thin ones. The window spans the report cache's lifetime (60 s) twice
+    // at least.
+    let window = Duration::from_secs(if quick { 130 } else { 300 });
+    let mut csi = harness::Csi::new(channel.clone());
+    let (rate_empty, programs_empty) = idle_lvm_commands(&daemon, &mut csi, window).await;
+    let mut ids = Vec::new();
+    for i in 0..IDLE_VOLUMES {
+        ids.push(csi.create(&format!("idle-{i}"), 16 << 20, Some("thin")).await);
+    }
+    let (rate_full, programs_full) = idle_lvm_commands(&daemon, &mut csi, window).await;
+    for id in &ids {
+        csi.delete(id).await;
     }
     daemon.stop().await;
 
@@ -232,6 +284,50 @@ async fn main() {
                    "raw_programs": harness::tally(&r.raw_programs)}),
         );
     }
+    println!(
+        "\nidle LVM commands per minute ({}s windows, GetCapacity of each class every {}s)\n",
+        window.as_secs(),
+        CAPACITY_POLL.as_secs()
+    );
+    println!(
+        "{:<34} {:>11} {:>11} {:>7}",
+        "measure", "localvol", "against", "ratio"
+    );
+    println!("{:<34} {:>11.2} {:>11} {:>7}", "no volume", rate_empty, "", "");
+    println!(
+        "{:<34} {:>11.2} {:>11.2} {:>7.3}",
+        format!("{IDLE_VOLUMES} volumes / no volume"),
+        rate_full,
+        rate_empty,
+        rate_full / rate_empty.max(f64::MIN_POSITIVE)
+    );
+    println!(
+        "{:<34} {:>11.2} {:>11.2} {:>7.3}",
+        format!("{IDLE_VOLUMES} volumes / TopoLVM at {IDLE_VOLUMES}"),
+        rate_full,
+        TOPOLVM_IDLE_PER_MINUTE,
+        rate_full / TOPOLVM_IDLE_PER_MINUTE
+    );
+    println!(
+        "{:<34} {:>11.2} {:>11.2} {:>7.3}",
+        format!("{IDLE_VOLUMES} volumes / target"),
+        rate_full,
+        IDLE_TARGET_PER_MINUTE,
+        rate_full / IDLE_TARGET_PER_MINUTE
+    );
+    println!("  tools, no volume:   {}", harness::tally_line(&programs_empty));
+    println!(
+        "  tools, {IDLE_VOLUMES} volumes: {}",
+        harness::tally_line(&programs_full)
+    );
+    report.insert(
+        "idle_lvm".into(),
+        json!({"window_s": window.as_secs(), "volumes": IDLE_VOLUMES,
+               "per_minute_no_volume": rate_empty, "per_minute_with_volumes": rate_full,
+               "topolvm_per_minute": TOPOLVM_IDLE_PER_MINUTE, "target_per_minute": IDLE_TARGET_PER_MINUTE,
+               "programs_no_volume": harness::tally(&programs_empty),
+               "programs_with_volumes": harness::tally(&programs_full)}),
+    );
     report.insert("rounds".into(), json!(rounds));
     harness::write_report("backends.json", report);
 }

@@ -182,8 +182,8 @@ cluster_suite() {
 # pmem-lvm overlays as users apply them (device-mapper LVs, fsdax namespaces mounted with
 # dax): registration, ext4, xfs and raw block claims, an ephemeral volume and its
 # intruder, the daemon SIGKILLed with volumes published, online growth (its refusal on
-# pmem direct), cleanup, and on lvm-thin the e2e specs the host cannot run
-# (tests/vm/README.md). It starts
+# pmem direct), cleanup, on lvm-thin the e2e specs the host cannot run, and a mixed
+# node (tests/vm/README.md). It starts
 # once the VM suite's two guests are done (a third emulated guest beside them would
 # share two cores three ways, and its timing-bound kubelet and API waits with them), and
 # once the host cluster suite has installed the node's packages and the kit, which both
@@ -200,12 +200,14 @@ guest_cluster() {
   start=$SECONDS
   # Scenario 11 (Kubernetes' storage e2e suites) on lvm-thin only: ext4 online growth and
   # the PID 1 specs, which the host cannot run (tests/cluster/scenarios/s11_e2e_storage.sh).
-  tests/vm/cluster.sh --classes lvm-thin,lvm,pmem,pmem-lvm 1 2 3 6 4 11 || rc=$?
-  echo "guest cluster (lvm-thin, lvm, pmem, pmem-lvm): $((SECONDS - start))s (budget 3000s)"
+  # Then the mixed node (scenario 12): loop, pmem and lvm classes in one configuration,
+  # the lvm class's volume group missing until the scenario makes it.
+  tests/vm/cluster.sh --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 6 4 11 12 || rc=$?
+  echo "guest cluster (lvm-thin, lvm, pmem, pmem-lvm, mixed): $((SECONDS - start))s (budget 3000s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the guest cluster failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 3000 ] || { echo "tests/all.sh: the guest cluster took over 50 minutes" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on lvm-thin, lvm, pmem and pmem-lvm, once the VM suite is done), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on lvm-thin, lvm, pmem, pmem-lvm and a mixed node, once the VM suite is done), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
 background cluster 0 cluster_suite
 background guest-cluster 10 guest_cluster
 finish fuzz-build

@@ -147,6 +147,7 @@ fn lvm_overlays_mount_the_hosts_lvm_configuration_locks_and_run_dir() {
         "deploy/overlays/lvm",
         "deploy/overlays/lvm-thin",
         "deploy/overlays/pmem-lvm",
+        "tests/cluster/overlays/mixed",
     ] {
         let docs = render(overlay);
         let spec = pod_spec(&docs, "DaemonSet", "localvol-node");
@@ -333,14 +334,22 @@ fn without_the_component_every_kubelet_path_is_the_default_root() {
     )));
 }
 
-/// Every shipped overlay's device-class file is one the daemon accepts (parsed and
-/// validated as `serve` does), and each of its StorageClasses names a class in it.
+/// Every overlay's device-class file, shipped or the tests' own (the mixed node's), is
+/// one the daemon accepts (parsed and validated as `serve` does), and each of its
+/// StorageClasses names a class in it.
 #[test]
 fn every_overlays_config_loads_and_its_storage_classes_name_its_classes() {
-    let overlays = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut dirs = Vec::new();
+    for overlays in ["deploy/overlays", "tests/cluster/overlays"] {
+        dirs.extend(
+            std::fs::read_dir(root.join(overlays))
+                .unwrap()
+                .map(|e| e.unwrap().path()),
+        );
+    }
     let mut seen = 0;
-    for entry in std::fs::read_dir(&overlays).unwrap() {
-        let dir = entry.unwrap().path();
+    for dir in dirs {
         let config = dir.join("config.yaml");
         if !config.is_file() {
             continue;
@@ -366,9 +375,5 @@ fn every_overlays_config_loads_and_its_storage_classes_name_its_classes() {
             );
         }
     }
-    assert!(
-        seen >= 5,
-        "only {seen} overlays with a config.yaml under {}",
-        overlays.display()
-    );
+    assert!(seen >= 6, "only {seen} overlays with a config.yaml");
 }

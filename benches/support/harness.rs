@@ -219,6 +219,11 @@ impl Csi {
         self.0.capacity(None).await.unwrap();
     }
 
+    /// GetCapacity of `class`.
+    pub async fn capacity_of(&mut self, class: &str) {
+        self.0.capacity(Some(class)).await.unwrap();
+    }
+
     pub async fn list(&mut self) {
         self.0.list().await.unwrap();
     }

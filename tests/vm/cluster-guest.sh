@@ -88,6 +88,9 @@ class_env() { # CLASS
     lvm) CLASS_KIND=lvm DEVICE_CLASS=lvm SC=localvol-lvm FSTYPE=ext4 FS_SIZE=64Mi ;;
     pmem) CLASS_KIND=pmem DEVICE_CLASS=pmem SC=localvol-pmem FSTYPE=ext4 FS_SIZE=64Mi ;;
     pmem-lvm) CLASS_KIND=pmem-lvm DEVICE_CLASS=pmem-lvm SC=localvol-pmem-lvm FSTYPE=ext4 FS_SIZE=64Mi ;;
+    # tests/cluster/overlays/mixed: loop, pmem and lvm classes in one configuration;
+    # scenario 12 sets the kind of each claim it makes.
+    mixed) CLASS_KIND=loop DEVICE_CLASS=loop SC=localvol-mixed-loop FSTYPE=ext4 FS_SIZE=64Mi ;;
     *) echo "FATAL: class $1 not supported here" >&2; exit 2 ;;
   esac
   BLOCK_SIZE=32Mi OVERLAY=$HERE/overlays/$1
@@ -106,6 +109,9 @@ not_for_class() { # SCENARIO CLASS
     s3_ephemeral:lvm|s3_ephemeral:pmem-lvm) echo "the owner check does not depend on the backend, and an ephemeral volume's LV lives as s2's claims do; s3 runs on lvm-thin and pmem" ;;
     s6_daemon_restart:pmem-lvm) echo "LVM thick, the code lvm's restart runs; s6 runs there" ;;
     s11_e2e_storage:lvm|s11_e2e_storage:pmem|s11_e2e_storage:pmem-lvm) echo "the e2e driver definition's promises (snapshots, clones) hold on lvm-thin; the guest runs the suites there" ;;
+    s12_mixed_node:mixed) return 1 ;;
+    *:mixed) echo "the mixed node runs scenario 12; each class's own run covers the rest" ;;
+    s12_mixed_node:*) echo "a configuration of its own: the mixed run's" ;;
     *) return 1 ;;
   esac
 }
@@ -113,11 +119,12 @@ not_for_class() { # SCENARIO CLASS
 # The storage the overlay's config.yaml expects on the node.
 make_storage() { # CLASS
   case $1 in
-    pmem|pmem-lvm)   # an empty, labelled region0 (tests/vm/README.md)
+    pmem|pmem-lvm|mixed)   # an empty, labelled region0 (tests/vm/README.md)
       ndctl disable-region region0 && ndctl init-labels -f nmem0 && ndctl enable-region region0 || return 1 ;;
   esac
   case $1 in
-    pmem) return 0 ;;
+    # mixed: the lvm class's volume group is missing; scenario 12 makes it.
+    pmem|mixed) return 0 ;;
     # deploy/overlays/pmem-lvm/config.yaml: the VG localvol-pmem on the region's one
     # fsdax namespace, as its comment tells the operator to make it.
     pmem-lvm)
@@ -158,11 +165,17 @@ volume_namespaces() {
 remove_storage() { # CLASS
   case $1 in
     pmem) return 0 ;;
+    mixed) ! vgs localvol >/dev/null 2>&1 || { vgremove -q -f localvol && pvremove -q "$VG_DISK"; } ;;
     pmem-lvm)
       local under; under=$(pvs --noheadings -o pv_name --select "vg_name=$LVM_VG" | tr -d ' ')
       vgremove -q -f "$LVM_VG" && pvremove -q "$under" && ndctl destroy-namespace -f all --region region0 ;;
     *) vgremove -q -f localvol && pvremove -q "$VG_DISK" ;;
   esac
+}
+# Loop backing files of localvol's, and loop devices attached to one.
+loop_volumes() {
+  ls /var/lib/localvol/loop/*.img 2>/dev/null
+  losetup -n -O NAME,BACK-FILE 2>/dev/null | grep /var/lib/localvol/ || true
 }
 # Device-mapper devices: none may be left once the storage is removed.
 dm_devices() { dmsetup ls 2>/dev/null | grep -v '^No devices found' || true; }
@@ -197,7 +210,7 @@ for CLASS in "${CLASSES[@]}"; do
   if ! make_storage "$CLASS" >"$LOGS/storage-$CLASS.log" 2>&1; then
     cat "$LOGS/storage-$CLASS.log"; result "FAIL deploy $CLASS $((SECONDS - start))s (storage)"; failed=1; continue
   fi
-  if [ "$CLASS" = pmem ]; then ndctl list -R; else vgs "$LVM_VG"; lvs -a "$LVM_VG"; fi
+  case $CLASS in pmem|mixed) ndctl list -R ;; *) vgs "$LVM_VG"; lvs -a "$LVM_VG" ;; esac
   phase "class $CLASS: deploy ${OVERLAY#"$REPO"/}"
   kubectl apply -k "$OVERLAY" >"$LOGS/apply-$CLASS.log" 2>&1 || { cat "$LOGS/apply-$CLASS.log"; }
   if ( set -e; wait_until 200 "DaemonSet localvol-node Ready ($CLASS)" daemon_ready ) >"$LOGS/deploy-$CLASS.log" 2>&1; then
@@ -226,8 +239,8 @@ for CLASS in "${CLASSES[@]}"; do
   start=$SECONDS
   cok=0
   undeploy || cok=1
-  left=$(volume_lvs; volume_namespaces)
-  [ -z "$left" ] || { echo "cleanup: volumes left (LVs in $LVM_VG, fsdax namespaces): $left"; cok=1; }
+  left=$(volume_lvs; volume_namespaces; loop_volumes)
+  [ -z "$left" ] || { echo "cleanup: volumes left (LVs in $LVM_VG, fsdax namespaces, loop files or devices): $left"; cok=1; }
   remove_storage "$CLASS" >>"$LOGS/storage-$CLASS.log" 2>&1 || { echo "cleanup: cannot remove the storage of $CLASS"; tail -5 "$LOGS/storage-$CLASS.log"; cok=1; }
   left=$(dm_devices; pmem_namespaces)
   [ -z "$left" ] || { echo "cleanup: device-mapper devices or namespaces left: $left"; cok=1; dmsetup remove_all -f || true; vgremove -f "$LVM_VG" >/dev/null 2>&1; }

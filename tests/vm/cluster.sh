@@ -5,18 +5,21 @@
 # tests/cluster/overlays/CLASS: only the image and the host network changed) on storage
 # made as that overlay's config.yaml expects, then runs tests/cluster's scenarios on it.
 #
-#   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem,pmem-lvm] [SCENARIO...]    (root)
+#   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem,pmem-lvm,mixed] [SCENARIO...]    (root)
 #
 # Scenarios: names or numbers of tests/cluster/scenarios (default: 1 2 3 6 4, the ones
-# parametrised by class, in that order: 4 is the longest). Classes, in the order given:
-# lvm-thin, lvm, pmem (direct), pmem-lvm (default: all four). A scenario that cannot
+# parametrised by class, in that order: 4 is the longest; also 11, the e2e specs, and
+# 12, the mixed node). Classes, in the order given: lvm-thin, lvm, pmem (direct),
+# pmem-lvm (default: these four), and mixed (tests/cluster/overlays/mixed: loop, pmem
+# and lvm classes in one configuration, scenario 12 only). A scenario that cannot
 # apply to a class is reported SKIP with the reason (tests/vm/cluster-guest.sh's
 # not_for_class).
 # The host builds everything (the kit install, the debug localvol, the image archives,
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
 # then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
-# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem 1 2 3 6 11 (tests/vm/README.md).
+# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 6 4 11 12
+# (tests/vm/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -35,12 +38,12 @@ while [ $# -gt 0 ]; do
 done
 IFS=, read -r -a class_list <<<"$CLASSES"
 for c in "${class_list[@]}"; do
-  case $c in lvm-thin|lvm|pmem|pmem-lvm) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem, pmem-lvm" >&2; exit 2 ;; esac
+  case $c in lvm-thin|lvm|pmem|pmem-lvm|mixed) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem, pmem-lvm, mixed" >&2; exit 2 ;; esac
 done
 ALL=(s1_registration s2_volumes s3_ephemeral s6_daemon_restart s4_expansion)
 # Not among the defaults: Kubernetes' storage e2e suites (lvm-thin only; S11_GUEST_FOCUS;
 # LOCALVOL_E2E_FOCUS and S11_FSTYPE reach the guest with the rest of the environment).
-EXTRA_SCENARIOS=(s11_e2e_storage)
+EXTRA_SCENARIOS=(s11_e2e_storage s12_mixed_node)
 # shellcheck source=tests/cluster/lib.sh
 source tests/cluster/lib.sh
 select_scenarios ${args[@]+"${args[@]}"}
@@ -101,7 +104,7 @@ fi
 # ---------------------------------------------------------------- in the guest
 phase "guest: ${class_list[*]} x ${selected[*]}"
 pmem=0
-[[ ",$CLASSES," == *,pmem,* || ",$CLASSES," == *,pmem-lvm,* ]] && pmem=1G
+[[ ",$CLASSES," == *,pmem,* || ",$CLASSES," == *,pmem-lvm,* || ",$CLASSES," == *,mixed,* ]] && pmem=1G
 rc=0
 guest_start=$SECONDS
 tests/vm/run.sh "${VERBOSE[@]}" --disks 2 --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
