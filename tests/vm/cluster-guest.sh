@@ -106,8 +106,9 @@ class_env() { # CLASS
 # (issue 32: cut repetition, not coverage), and why.
 not_for_class() { # SCENARIO CLASS
   case $1:$2 in
-    s3_ephemeral:lvm|s3_ephemeral:pmem-lvm) echo "the owner check does not depend on the backend, and an ephemeral volume's LV lives as s2's claims do; s3 runs on lvm-thin and pmem" ;;
-    s6_daemon_restart:pmem-lvm) echo "LVM thick, the code lvm's restart runs; s6 runs there" ;;
+    s3_ephemeral:lvm|s3_ephemeral:pmem|s3_ephemeral:pmem-lvm) echo "the owner check does not depend on the backend, and an ephemeral volume's storage lives as s2's claims do; s3 runs on lvm-thin" ;;
+    s6_daemon_restart:lvm|s6_daemon_restart:pmem-lvm) echo "the LVM backend's restart, which lvm-thin's run covers; s6 runs on lvm-thin and pmem" ;;
+    s4_expansion:pmem-lvm) echo "LVM thick growth (lvextend, then the filesystem), which lvm's run covers" ;;
     s11_e2e_storage:lvm|s11_e2e_storage:pmem|s11_e2e_storage:pmem-lvm) echo "the e2e driver definition's promises (snapshots, clones) hold on lvm-thin; the guest runs the suites there" ;;
     s12_mixed_node:mixed) return 1 ;;
     *:mixed) echo "the mixed node runs scenario 12; each class's own run covers the rest" ;;
