@@ -3,8 +3,8 @@
 //! (fsdax, `mode: direct`) through the daemon's socket, against the same tools run
 //! directly, measured in one run and reported as ratios, with the tool calls each side
 //! made. Then the daemon's idle LVM command rate (only capacity polls), with no volume
-//! and with 100 thin ones, against TopoLVM's figure at 100 volumes. Results print as a table and go
-//! to `target/bench/backends.json`.
+//! and with 100 thin ones, against TopoLVM's figure at 100 volumes. Results print as a
+//! table and go to `target/bench/backends.json`.
 //!
 //! It takes the guest's /dev/vda, /dev/vdb and region0 for itself: it refuses to run
 //! anywhere else (`VMTEST_GUEST=1` is set by tests/vm/run.sh).
@@ -294,27 +294,19 @@ async fn main() {
         "measure", "localvol", "against", "ratio"
     );
     println!("{:<34} {:>11.2} {:>11} {:>7}", "no volume", rate_empty, "", "");
-    println!(
-        "{:<34} {:>11.2} {:>11.2} {:>7.3}",
-        format!("{IDLE_VOLUMES} volumes / no volume"),
-        rate_full,
-        rate_empty,
-        rate_full / rate_empty.max(f64::MIN_POSITIVE)
-    );
-    println!(
-        "{:<34} {:>11.2} {:>11.2} {:>7.3}",
-        format!("{IDLE_VOLUMES} volumes / TopoLVM at {IDLE_VOLUMES}"),
-        rate_full,
-        TOPOLVM_IDLE_PER_MINUTE,
-        rate_full / TOPOLVM_IDLE_PER_MINUTE
-    );
-    println!(
-        "{:<34} {:>11.2} {:>11.2} {:>7.3}",
-        format!("{IDLE_VOLUMES} volumes / target"),
-        rate_full,
-        IDLE_TARGET_PER_MINUTE,
-        rate_full / IDLE_TARGET_PER_MINUTE
-    );
+    for (against, other) in [
+        ("no volume", rate_empty),
+        (&format!("TopoLVM at {IDLE_VOLUMES}"), TOPOLVM_IDLE_PER_MINUTE),
+        ("target", IDLE_TARGET_PER_MINUTE),
+    ] {
+        println!(
+            "{:<34} {:>11.2} {:>11.2} {:>7.3}",
+            format!("{IDLE_VOLUMES} volumes / {against}"),
+            rate_full,
+            other,
+            rate_full / other.max(f64::MIN_POSITIVE)
+        );
+    }
     println!("  tools, no volume:   {}", harness::tally_line(&programs_empty));
     println!(
         "  tools, {IDLE_VOLUMES} volumes: {}",
