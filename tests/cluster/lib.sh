@@ -356,6 +356,54 @@ container_pid() { # NAMESPACE POD CONTAINER
 
 allocated_bytes() { echo $(( $(stat -c %b "$1") * $(stat -c %B "$1") )); }
 
+# What the volume's data takes on the host, for the classes that give back what a trim
+# frees: the backing file's allocated blocks (loop), the thin LV's mapped share of its
+# size (lvm-thin, data_percent).
+used_bytes() { # BACKING
+  case $CLASS_KIND in
+    loop) allocated_bytes "$1" ;;
+    lvm-thin) lvs --noheadings --units b --nosuffix -o lv_size,data_percent "$1" | awk '{printf "%d\n", $1 * $2 / 100}' ;;
+    *) fail "used_bytes: a $CLASS_KIND volume has no space a trim gives back" ;;
+  esac
+}
+# The thin pool of the lvm-thin overlays (deploy/overlays/lvm-thin/config.yaml).
+THIN_POOL=${THIN_POOL:-pool0}
+pool_data_percent() { lvs --noheadings -o data_percent "$LVM_VG/$THIN_POOL" | tr -d ' '; }
+
+# A snapshot's storage on the node, by its handle's token: its image and record in the
+# class's snapshots directory (loop), or its thin snapshot LV, `s+TOKEN` or a hashed
+# name whose tags carry the token (lvm-thin; src/backend/lvm/snapshots.rs).
+snapshot_lv_of() { # TOKEN
+  if lvs "$LVM_VG/s+$1" >/dev/null 2>&1; then echo "$LVM_VG/s+$1"; return; fi
+  local name
+  name=$(lvs --noheadings -o lv_name,lv_tags "$LVM_VG" 2>/dev/null | awk -v t="$1" 'index($1, "s+") == 1 && index($2, t) {print $1; exit}')
+  [ -n "$name" ] && echo "$LVM_VG/$name"
+}
+snapshot_present() { # TOKEN
+  case $CLASS_KIND in
+    loop) [ -f "$LOOP_DIR/snapshots/$1.img" ] && [ -f "$LOOP_DIR/snapshots/$1.json" ] ;;
+    lvm-thin) [ -n "$(snapshot_lv_of "$1")" ] ;;
+    *) fail "snapshot_present: class kind $CLASS_KIND takes no snapshots" ;;
+  esac
+}
+snapshot_gone() { # TOKEN
+  case $CLASS_KIND in
+    loop) [ ! -e "$LOOP_DIR/snapshots/$1.img" ] && [ ! -e "$LOOP_DIR/snapshots/$1.json" ] ;;
+    lvm-thin) [ -z "$(snapshot_lv_of "$1")" ] ;;
+    *) fail "snapshot_gone: class kind $CLASS_KIND takes no snapshots" ;;
+  esac
+}
+# Every volume and snapshot of the class still on the node: files in the loop class's
+# directory (images, records, freeze records), LVs in the VG other than the thin pool.
+class_storage_left() {
+  case $CLASS_KIND in
+    loop) [ ! -d "$LOOP_DIR" ] || find "$LOOP_DIR" -mindepth 1 ! -type d ;;
+    lvm|lvm-thin|pmem-lvm)
+      lvs --noheadings -o lv_name "$LVM_VG" 2>/dev/null | awk -v pool="$THIN_POOL" '$1 != pool && $1 !~ /^\[/ {print $1}' ;;
+    *) fail "class_storage_left: class kind $CLASS_KIND" ;;
+  esac
+}
+
 # ---- preparing a node: shared by run.sh (a node on this host) and tests/vm/cluster.sh
 # (a node in a QEMU guest, whose root filesystem is this host's). Run from the repository.
 

@@ -45,11 +45,18 @@ result() { echo "$*" >>"$RESULTS"; echo "RESULT $*"; }
 
 # shellcheck source=tests/cluster/lib.sh
 source "$HERE/lib.sh"
-for s in "${SCENARIOS[@]}"; do
-  f=$HERE/scenarios/$s.sh
-  [ -f "$f" ] || { echo "cluster-guest.sh: no scenario $f" >&2; exit 2; }
+# Every scenario file, as run.sh sources them (a scenario may call another file's parts).
+for f in "$HERE"/scenarios/*.sh; do
   # shellcheck disable=SC1090
   source "$f"
+done
+# More scenario functions (bench/cluster/guest.sh's), as run.sh takes them.
+if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then
+  # shellcheck disable=SC1090
+  source "$REPO/$LOCALVOL_CLUSTER_EXTRA"
+fi
+for s in "${SCENARIOS[@]}"; do
+  declare -F "$s" >/dev/null || { echo "cluster-guest.sh: no scenario $s in $HERE/scenarios" >&2; exit 2; }
 done
 
 # ---------------------------------------------------------------- the node
@@ -91,6 +98,9 @@ class_env() { # CLASS
     # tests/cluster/overlays/mixed: loop, pmem and lvm classes in one configuration;
     # scenario 12 sets the kind of each claim it makes.
     mixed) CLASS_KIND=loop DEVICE_CLASS=loop SC=localvol-mixed-loop FSTYPE=ext4 FS_SIZE=64Mi ;;
+    # tests/cluster/overlays/all-classes: every kind of class in one configuration, for
+    # bench/cluster/guest.sh's pod starts (its scenario names each class's StorageClass).
+    all-classes) CLASS_KIND=loop DEVICE_CLASS=loop SC=localvol-all-loop FSTYPE=ext4 FS_SIZE=64Mi ;;
     *) echo "FATAL: class $1 not supported here" >&2; exit 2 ;;
   esac
   BLOCK_SIZE=32Mi OVERLAY=$HERE/overlays/$1
@@ -110,17 +120,85 @@ not_for_class() { # SCENARIO CLASS
     s6_daemon_restart:lvm|s6_daemon_restart:pmem-lvm) echo "the LVM backend's restart, which lvm-thin's run covers; s6 runs on lvm-thin and pmem" ;;
     s4_expansion:pmem-lvm) echo "LVM thick growth (lvextend, then the filesystem), which lvm's run covers" ;;
     s11_e2e_storage:lvm|s11_e2e_storage:pmem|s11_e2e_storage:pmem-lvm) echo "the e2e driver definition's promises (snapshots, clones) hold on lvm-thin; the guest runs the suites there" ;;
+    s5_reclaim:lvm|s5_reclaim:pmem-lvm) echo "a thick LV gives no space back to the node: a trim there reaches the disk under the VG, which the VM suite's reclaim test covers" ;;
+    s5_reclaim:pmem) echo "an fsdax namespace gives no space back: its size is fixed" ;;
+    s9_snapshots:lvm|s9_snapshots:pmem|s9_snapshots:pmem-lvm) echo "snapshots are served on loop and lvm-thin only (CreateSnapshot is not among this class's capabilities)" ;;
     s12_mixed_node:mixed) return 1 ;;
     *:mixed) echo "the mixed node runs scenario 12; each class's own run covers the rest" ;;
+    bench_*:all-classes) return 1 ;;
+    *:all-classes|bench_*:*) echo "the benchmark's configuration runs the benchmark only" ;;
     s12_mixed_node:*) echo "a configuration of its own: the mixed run's" ;;
     *) return 1 ;;
   esac
 }
 
+# Scenarios 9 and 11: the VolumeSnapshot CRDs and the snapshot-controller with the flag
+# node-local drivers need, as run.sh starts them on the host. Before any class deploys:
+# the lvm-thin overlay carries the csi-snapshotter component (tests/cluster/overlays/lvm-thin).
+SNAPSHOT_CONTROLLER_PID=""
+start_snapshot_controller() {
+  local crd
+  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
+    kubectl apply -f "$KIT/recipe/snapshot-crds/snapshot.storage.k8s.io_$crd.yaml" || return 1
+    kubectl wait --for=condition=established --timeout=60s "crd/$crd.snapshot.storage.k8s.io" || return 1
+  done
+  snapshot-controller --kubeconfig="$KUBECONFIG" --leader-election=false --enable-distributed-snapshotting \
+    >"$LOGS/snapshot-controller.log" 2>&1 &
+  SNAPSHOT_CONTROLLER_PID=$!
+}
+
+# A production host's udev for the classes in LOCALVOL_VM_UDEV_CLASSES (issue 32): the
+# udev package tests/vm/cluster.sh put in RUN_DIR/udev unpacked into this guest's
+# overlay root, systemd-udevd running as on a host without systemd, every device
+# triggered, and the lvm.conf Debian ships (udev_sync = 1, udev_rules = 1: the host's,
+# which deploy/components/lvm-host mounts into the daemon's pod) instead of the one
+# run.sh made for a guest without udev. The harness's own LVM commands wait for udev too
+# (no DM_DISABLE_UDEV). udev_stop checks that udevd lived through the class and handled
+# the events of its device-mapper devices (udevadm monitor: the events after udev's
+# rules ran), and puts the guest's lvm.conf back.
+UDEV_PID="" UDEV_MONITOR_PID=""
+udev_wanted() { [[ ",${LOCALVOL_VM_UDEV_CLASSES:-}," == *",$1,"* ]]; }
+udev_start() {
+  local deb
+  # Unpacked over the merged /usr: the packages' ./bin and ./lib must not replace the
+  # root's /bin and /lib symlinks.
+  for deb in "$RUN"/udev/*.deb; do
+    dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C / || return 1
+  done
+  cp /etc/lvm/lvm.conf /run/lvm.conf.guest && cp "$RUN/udev/lvm.conf" /etc/lvm/lvm.conf || return 1
+  [ "$(lvmconfig --type full activation/udev_sync activation/udev_rules | tr '\n' ' ')" = "udev_sync=1 udev_rules=1 " ] ||
+    { echo "Debian's lvm.conf does not have udev_sync=1 udev_rules=1"; return 1; }
+  /lib/systemd/systemd-udevd --daemon || return 1
+  UDEV_PID=$(pgrep -x systemd-udevd | head -n 1)
+  [ -n "$UDEV_PID" ] || return 1
+  udevadm trigger --type=subsystems --action=add && udevadm trigger --type=devices --action=add &&
+    udevadm settle --timeout=120 || return 1
+  udevadm monitor --udev --subsystem-match=block >"$LOGS/udev-events-$CLASS.log" 2>&1 &
+  UDEV_MONITOR_PID=$!
+  unset DM_DISABLE_UDEV
+  echo "systemd-udevd $(udevadm --version) running (pid $UDEV_PID); lvm.conf: Debian's, $(lvmconfig --type full activation/udev_sync activation/udev_rules | tr '\n' ' ')"
+}
+udev_stop() { # CLASS
+  local ok=0 added removed events=$LOGS/udev-events-$1.log
+  kill -0 "$UDEV_PID" 2>/dev/null && udevadm control --ping || { echo "udev: systemd-udevd did not live through the class"; ok=1; }
+  kill "$UDEV_MONITOR_PID"; wait "$UDEV_MONITOR_PID" 2>/dev/null
+  added=$(grep -cE '^UDEV .* add +/devices/virtual/block/dm-' "$events")
+  removed=$(grep -cE '^UDEV .* remove +/devices/virtual/block/dm-' "$events")
+  [ "$added" -gt 0 ] && [ "$removed" -gt 0 ] || { echo "udev: handled $added add and $removed remove events of device-mapper devices, expected some of each"; ok=1; }
+  udevadm control --exit; wait_gone_pid "$UDEV_PID"
+  cp /run/lvm.conf.guest /etc/lvm/lvm.conf
+  export DM_DISABLE_UDEV=1
+  echo "systemd-udevd ran through the class and handled $added add and $removed remove events of device-mapper devices"
+  return $ok
+}
+wait_gone_pid() { local i; for i in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; kill "$1"; }
+# Device nodes of LVs in /dev/mapper: none once the class's storage is removed.
+dm_nodes() { find /dev/mapper -mindepth 1 ! -name control 2>/dev/null; }
+
 # The storage the overlay's config.yaml expects on the node.
 make_storage() { # CLASS
   case $1 in
-    pmem|pmem-lvm|mixed)   # an empty, labelled region0 (tests/vm/README.md)
+    pmem|pmem-lvm|mixed|all-classes)   # an empty, labelled region0 (tests/vm/README.md)
       ndctl disable-region region0 && ndctl init-labels -f nmem0 && ndctl enable-region region0 || return 1 ;;
   esac
   case $1 in
@@ -128,16 +206,18 @@ make_storage() { # CLASS
     pmem|mixed) return 0 ;;
     # deploy/overlays/pmem-lvm/config.yaml: the VG localvol-pmem on the region's one
     # fsdax namespace, as its comment tells the operator to make it.
-    pmem-lvm)
-      local dev
-      dev=/dev/$(ndctl create-namespace --mode fsdax --region region0 | python3 -c 'import json, sys; print(json.load(sys.stdin)["blockdev"])') &&
-        pvcreate -q -y "$dev" && vgcreate -q localvol-pmem "$dev"
-      return ;;
+    # all-classes: a 256 MiB namespace of it, the rest for the direct class.
+    pmem-lvm|all-classes)
+      local dev size=()
+      [ "$1" = pmem-lvm ] || size=(--size 256M)
+      dev=/dev/$(ndctl create-namespace --mode fsdax --region region0 "${size[@]}" | python3 -c 'import json, sys; print(json.load(sys.stdin)["blockdev"])') &&
+        pvcreate -q -y "$dev" && vgcreate -q localvol-pmem "$dev" || return 1
+      [ "$1" = all-classes ] || return 0 ;;
   esac
   pvcreate -q -y "$VG_DISK" && vgcreate -q localvol "$VG_DISK" || return 1
   case $1 in
     # deploy/overlays/lvm-thin/config.yaml: thin pool localvol/pool0.
-    lvm-thin) lvcreate -q --type thin-pool -L 2G -n pool0 localvol ;;
+    lvm-thin|all-classes) lvcreate -q --type thin-pool -L 2G -n pool0 localvol ;;
     # deploy/overlays/lvm/config.yaml: spare-gb 10 of the VG is never handed out.
     lvm) true ;;
   esac
@@ -155,18 +235,29 @@ for n in v if isinstance(v, list) else [v]:
 }
 # The fsdax namespaces that are volumes: for pmem-lvm, not the one under its VG.
 volume_namespaces() {
-  if [ "$CLASS" = pmem-lvm ]; then
-    local under; under=$(pvs --noheadings -o pv_name --select "vg_name=$LVM_VG" 2>/dev/null | tr -d ' ')
+  if [ "$CLASS" = pmem-lvm ] || [ "$CLASS" = all-classes ]; then
+    local under; under=$(pvs --noheadings -o pv_name --select "vg_name=localvol-pmem" 2>/dev/null | tr -d ' ')
     pmem_namespaces | while read -r dev name size; do
       [ "/dev/$(ndctl list -n "$dev" | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["blockdev"])')" = "$under" ] ||
         echo "$dev $name $size"
     done
   else pmem_namespaces; fi
 }
+# Then, as docs/operations.md tells an operator to after removing or deactivating on the
+# host what the daemon activated: `dmsetup mknodes`, which removes the /dev/mapper nodes
+# of devices that are gone (the daemon's libdm made those nodes, so the host's udev does
+# not remove them).
 remove_storage() { # CLASS
+  remove_class_storage "$1" && dmsetup mknodes
+}
+remove_class_storage() { # CLASS
   case $1 in
     pmem) return 0 ;;
     mixed) ! vgs localvol >/dev/null 2>&1 || { vgremove -q -f localvol && pvremove -q "$VG_DISK"; } ;;
+    all-classes)
+      local under; under=$(pvs --noheadings -o pv_name --select "vg_name=localvol-pmem" | tr -d ' ')
+      vgremove -q -f localvol && pvremove -q "$VG_DISK" && vgremove -q -f localvol-pmem && pvremove -q "$under" &&
+        ndctl destroy-namespace -f all --region region0 ;;
     pmem-lvm)
       local under; under=$(pvs --noheadings -o pv_name --select "vg_name=$LVM_VG" | tr -d ' ')
       vgremove -q -f "$LVM_VG" && pvremove -q "$under" && ndctl destroy-namespace -f all --region region0 ;;
@@ -202,16 +293,28 @@ undeploy() {
   return $ok
 }
 
+if [[ ",${CLASSES[*]}," == *lvm-thin* ]]; then
+  phase "snapshot CRDs and snapshot-controller"
+  start_snapshot_controller >"$LOGS/snapshot-crds.log" 2>&1 || { cat "$LOGS/snapshot-crds.log"; exit 1; }
+fi
+
 failed=0
 for CLASS in "${CLASSES[@]}"; do
   class_env "$CLASS"
   export CLASS_KIND DEVICE_CLASS SC FSTYPE FS_SIZE BLOCK_SIZE LVM_VG OVERLAY
-  phase "class $CLASS: storage"
   start=$SECONDS
+  if udev_wanted "$CLASS"; then
+    phase "class $CLASS: udev"
+    if ! udev_start >"$LOGS/udev-$CLASS.log" 2>&1; then
+      cat "$LOGS/udev-$CLASS.log"; result "FAIL deploy $CLASS $((SECONDS - start))s (udev)"; failed=1; continue
+    fi
+    tail -n 1 "$LOGS/udev-$CLASS.log"
+  fi
+  phase "class $CLASS: storage"
   if ! make_storage "$CLASS" >"$LOGS/storage-$CLASS.log" 2>&1; then
     cat "$LOGS/storage-$CLASS.log"; result "FAIL deploy $CLASS $((SECONDS - start))s (storage)"; failed=1; continue
   fi
-  case $CLASS in pmem|mixed) ndctl list -R ;; *) vgs "$LVM_VG"; lvs -a "$LVM_VG" ;; esac
+  case $CLASS in pmem|mixed) ndctl list -R ;; all-classes) ndctl list -R; vgs; lvs -a ;; *) vgs "$LVM_VG"; lvs -a "$LVM_VG" ;; esac
   phase "class $CLASS: deploy ${OVERLAY#"$REPO"/}"
   kubectl apply -k "$OVERLAY" >"$LOGS/apply-$CLASS.log" 2>&1 || { cat "$LOGS/apply-$CLASS.log"; }
   if ( set -e; wait_until 200 "DaemonSet localvol-node Ready ($CLASS)" daemon_ready ) >"$LOGS/deploy-$CLASS.log" 2>&1; then
@@ -240,14 +343,22 @@ for CLASS in "${CLASSES[@]}"; do
   start=$SECONDS
   cok=0
   undeploy || cok=1
-  left=$(volume_lvs; volume_namespaces; loop_volumes)
-  [ -z "$left" ] || { echo "cleanup: volumes left (LVs in $LVM_VG, fsdax namespaces, loop files or devices): $left"; cok=1; }
+  # The daemon removed its volumes' device nodes with their LVs (only the thin pool's,
+  # which the host's LVM made, may be left).
+  left=$(volume_lvs; volume_namespaces; loop_volumes; dm_nodes | grep -vE -- "-$THIN_POOL([-_]|\$)")
+  [ -z "$left" ] || { echo "cleanup: volumes left (LVs in $LVM_VG, fsdax namespaces, loop files or devices, device nodes): $left"; cok=1; }
   remove_storage "$CLASS" >>"$LOGS/storage-$CLASS.log" 2>&1 || { echo "cleanup: cannot remove the storage of $CLASS"; tail -5 "$LOGS/storage-$CLASS.log"; cok=1; }
-  left=$(dm_devices; pmem_namespaces)
-  [ -z "$left" ] || { echo "cleanup: device-mapper devices or namespaces left: $left"; cok=1; dmsetup remove_all -f || true; vgremove -f "$LVM_VG" >/dev/null 2>&1; }
+  left=$(dm_devices; pmem_namespaces; dm_nodes)
+  [ -z "$left" ] || { echo "cleanup: device-mapper devices, their nodes or namespaces left: $left"; cok=1; dmsetup remove_all -f || true; vgremove -f "$LVM_VG" >/dev/null 2>&1; }
+  if [ -n "$UDEV_PID" ]; then
+    if udev_stop "$CLASS" >>"$LOGS/udev-$CLASS.log" 2>&1; then result "PASS udev $CLASS 0s ($(tail -n 1 "$LOGS/udev-$CLASS.log"))"
+    else tail -n 5 "$LOGS/udev-$CLASS.log"; result "FAIL udev $CLASS 0s"; failed=1; fi
+    UDEV_PID=""
+  fi
   if [ $cok = 0 ]; then result "PASS cleanup $CLASS $((SECONDS - start))s"; else result "FAIL cleanup $CLASS $((SECONDS - start))s"; failed=1; fi
 done
 
+[ -z "$SNAPSHOT_CONTROLLER_PID" ] || { kill "$SNAPSHOT_CONTROLLER_PID"; wait "$SNAPSHOT_CONTROLLER_PID"; }
 phase "stop-node.sh --purge"
 cp "$KUBE_KIT_STATE"/logs/*.log "$LOGS/" 2>/dev/null
 start=$SECONDS

@@ -5,20 +5,22 @@
 # tests/cluster/overlays/CLASS: only the image and the host network changed) on storage
 # made as that overlay's config.yaml expects, then runs tests/cluster's scenarios on it.
 #
-#   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem,pmem-lvm,mixed] [SCENARIO...]    (root)
+#   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem,pmem-lvm,mixed,all-classes] [SCENARIO...]    (root)
 #
 # Scenarios: names or numbers of tests/cluster/scenarios (default: 1 2 3 6 4, the ones
-# parametrised by class, in that order: 4 is the longest; also 11, the e2e specs, and
-# 12, the mixed node). Classes, in the order given: lvm-thin, lvm, pmem (direct),
-# pmem-lvm (default: these four), and mixed (tests/cluster/overlays/mixed: loop, pmem
-# and lvm classes in one configuration, scenario 12 only). A scenario that cannot
-# apply to a class is reported SKIP with the reason (tests/vm/cluster-guest.sh's
-# not_for_class).
+# parametrised by class, in that order: 4 is the longest; also 5 and 9, ReclaimSpace
+# and snapshots on lvm-thin, 11, the e2e specs, and 12, the mixed node). Classes, in
+# the order given: lvm-thin, lvm, pmem (direct), pmem-lvm (default: these four), and
+# mixed (tests/cluster/overlays/mixed: loop, pmem and lvm classes in one configuration,
+# scenario 12 only), and all-classes (tests/cluster/overlays/all-classes: every kind of
+# class in one configuration, bench/cluster/guest.sh's). A scenario that cannot apply to
+# a class is reported SKIP with the
+# reason (tests/vm/cluster-guest.sh's not_for_class).
 # The host builds everything (the kit install, the debug localvol, the image archives,
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
 # then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
-# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 6 4 11 12
+# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 5 9 6 4 11 12
 # (tests/vm/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,12 +40,18 @@ while [ $# -gt 0 ]; do
 done
 IFS=, read -r -a class_list <<<"$CLASSES"
 for c in "${class_list[@]}"; do
-  case $c in lvm-thin|lvm|pmem|pmem-lvm|mixed) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem, pmem-lvm, mixed" >&2; exit 2 ;; esac
+  case $c in lvm-thin|lvm|pmem|pmem-lvm|mixed|all-classes) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem, pmem-lvm, mixed, all-classes" >&2; exit 2 ;; esac
 done
 ALL=(s1_registration s2_volumes s3_ephemeral s6_daemon_restart s4_expansion)
-# Not among the defaults: Kubernetes' storage e2e suites (lvm-thin only; S11_GUEST_FOCUS;
-# LOCALVOL_E2E_FOCUS and S11_FSTYPE reach the guest with the rest of the environment).
-EXTRA_SCENARIOS=(s11_e2e_storage s12_mixed_node)
+# Not among the defaults: ReclaimSpace and snapshots (lvm-thin only: the classes that
+# give space back and take snapshots), Kubernetes' storage e2e suites (lvm-thin only;
+# S11_GUEST_FOCUS; LOCALVOL_E2E_FOCUS and S11_FSTYPE reach the guest with the rest of
+# the environment), the mixed node.
+EXTRA_SCENARIOS=(s5_reclaim s9_snapshots s11_e2e_storage s12_mixed_node)
+# LOCALVOL_CLUSTER_EXTRA: a file of more scenarios, relative to the repository, which
+# adds their names to EXTRA_SCENARIOS (bench/cluster/guest.sh's); the guest sources it too.
+# shellcheck disable=SC1090
+if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi
 # shellcheck source=tests/cluster/lib.sh
 source tests/cluster/lib.sh
 select_scenarios ${args[@]+"${args[@]}"}
@@ -71,8 +79,12 @@ trap 'exit 130' INT TERM
 # ---------------------------------------------------------------- on the host
 phase "kit, binary, packages"
 "$KIT/install.sh" /var/cache/kube-kit >"$LOGS/install.log"
-cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
-BINARY=${CARGO_TARGET_DIR:-target}/debug/localvol
+# LOCALVOL_CLUSTER_BINARY: a built localvol for the image instead of the debug build
+# (bench/cluster/guest.sh's release build).
+BINARY=${LOCALVOL_CLUSTER_BINARY:-${CARGO_TARGET_DIR:-target}/debug/localvol}
+if [ -z "${LOCALVOL_CLUSTER_BINARY:-}" ]; then
+  cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
+fi
 install_node_packages "$LOGS"        # lib.sh
 rootfs=$(image_rootfs "$IMAGE_CACHE" "$LOGS")
 phase "image archives"
@@ -101,10 +113,40 @@ if [ ! -f "$MODS/.complete" ]; then
 fi
 # The guest bind-mounts it over its /lib/modules/KVER (its / is the host's).
 
+# A production host's udev (issue 32): Debian's udev package, unpacked in the guest for
+# the classes in LOCALVOL_VM_UDEV_CLASSES, with the lvm.conf Debian ships (udev_sync and
+# udev_rules on). The package of the host's libudev1 version (it requires that exact
+# one), or else the mirror's newest with its libudev1, which then goes into the guest's
+# overlay root only. Cached in $VM_CACHE/udev.
+UDEV_CLASSES=${LOCALVOL_VM_UDEV_CLASSES-lvm-thin}
+if [ -n "$UDEV_CLASSES" ]; then
+  phase "udev for the guest ($UDEV_CLASSES)"
+  udev_cache=$VM_CACHE/udev
+  v=$(dpkg-query -W -f '${Version}' libudev1)
+  if ! ls "$udev_cache/udev_${v//:/%3a}_"*.deb >/dev/null 2>&1; then
+    tmp=$(mktemp -d "$VM_CACHE/tmp.XXXXXX")
+    if ! ( cd "$tmp" && apt-get download "udev=$v" ) >"$LOGS/udev.log" 2>&1; then
+      v=$(apt-cache policy udev | awk '$1 == "Candidate:" {print $2}')
+      ( cd "$tmp" && apt-get download "udev=$v" "libudev1=$v" ) >>"$LOGS/udev.log" 2>&1 ||
+        { apt-get update >>"$LOGS/udev.log" 2>&1 && ( cd "$tmp" && apt-get download "udev=$v" "libudev1=$v" ) >>"$LOGS/udev.log" 2>&1; } ||
+        { cat "$LOGS/udev.log"; rm -rf "$tmp"; exit 1; }
+    fi
+    rm -rf "$udev_cache"; mv "$tmp" "$udev_cache"; chmod 755 "$udev_cache"
+  fi
+  mkdir -p "$RUN/udev"
+  cp "$udev_cache"/*.deb "$RUN/udev/"
+  # The host's lvm.conf, if it is Debian's as shipped (the conffile's checksum).
+  sum=$(dpkg-query -W -f '${Conffiles}\n' lvm2 | awk '$1 == "/etc/lvm/lvm.conf" {print $2}')
+  [ "$(md5sum </etc/lvm/lvm.conf | cut -d' ' -f1)" = "$sum" ] ||
+    { echo "tests/vm/cluster.sh: /etc/lvm/lvm.conf here is not the one lvm2 ships (md5 $sum)" >&2; exit 1; }
+  cp /etc/lvm/lvm.conf "$RUN/udev/lvm.conf"
+  export LOCALVOL_VM_UDEV_CLASSES=$UDEV_CLASSES
+fi
+
 # ---------------------------------------------------------------- in the guest
 phase "guest: ${class_list[*]} x ${selected[*]}"
 pmem=0
-[[ ",$CLASSES," == *,pmem,* || ",$CLASSES," == *,pmem-lvm,* || ",$CLASSES," == *,mixed,* ]] && pmem=1G
+[[ ",$CLASSES," == *,pmem,* || ",$CLASSES," == *,pmem-lvm,* || ",$CLASSES," == *,mixed,* || ",$CLASSES," == *,all-classes,* ]] && pmem=1G
 rc=0
 guest_start=$SECONDS
 tests/vm/run.sh "${VERBOSE[@]}" --disks 2 --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
@@ -125,6 +167,9 @@ for c in "${class_list[@]}"; do
   for s in deploy "${selected[@]}" cleanup; do
     grep -qE "^(PASS|SKIP) $s $c " "$RUN/results" 2>/dev/null || { echo "  missing: $s $c"; failed=1; }
   done
+done
+for c in "${class_list[@]}"; do
+  [[ ",${UDEV_CLASSES}," != *",$c,"* ]] || grep -qE "^PASS udev $c " "$RUN/results" 2>/dev/null || { echo "  missing: udev $c"; failed=1; }
 done
 grep -q '^PASS final-state ' "$RUN/results" 2>/dev/null || { echo "  missing: final-state"; failed=1; }
 [ -f "$RUN/results.times" ] && echo "guest: $(cat "$RUN/results.times")"

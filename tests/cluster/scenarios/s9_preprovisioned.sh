@@ -2,8 +2,8 @@
 # the handle of an existing snapshot, bound to a VolumeSnapshot of its own: made ready
 # from ListSnapshots with the snapshot's size; with deletionPolicy Retain, deleting both
 # leaves the snapshot on the node; with Delete, deleting the VolumeSnapshot deletes the
-# content and the snapshot's image and record. Under distributed snapshotting the node's
-# csi-snapshotter handles only contents labelled with its node (docs/backends.md,
+# content and the snapshot (lib.sh's snapshot_gone). Under distributed snapshotting the
+# node's csi-snapshotter handles only contents labelled with its node (docs/backends.md,
 # "Pre-provisioned snapshots"): the Retain and Delete contents of HANDLE are labelled by
 # hand, which still works; a third content, for a second snapshot of SOURCE, is made
 # without the label, and the daemon of the node holding the snapshot labels it.
@@ -13,18 +13,16 @@ s9_preprovisioned() { # NAMESPACE HANDLE TOKEN SOURCE
     name=pre-${policy,,}
     s9_make_preprovisioned "$ns" "$name" "$handle" "$policy" "$NODE"
     wait_until 60 "pre-provisioned VolumeSnapshot $name ($policy) ready to use" s9_snapshot_ready "$ns" "$name"
-    [ "$(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}')" = 64Mi ] ||
-      fail "$name: restoreSize $(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}'), expected 64Mi"
+    [ "$(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}')" = "$S9_SIZE" ] ||
+      fail "$name: restoreSize $(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}'), expected $S9_SIZE"
     k -n "$ns" delete volumesnapshot "$name" --wait=true >/dev/null
     if [ "$policy" = Retain ]; then
       k get volumesnapshotcontent "$name-$ns" >/dev/null 2>&1 || fail "$name: a Retain content went with its VolumeSnapshot"
       k delete volumesnapshotcontent "$name-$ns" --wait=true >/dev/null
-      [ -f "$S9_SNAPSHOTS/$token.img" ] && [ -f "$S9_SNAPSHOTS/$token.json" ] ||
-        fail "$name: deleting a Retain content deleted snapshot $handle"
+      snapshot_present "$token" || fail "$name: deleting a Retain content deleted snapshot $handle"
     else
       wait_until 60 "pre-provisioned content $name-$ns deleted" gone volumesnapshotcontent "$name-$ns"
-      [ ! -e "$S9_SNAPSHOTS/$token.img" ] && [ ! -e "$S9_SNAPSHOTS/$token.json" ] ||
-        fail "$name: snapshot $handle left on the host after its Delete content went"
+      snapshot_gone "$token" || fail "$name: snapshot $handle left on the host after its Delete content went"
     fi
   done
   note "NOTE s9: pre-provisioned contents for $handle, labelled for $NODE: Retain kept the snapshot, Delete deleted it"
@@ -59,8 +57,7 @@ YAML
   k -n "$ns" delete volumesnapshot snap-retained --wait=true >/dev/null
   k delete volumesnapshotcontent "$content" --wait=true >/dev/null
   k delete volumesnapshotclass localvol-retain >/dev/null
-  [ -f "$S9_SNAPSHOTS/$token.img" ] && [ -f "$S9_SNAPSHOTS/$token.json" ] ||
-    fail "deleting the Retain content $content deleted snapshot $handle"
+  snapshot_present "$token" || fail "deleting the Retain content $content deleted snapshot $handle"
 
   s9_make_preprovisioned "$ns" "$name" "$handle" Delete ""
   wait_until 60 "unlabelled pre-provisioned VolumeSnapshot $name ready to use" s9_snapshot_ready "$ns" "$name"
@@ -68,12 +65,11 @@ YAML
   [ "$label" = "$NODE" ] || fail "$name: content $name-$ns labelled managed-by=${label:-(none)}, expected $NODE"
   k -n "$SYSTEM_NS" logs "$(daemon_pod)" -c localvol | grep 'labelled pre-provisioned VolumeSnapshotContent' | grep -q "$name-$ns" ||
     fail "$name: the daemon's log does not say it labelled $name-$ns"
-  [ "$(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}')" = 64Mi ] ||
-    fail "$name: restoreSize $(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}'), expected 64Mi"
+  [ "$(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}')" = "$S9_SIZE" ] ||
+    fail "$name: restoreSize $(k -n "$ns" get volumesnapshot "$name" -o jsonpath='{.status.restoreSize}'), expected $S9_SIZE"
   k -n "$ns" delete volumesnapshot "$name" --wait=true >/dev/null
   wait_until 60 "pre-provisioned content $name-$ns deleted" gone volumesnapshotcontent "$name-$ns"
-  [ ! -e "$S9_SNAPSHOTS/$token.img" ] && [ ! -e "$S9_SNAPSHOTS/$token.json" ] ||
-    fail "$name: snapshot $handle left on the host after its Delete content went"
+  snapshot_gone "$token" || fail "$name: snapshot $handle left on the host after its Delete content went"
   note "NOTE s9: pre-provisioned content for $handle made without a label: the daemon labelled it for $NODE, Delete deleted it"
 }
 

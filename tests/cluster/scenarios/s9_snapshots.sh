@@ -1,26 +1,35 @@
-# Scenario 9: VolumeSnapshots and clones of a loop claim that a running pod writes to,
-# with csi-snapshotter as a node sidecar (deploy/components/csi-snapshotter) and the
-# snapshot-controller run.sh started with --enable-distributed-snapshotting: a restore
-# holds the data as at the snapshot and a clone as at the clone, not what came after;
-# deleting everything leaves no VolumeSnapshotContent and no file in the class's data
-# directory (volume images and records, snapshot images and records, freeze records).
+# Scenario 9: VolumeSnapshots and clones of a claim that a running pod writes to, with
+# csi-snapshotter as a node sidecar (deploy/components/csi-snapshotter) and the
+# snapshot-controller started with --enable-distributed-snapshotting (run.sh on the
+# host, tests/vm/cluster-guest.sh in the guest): a restore holds the data as at the
+# snapshot and a clone as at the clone, not what came after; deleting everything leaves
+# no VolumeSnapshotContent and nothing of the class's on the node (class_storage_left:
+# the loop class's images and records, lvm-thin's volume and snapshot LVs).
+# On the loop class the scenario adds the component (overlays/snapshots) and takes it
+# away after; the guest's lvm-thin overlay carries it from the start.
 # Contents made by hand for the snapshot, one Retain and one Delete, are served too, and
 # one made without the managed-by label for a second snapshot, which the daemon labels
 # (s9_preprovisioned.sh).
-S9_SNAPSHOTS=$LOOP_DIR/snapshots
 
 s9_snapshots() {
   local ns=lvtest-s9
-  k apply -k "$HERE/overlays/snapshots" >/dev/null
-  # Back to the run's overlay even when a step fails, so later scenarios see it.
-  trap s9_restore EXIT
-  wait_until 120 "DaemonSet with the csi-snapshotter sidecar rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
+  if [ "$CLASS_KIND" = loop ]; then
+    k apply -k "$HERE/overlays/snapshots" >/dev/null
+    # Back to the run's overlay even when a step fails, so later scenarios see it.
+    trap s9_restore EXIT
+    wait_until 120 "DaemonSet with the csi-snapshotter sidecar rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
+  else
+    trap s9_delete_snapshots EXIT
+  fi
   wait_until 30 "csi-snapshotter sidecar ready" s9_sidecar_ready
+  # The source's size; a restore asks for twice as much.
+  S9_SIZE=$FS_SIZE
+  local double=$(( ${S9_SIZE%Mi} * 2 ))Mi
   new_namespace $ns
 
   # The source: a pod appends a numbered line every 50 ms for as long as it runs, so the
   # snapshot and the clone are taken under writes.
-  apply_pvc $ns src 64Mi >/dev/null
+  apply_pvc $ns src "$S9_SIZE" >/dev/null
   apply_pod $ns writer fs src /data 'i=0; while true; do i=$((i+1)); echo "line $i" >> /data/log; sleep 0.05; done' >/dev/null
   wait_until 90 "writer pod Running" pod_phase_is $ns writer Running
   volume_facts $ns src
@@ -49,25 +58,24 @@ YAML
   note "snapshot content $content handle $handle"
   [ "$(k get volumesnapshotcontent "$content" -o jsonpath='{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}')" = "$NODE" ] ||
     fail "content $content not labelled for node $NODE (snapshot-controller without --enable-distributed-snapshotting?)"
-  [ -f "$S9_SNAPSHOTS/$token.img" ] && [ -f "$S9_SNAPSHOTS/$token.json" ] ||
-    { ls -la "$S9_SNAPSHOTS" >&2; fail "snapshot image or record of $handle missing on the host"; }
-  [ "$(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}')" = 64Mi ] ||
-    fail "restoreSize $(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}'), expected 64Mi"
+  snapshot_present "$token" || { class_storage_left >&2; fail "snapshot $handle missing on the host"; }
+  [ "$(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}')" = "$S9_SIZE" ] ||
+    fail "restoreSize $(k -n $ns get volumesnapshot snap -o jsonpath='{.status.restoreSize}'), expected $S9_SIZE"
 
   # Restore into a claim twice the snapshot's size: the data as at the snapshot, and the
   # pod sees the size it asked for (the filesystem grown at stage), not the source's.
-  s9_pvc_from $ns restored VolumeSnapshot snap snapshot.storage.k8s.io 128Mi >/dev/null
+  s9_pvc_from $ns restored VolumeSnapshot snap snapshot.storage.k8s.io "$double" >/dev/null
   apply_pod $ns restore-reader fs restored >/dev/null
   wait_until 90 "pod on the restored claim Running" pod_phase_is $ns restore-reader Running
   s9_copy_holds $ns restore-reader restored restore marker-1 before-snapshot marker-2 "$lines_before_snapshot" "$lines_at_ready"
   src_kib=$(s9_df_kib $ns writer) restored_kib=$(s9_df_kib $ns restore-reader)
-  # ext4 keeps a few MiB of either size for itself: twice the size, less 10%.
+  # The filesystem keeps a few MiB of either size for itself: twice the size, less 10%.
   [ "$restored_kib" -gt $((src_kib * 9 / 5)) ] ||
-    fail "the 128Mi restore shows ${restored_kib} KiB in the pod, the 64Mi source ${src_kib} KiB: its filesystem was not grown"
+    fail "the $double restore shows ${restored_kib} KiB in the pod, the $S9_SIZE source ${src_kib} KiB: its filesystem was not grown"
 
   # Clone of the running source: the data as at the clone.
   local lines_before_clone; lines_before_clone=$(s9_lines $ns writer)
-  s9_pvc_from $ns clone PersistentVolumeClaim src "" >/dev/null
+  s9_pvc_from $ns clone PersistentVolumeClaim src "" "$S9_SIZE" >/dev/null
   apply_pod $ns clone-reader fs clone >/dev/null
   wait_until 90 "pod on the clone Running" pod_phase_is $ns clone-reader Running
   local lines_at_clone; lines_at_clone=$(s9_lines $ns writer)
@@ -85,20 +93,23 @@ YAML
   # pods and claims.
   k -n $ns delete volumesnapshot snap --wait=true >/dev/null
   wait_until 60 "VolumeSnapshotContent $content deleted" gone volumesnapshotcontent "$content"
-  [ ! -e "$S9_SNAPSHOTS/$token.img" ] && [ ! -e "$S9_SNAPSHOTS/$token.json" ] || fail "snapshot $handle left on the host"
+  snapshot_gone "$token" || fail "snapshot $handle left on the host"
   delete_namespace $ns
   [ -z "$(k get volumesnapshotcontent -o name)" ] || fail "VolumeSnapshotContents left: $(k get volumesnapshotcontent -o name)"
-  local left; left=$(find "$LOOP_DIR" -mindepth 1 ! -type d)
-  [ -z "$left" ] || { ls -laR "$LOOP_DIR" >&2; fail "files left in $LOOP_DIR: $left"; }
-  note "NOTE s9: restore holds $(s9_restored_lines) of the $lines_at_ready lines written when the snapshot was ready; df in its pod ${restored_kib} KiB (128Mi claim; the 64Mi source ${src_kib} KiB); nothing left in $LOOP_DIR"
+  local left; left=$(class_storage_left)
+  [ -z "$left" ] || fail "left of the $DEVICE_CLASS class on the node: $left"
+  note "NOTE s9 ($DEVICE_CLASS): restore holds $(s9_restored_lines) of the $lines_at_ready lines written when the snapshot was ready; df in its pod ${restored_kib} KiB ($double claim; the $S9_SIZE source ${src_kib} KiB); nothing of the class left on the node"
 }
 
-s9_restore() {
-  # The sidecar deletes the snapshots' copies: a step that failed left VolumeSnapshots
-  # behind, so they go before it does.
+# The sidecar deletes the snapshots' copies: a step that failed left VolumeSnapshots
+# behind, so they go while it still runs.
+s9_delete_snapshots() {
   k delete volumesnapshot --all --all-namespaces --wait=false >/dev/null 2>&1 || true
   local end=$((SECONDS + 60))
   while [ $SECONDS -lt $end ] && [ -n "$(k get volumesnapshotcontent -o name 2>/dev/null)" ]; do sleep 0.5; done
+}
+s9_restore() {
+  s9_delete_snapshots
   k apply -k "$OVERLAY" >/dev/null
   k delete --ignore-not-found -f "$REPO/deploy/components/csi-snapshotter/rbac.yaml" >/dev/null
   k delete --ignore-not-found volumesnapshotclass localvol localvol-retain >/dev/null
@@ -110,8 +121,8 @@ s9_sidecar_ready() {
   [ "$(k -n "$SYSTEM_NS" get pod "$pod" -o jsonpath="{.status.containerStatuses[?(@.name=='csi-snapshotter')].ready}")" = true ]
 }
 
-s9_pvc_from() { # NAMESPACE NAME KIND SOURCE APIGROUP [SIZE]
-  local group="" size=${6:-64Mi}
+s9_pvc_from() { # NAMESPACE NAME KIND SOURCE APIGROUP SIZE
+  local group="" size=$6
   [ -z "$5" ] || group="apiGroup: $5, "
   k apply -f - <<YAML
 apiVersion: v1
@@ -119,15 +130,16 @@ kind: PersistentVolumeClaim
 metadata: {name: $2, namespace: $1}
 spec:
   accessModes: [ReadWriteOnce]
-  storageClassName: localvol-loop
+  storageClassName: $SC
   dataSource: {${group}kind: $3, name: $4}
   resources: {requests: {storage: $size}}
 YAML
 }
 
-# The size of the filesystem at /data in POD, in KiB, as df shows it.
+# The size of the filesystem at /data in POD, in KiB, as df shows it (-P: one line, even
+# when the device's name is long, as an LV's /dev/mapper name is).
 s9_df_kib() { # NAMESPACE POD
-  k -n "$1" exec "$2" -- df -k /data | awk 'NR == 2 {print $2}'
+  k -n "$1" exec "$2" -- df -P -k /data | awk 'NR == 2 {print $2}'
 }
 
 # A copy read by POD: another volume than the source, FILE holds CONTENT (written before
