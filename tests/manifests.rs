@@ -148,6 +148,7 @@ fn lvm_overlays_mount_the_hosts_lvm_configuration_locks_and_run_dir() {
         "deploy/overlays/lvm-thin",
         "deploy/overlays/pmem-lvm",
         "tests/cluster/overlays/mixed",
+        "tests/cluster/overlays/all-classes",
     ] {
         let docs = render(overlay);
         let spec = pod_spec(&docs, "DaemonSet", "localvol-node");
