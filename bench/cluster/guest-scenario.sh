@@ -79,36 +79,14 @@ bench_is_running() { [ -n "$(bench_seen "$1" "$2" Running)" ]; }
 
 # One start of KIND: appends "KIND TOTAL-MS TO-BOUND-MS BOUND-TO-RUNNING-MS" to SAMPLES.
 bench_one_start() { # NAMESPACE KIND ROUND POD-LOG CLAIM-LOG SAMPLES
-  local ns=$1 kind=$2 pod=start-$2-$3 claim=claim-$2-$3 volume
-  if [ "$kind" = floor ]; then volume="emptyDir: {}"; else volume="persistentVolumeClaim: {claimName: $claim}"; fi
-  {
-    [ "$kind" = floor ] || cat <<YAML
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: $claim, namespace: $ns}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: localvol-all-$kind
-  resources: {requests: {storage: 64Mi}}
----
-YAML
-    cat <<YAML
-apiVersion: v1
-kind: Pod
-metadata: {name: $pod, namespace: $ns}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: localhost/busybox:1
-      imagePullPolicy: Never
-      command: [sh, -c, "trap 'exit 0' TERM; while true; do sleep 1; done"]
-      volumeMounts: [{name: vol, mountPath: /data}]
-  volumes:
-    - name: vol
-      $volume
-YAML
-  } | k apply -f - >/dev/null
+  local ns=$1 kind=$2 pod=start-$2-$3 claim=claim-$2-$3
+  # A claim waits for its pod (WaitForFirstConsumer): the pod's appearance starts it.
+  if [ "$kind" = floor ]; then
+    apply_pod "$ns" "$pod" emptydir "" >/dev/null
+  else
+    apply_pvc "$ns" "$claim" 64Mi "localvol-all-$kind" >/dev/null
+    apply_pod "$ns" "$pod" fs "$claim" >/dev/null
+  fi
   wait_until 300 "pod $pod Running" bench_is_running "$4" "$pod"
   local seen running bound pv=""
   seen=$(bench_seen "$4" "$pod") running=$(bench_seen "$4" "$pod" Running)

@@ -169,13 +169,14 @@ mounts_of() { # PV DEV
 mounts_count() { mounts_of "$@" | wc -l; }
 
 # A busybox pod (the kit's image, no pulls) that sleeps, or runs SCRIPT (sh) until
-# stopped.
-apply_pod() { # NAMESPACE NAME KIND(fs|block) CLAIM [PATH] [SCRIPT]
+# stopped, with CLAIM's volume at PATH, or an emptyDir there (KIND emptydir, CLAIM "").
+apply_pod() { # NAMESPACE NAME KIND(fs|block|emptydir) CLAIM [PATH] [SCRIPT]
   local ns=$1 name=$2 kind=$3 claim=$4 path=${5:-/data} script=${6:-"while true; do sleep 1; done"}
-  local mount
+  local mount source="persistentVolumeClaim: {claimName: $claim}"
   case $kind in
     fs) mount="volumeMounts: [{name: vol, mountPath: $path}]" ;;
     block) mount="volumeDevices: [{name: vol, devicePath: $path}]" ;;
+    emptydir) mount="volumeMounts: [{name: vol, mountPath: $path}]" source="emptyDir: {}" ;;
     *) fail "apply_pod: kind $kind" ;;
   esac
   k apply -f - <<YAML
@@ -196,7 +197,7 @@ spec:
       $mount
   volumes:
     - name: vol
-      persistentVolumeClaim: {claimName: $claim}
+      $source
 YAML
 }
 
