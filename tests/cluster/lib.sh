@@ -394,13 +394,14 @@ snapshot_gone() { # TOKEN
     *) fail "snapshot_gone: class kind $CLASS_KIND takes no snapshots" ;;
   esac
 }
+# LVs in the class's VG other than the thin pool (and its hidden sub-LVs).
+volume_lvs() { lvs --noheadings -o lv_name "$LVM_VG" 2>/dev/null | awk -v pool="$THIN_POOL" '$1 != pool && $1 !~ /^\[/ {print $1}'; }
 # Every volume and snapshot of the class still on the node: files in the loop class's
 # directory (images, records, freeze records), LVs in the VG other than the thin pool.
 class_storage_left() {
   case $CLASS_KIND in
     loop) [ ! -d "$LOOP_DIR" ] || find "$LOOP_DIR" -mindepth 1 ! -type d ;;
-    lvm|lvm-thin|pmem-lvm)
-      lvs --noheadings -o lv_name "$LVM_VG" 2>/dev/null | awk -v pool="$THIN_POOL" '$1 != pool && $1 !~ /^\[/ {print $1}' ;;
+    lvm|lvm-thin|pmem-lvm) volume_lvs ;;
     *) fail "class_storage_left: class kind $CLASS_KIND" ;;
   esac
 }

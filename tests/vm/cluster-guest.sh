@@ -231,8 +231,8 @@ make_storage() { # CLASS
     lvm) true ;;
   esac
 }
-# LVs left in the class's VG other than its own thin pool (and its hidden sub-LVs).
-volume_lvs() { lvs --noheadings -o lv_name "$LVM_VG" 2>/dev/null | awk '$1 != "pool0" && $1 !~ /^\[/ {print $1}'; }
+# The PV under VG localvol-pmem (pmem-lvm's and all-classes'): its one fsdax namespace.
+pmem_vg_pv() { pvs --noheadings -o pv_name --select "vg_name=localvol-pmem" 2>/dev/null | tr -d ' '; }
 # fsdax namespaces with a size: what localvol makes (not the raw namespace a label-less
 # region shows at boot, nor a region's idle seed namespace, which has none).
 pmem_namespaces() {
@@ -245,7 +245,7 @@ for n in v if isinstance(v, list) else [v]:
 # The fsdax namespaces that are volumes: for pmem-lvm, not the one under its VG.
 volume_namespaces() {
   if [ "$CLASS" = pmem-lvm ] || [ "$CLASS" = all-classes ]; then
-    local under; under=$(pvs --noheadings -o pv_name --select "vg_name=localvol-pmem" 2>/dev/null | tr -d ' ')
+    local under; under=$(pmem_vg_pv)
     pmem_namespaces | while read -r dev name size; do
       [ "/dev/$(ndctl list -n "$dev" | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["blockdev"])')" = "$under" ] ||
         echo "$dev $name $size"
@@ -264,11 +264,11 @@ remove_class_storage() { # CLASS
     pmem) return 0 ;;
     mixed) ! vgs localvol >/dev/null 2>&1 || { vgremove -q -f localvol && pvremove -q "$VG_DISK"; } ;;
     all-classes)
-      local under; under=$(pvs --noheadings -o pv_name --select "vg_name=localvol-pmem" | tr -d ' ')
+      local under; under=$(pmem_vg_pv)
       vgremove -q -f localvol && pvremove -q "$VG_DISK" && vgremove -q -f localvol-pmem && pvremove -q "$under" &&
         ndctl destroy-namespace -f all --region region0 ;;
     pmem-lvm)
-      local under; under=$(pvs --noheadings -o pv_name --select "vg_name=$LVM_VG" | tr -d ' ')
+      local under; under=$(pmem_vg_pv)
       vgremove -q -f "$LVM_VG" && pvremove -q "$under" && ndctl destroy-namespace -f all --region region0 ;;
     *) vgremove -q -f localvol && pvremove -q "$VG_DISK" ;;
   esac
