@@ -19,7 +19,8 @@
 # The guest's / is the host's / (read-only, tmpfs overlay). The project, the
 # current directory, $CARGO_TARGET_DIR and --share dirs are shared read-write
 # at the same paths. COMMAND runs in the current directory with the caller's
-# environment plus VMTEST_GUEST=1 and DM_DISABLE_UDEV=1, stdin /dev/null.
+# environment plus VMTEST_GUEST=1 and DM_DISABLE_UDEV=1, stdin /dev/null, and the
+# system's bin and sbin directories first in PATH.
 # Exit status: COMMAND's; 124 on timeout; 125 if the guest could not be
 # booted, panicked or died (the console tail is printed).
 set -euo pipefail
@@ -266,7 +267,10 @@ echo "$waitfor" >"$RUN/vm/waitfor"
 cat >"$RUN/vm/stage2.sh" <<'EOF'
 . /run/vm/env
 export VMTEST_GUEST=1 DM_DISABLE_UDEV=1 LVM_SUPPRESS_FD_WARNINGS=1
-export PATH="$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The Debian tools first: the caller's PATH may begin with a version manager's shims
+# (pyenv's python3 is a bash script that runs several more: 3 to 10 s a call here,
+# against 0.3 s for /usr/bin/python3, and the cluster harness calls python3 in polls).
+export PATH="/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
 [ -d "${TMPDIR:-/}" ] || unset TMPDIR
 cd "$VM_CWD" || { echo "localvol-vm: FATAL: cannot cd to $VM_CWD"; /bin/busybox poweroff -f; }
 read -r up _ </proc/uptime; echo "localvol-vm: command starts at ${up}s"
