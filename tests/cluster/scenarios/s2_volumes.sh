@@ -1,70 +1,102 @@
-# Scenario 2: a WaitForFirstConsumer claim and a pod, on the class's filesystem and then
-# on the other one of ext4 and xfs (a StorageClass's fstype parameter), then a raw block
-# claim and a pod:
-# provisioned on this node, data written and read back, pod deleted -> unpublished and
-# unstaged (no mount, no loop device), claim deleted -> volume and backing file gone.
+# Scenario 2: WaitForFirstConsumer claims and their pods, side by side: one of the class's
+# filesystem, one of the other of ext4 and xfs (a StorageClass's fstype parameter) and a
+# raw block claim. Each is provisioned on this node, data written and read back; pods
+# deleted -> unpublished and unstaged (no mount, no loop device), claims deleted ->
+# volumes and backing files gone. The three run at once, as a node's pods do: the same
+# checks as one after another, and a third of the waiting on an emulated node.
 # For the class of lib.sh's CLASS_KIND (loop: backing files; lvm, lvm-thin: LVs, whose
 # device-mapper device the pod's mount must be). On loop (the host suite) also a claim of
 # an Immediate class, which does not depend on the backend (s2_immediate).
 s2_volumes() {
-  local ns=lvtest-s2
-  new_namespace $ns
-  apply_pvc $ns fs "$FS_SIZE" >/dev/null
-  sleep 1
-  [ "$(k -n $ns get pvc fs -o jsonpath='{.status.phase}')" = Pending ] || fail "a WaitForFirstConsumer claim bound before a pod used it"
-  s2_filesystem $ns fs
-  # The class's other filesystem, through the StorageClass parameter that picks it.
-  local other=xfs size=320Mi   # mkfs.xfs refuses below 300 MB (tests/vm/README.md)
+  local ns=lvtest-s2 other=xfs size=320Mi   # mkfs.xfs refuses below 300 MB (tests/vm/README.md)
   [ "$FSTYPE" = xfs ] && other=ext4 size=$FS_SIZE
+  new_namespace $ns
   apply_storage_class "lvtest-s2-$other" $other false
+  apply_pvc $ns fs "$FS_SIZE" >/dev/null
   apply_pvc $ns "fs-$other" $size "lvtest-s2-$other" >/dev/null
-  FSTYPE=$other s2_filesystem $ns "fs-$other"
-  k delete storageclass "lvtest-s2-$other" >/dev/null
-
   apply_pvc $ns raw "$BLOCK_SIZE" "$SC" Block >/dev/null
+  sleep 1
+  local claim
+  for claim in fs "fs-$other" raw; do
+    claim_phase_is $ns $claim Pending || fail "WaitForFirstConsumer claim $claim bound before a pod used it"
+  done
+  apply_pod $ns app fs fs >/dev/null
+  apply_pod $ns "app-$other" fs "fs-$other" >/dev/null
   apply_pod $ns rawapp block raw /dev/xvda >/dev/null
-  wait_until 90 "pod with the raw block claim Running" pod_phase_is $ns rawapp Running
-  volume_facts $ns raw
-  expect_class_device
-  expect_mounted "$PV" "$DEV" 1
-  [ "$(pod_dev_majmin $ns rawapp /dev/xvda)" = "$(majmin "$DEV")" ] ||
-    fail "/dev/xvda in the pod is not $DEV ($(majmin "$DEV"))"
-  k -n $ns exec rawapp -- sh -c 'echo raw-data-s2 | dd of=/dev/xvda bs=512 count=1 conv=sync,fsync 2>/dev/null' || fail "writing the block device"
-  [ "$(k -n $ns exec rawapp -- sh -c 'dd if=/dev/xvda bs=512 count=1 2>/dev/null | head -1')" = raw-data-s2 ] ||
-    fail "block data read back differs"
-  [ "$(read_backing "$BACKING" 11)" = raw-data-s2 ] || fail "the pod's block write is not in $(describe_backing "$BACKING")"
-  k -n $ns delete pod rawapp --wait=true >/dev/null
-  wait_until 60 "raw block volume unpublished and unstaged" released "$PV" "$BACKING"
-  k -n $ns delete pvc raw --wait=true >/dev/null
-  wait_until 60 "PV $PV deleted" gone pv "$PV"
-  backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left after the volume was deleted"
+  wait_until 90 "the $FSTYPE, $other and raw block pods Running" pods_running $ns app "app-$other" rawapp
+
+  local pvs=() backings=() i
+  s2_check_filesystem $ns app fs; pvs+=("$PV"); backings+=("$BACKING")
+  FSTYPE=$other s2_check_filesystem $ns "app-$other" "fs-$other"; pvs+=("$PV"); backings+=("$BACKING")
+  s2_check_block $ns rawapp raw; pvs+=("$PV"); backings+=("$BACKING")
+
+  k -n $ns delete pod app "app-$other" rawapp --wait=true >/dev/null
+  for i in "${!pvs[@]}"; do s2_released "${pvs[$i]}" "${backings[$i]}"; done
+  k -n $ns delete pvc fs "fs-$other" raw --wait=true >/dev/null
+  for i in "${!pvs[@]}"; do s2_deleted "${pvs[$i]}" "${backings[$i]}"; done
+  k delete storageclass "lvtest-s2-$other" >/dev/null
   if [ "$CLASS_KIND" = loop ]; then s2_immediate $ns; fi
   delete_namespace $ns
 }
+pods_running() { # NAMESPACE POD...
+  local ns=$1 pod; shift
+  for pod in "$@"; do pod_phase_is "$ns" "$pod" Running || return 1; done
+}
 
-# A pod on the claim (Filesystem mode, FSTYPE): the volume is the class's device with
-# that filesystem, data written is read back; pod deleted -> unpublished and unstaged;
-# claim deleted -> volume and its storage gone.
+# One claim's whole lifecycle, alone (scenario 12's loop claim): a pod on the claim
+# (Filesystem mode, FSTYPE), checked, deleted, then the claim.
 s2_filesystem() { # NAMESPACE PVC
   local ns=$1 pvc=$2
   apply_pod $ns app fs $pvc >/dev/null
   wait_until 90 "pod with the $FSTYPE claim Running" pod_phase_is $ns app Running
-  volume_facts $ns $pvc
-  note "PV $PV handle $HANDLE backing $BACKING on $DEV"
-  expect_class_device
-  expect_mounted "$PV" "$DEV" 2
-  k -n $ns exec app -- sh -c 'echo cluster-data-s2 > /data/f && sync' || fail "writing into the volume"
-  [ "$(k -n $ns exec app -- cat /data/f)" = cluster-data-s2 ] || fail "data read back differs"
-  expect_pod_mount $ns app /data
+  s2_check_filesystem $ns app $pvc
   k -n $ns delete pod app --wait=true >/dev/null
-  wait_until 60 "$FSTYPE volume unpublished and unstaged" released "$PV" "$BACKING"
-  backing_present "$BACKING" || fail "$(describe_backing "$BACKING") gone while the claim exists"
+  s2_released "$PV" "$BACKING"
   k -n $ns delete pvc $pvc --wait=true >/dev/null
-  wait_until 60 "PV $PV deleted" gone pv "$PV"
-  backing_gone "$BACKING" || fail "$(describe_backing "$BACKING") left after the volume was deleted"
-  note "$FSTYPE claim: $(describe_backing "$BACKING") removed"
+  s2_deleted "$PV" "$BACKING"
 }
 
+# The volume of a Running pod's claim (Filesystem mode, FSTYPE) is the class's device with
+# that filesystem, mounted for the pod; data written is read back. Sets lib.sh's PV,
+# HANDLE, BACKING and DEV (volume_facts).
+s2_check_filesystem() { # NAMESPACE POD PVC
+  local ns=$1 pod=$2 pvc=$3
+  volume_facts $ns $pvc
+  note "PV $PV handle $HANDLE backing $BACKING on $DEV ($FSTYPE)"
+  expect_class_device
+  expect_mounted "$PV" "$DEV" 2
+  k -n $ns exec $pod -- sh -c 'echo cluster-data-s2 > /data/f && sync' || fail "writing into the $FSTYPE volume"
+  [ "$(k -n $ns exec $pod -- cat /data/f)" = cluster-data-s2 ] || fail "$FSTYPE volume: data read back differs"
+  expect_pod_mount $ns $pod /data
+}
+
+# The same for a raw block claim at /dev/xvda: the pod's device is the volume's, and
+# its write is read back on the host, from the volume's storage.
+s2_check_block() { # NAMESPACE POD PVC
+  local ns=$1 pod=$2 pvc=$3
+  volume_facts $ns $pvc
+  note "PV $PV handle $HANDLE backing $BACKING on $DEV (raw block)"
+  expect_class_device
+  expect_mounted "$PV" "$DEV" 1
+  [ "$(pod_dev_majmin $ns $pod /dev/xvda)" = "$(majmin "$DEV")" ] ||
+    fail "/dev/xvda in the pod is not $DEV ($(majmin "$DEV"))"
+  k -n $ns exec $pod -- sh -c 'echo raw-data-s2 | dd of=/dev/xvda bs=512 count=1 conv=sync,fsync 2>/dev/null' || fail "writing the block device"
+  [ "$(k -n $ns exec $pod -- sh -c 'dd if=/dev/xvda bs=512 count=1 2>/dev/null | head -1')" = raw-data-s2 ] ||
+    fail "block data read back differs"
+  [ "$(read_backing "$BACKING" 11)" = raw-data-s2 ] || fail "the pod's block write is not in $(describe_backing "$BACKING")"
+}
+
+# After its pod is gone: the volume unpublished and unstaged, its storage kept.
+s2_released() { # PV BACKING
+  wait_until 60 "volume $1 unpublished and unstaged" released "$1" "$2"
+  backing_present "$2" || fail "$(describe_backing "$2") gone while the claim exists"
+}
+# After its claim is gone: the PV and the volume's storage gone.
+s2_deleted() { # PV BACKING
+  wait_until 60 "PV $1 deleted" gone pv "$1"
+  backing_gone "$2" || fail "$(describe_backing "$2") left after the volume was deleted"
+  note "$(describe_backing "$2") removed"
+}
 # A claim of an Immediate class whose allowedTopologies name this node: with no pod, the
 # node's external-provisioner makes itself the claim's selected node (after its random
 # delay, --node-deployment-base-delay, 20 s) and provisions it there; a pod then follows
