@@ -130,17 +130,22 @@ if selected smoke; then
 fi
 
 pids=()
+# Each guest's end is said when it happens, the first one's while the other still runs:
+# tests/all.sh boots the cluster guest on the core it frees.
 for lane in "${lanes[@]}"; do
-  LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} \
-    nice -n "${LOCALVOL_VM_NICE:-0}" "$HERE/run.sh" "${VERBOSE[@]}" \
-    --disks 4 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3600 \
-    -- bash "$run_dir/$lane.sh" > >(sed -u "s/^/[guest $lane] /") 2>&1 &
+  (
+    rc=0
+    LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} \
+      nice -n "${LOCALVOL_VM_NICE:-0}" "$HERE/run.sh" "${VERBOSE[@]}" \
+      --disks 4 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3600 \
+      -- bash "$run_dir/$lane.sh" > >(sed -u "s/^/[guest $lane] /") 2>&1 || rc=$?
+    echo "tests/vm/suite.sh: guest $lane exited $rc ($(elapsed)s)"
+    exit "$rc"
+  ) &
   pids+=($!)
 done
-for i in "${!pids[@]}"; do
-  rc=0; wait "${pids[$i]}" || rc=$?
-  echo "tests/vm/suite.sh: guest ${lanes[$i]} exited $rc ($(elapsed)s)"
-  [ "$rc" = 0 ] || failed=1   # the lane script ends with an echo: 124/125 is the guest's own failure
+for pid in "${pids[@]}"; do
+  wait "$pid" || failed=1   # the lane script ends with an echo: 124/125 is the guest's own failure
 done
 
 # ---------------------------------------------------------------- the verdict, per part
