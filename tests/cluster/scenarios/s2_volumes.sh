@@ -61,10 +61,7 @@ s2_filesystem() { # NAMESPACE PVC
 # HANDLE, BACKING and DEV (volume_facts).
 s2_check_filesystem() { # NAMESPACE POD PVC
   local ns=$1 pod=$2 pvc=$3
-  volume_facts $ns $pvc
-  note "PV $PV handle $HANDLE backing $BACKING on $DEV ($FSTYPE)"
-  expect_class_device
-  expect_mounted "$PV" "$DEV" 2
+  s2_volume_of $ns $pvc "$FSTYPE" 2
   k -n $ns exec $pod -- sh -c 'echo cluster-data-s2 > /data/f && sync' || fail "writing into the $FSTYPE volume"
   [ "$(k -n $ns exec $pod -- cat /data/f)" = cluster-data-s2 ] || fail "$FSTYPE volume: data read back differs"
   expect_pod_mount $ns $pod /data
@@ -74,16 +71,22 @@ s2_check_filesystem() { # NAMESPACE POD PVC
 # its write is read back on the host, from the volume's storage.
 s2_check_block() { # NAMESPACE POD PVC
   local ns=$1 pod=$2 pvc=$3
-  volume_facts $ns $pvc
-  note "PV $PV handle $HANDLE backing $BACKING on $DEV (raw block)"
-  expect_class_device
-  expect_mounted "$PV" "$DEV" 1
+  s2_volume_of $ns $pvc "raw block" 1
   [ "$(pod_dev_majmin $ns $pod /dev/xvda)" = "$(majmin "$DEV")" ] ||
     fail "/dev/xvda in the pod is not $DEV ($(majmin "$DEV"))"
   k -n $ns exec $pod -- sh -c 'echo raw-data-s2 | dd of=/dev/xvda bs=512 count=1 conv=sync,fsync 2>/dev/null' || fail "writing the block device"
   [ "$(k -n $ns exec $pod -- sh -c 'dd if=/dev/xvda bs=512 count=1 2>/dev/null | head -1')" = raw-data-s2 ] ||
     fail "block data read back differs"
   [ "$(read_backing "$BACKING" 11)" = raw-data-s2 ] || fail "the pod's block write is not in $(describe_backing "$BACKING")"
+}
+
+# The claim's volume (lib.sh's PV, HANDLE, BACKING and DEV) is the class's device, with
+# at least MOUNTS mounts of it on the host.
+s2_volume_of() { # NAMESPACE PVC WHAT MOUNTS
+  volume_facts "$1" "$2"
+  note "PV $PV handle $HANDLE backing $BACKING on $DEV ($3)"
+  expect_class_device
+  expect_mounted "$PV" "$DEV" "$4"
 }
 
 # After its pod is gone: the volume unpublished and unstaged, its storage kept.
