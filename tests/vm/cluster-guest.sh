@@ -68,13 +68,16 @@ modprobe dm_thin_pool; modprobe dm_snapshot
 phase "guest-prep.sh /dev/vda"
 "$KIT/recipe/guest-prep.sh" /dev/vda >"$LOGS/guest-prep.log" 2>&1 || { cat "$LOGS/guest-prep.log"; exit 1; }
 # This guest's / is the host's, read-only under an overlay, and the host's cluster suite
-# may still run beside it (tests/all.sh): its cleanup (stop-node.sh --purge, run.sh)
-# removes these directories on the host, which took them from under this node too (CI:
-# kubelet could no longer make /var/log/pods/POD once the host's run had ended, and no
-# pod started). Removed here and made again, they are this guest's own: directories of
-# the overlay's upper layer that hide whatever the host has there.
+# may still run beside it (tests/all.sh): its node writes these directories on the host,
+# and its cleanup (stop-node.sh --purge, run.sh) removes them, which took them from under
+# this node too (CI: kubelet could no longer make /var/log/pods/POD once the host's run
+# had ended, and no pod started). Emptying them through the overlay races the host's
+# node writing them ("rm: cannot remove '/var/log/pods': Directory not empty", CI), so
+# each is a directory of the scratch disk, mounted over the host's: this node's own.
+OWN=$(dirname "$KUBE_KIT_STATE")/own
 for d in /var/log/pods /var/log/containers /var/lib/localvol /usr/libexec/kubernetes; do
-  rm -rf "$d" && mkdir -p "$d" || { echo "FATAL: cannot make $d the guest's own" >&2; exit 1; }
+  mkdir -p "$OWN$d" "$d" && mount --bind "$OWN$d" "$d" ||
+    { echo "FATAL: cannot make $d the guest's own" >&2; exit 1; }
 done
 mkdir -p "$KUBE_KIT_STATE/images"
 cp "$RUN"/images/*.tar "$KUBE_KIT_STATE/images/"
