@@ -52,6 +52,12 @@ wait_until() {
 }
 
 pod_phase_is() { [ "$(k -n "$1" get pod "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
+# pods_running NAMESPACE POD...: every one of them Running, in one read of the API (a
+# poll is a kubectl process, which costs most on the emulated guest).
+pods_running() {
+  local ns=$1; shift
+  [ "$(k -n "$ns" get pod "$@" -o custom-columns=PHASE:.status.phase --no-headers | grep -cx Running)" = $# ]
+}
 claim_phase_is() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
 gone() { ! k get "$@" -o name >/dev/null 2>&1; }
 pvc_bound() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" = Bound ]; }

@@ -25,22 +25,19 @@ s2_volumes() {
   apply_pod $ns rawapp block raw /dev/xvda >/dev/null
   wait_until 90 "the $FSTYPE, $other and raw block pods Running" pods_running $ns app "app-$other" rawapp
 
-  local pvs=() backings=() i
-  s2_check_filesystem $ns app fs; pvs+=("$PV"); backings+=("$BACKING")
-  FSTYPE=$other s2_check_filesystem $ns "app-$other" "fs-$other"; pvs+=("$PV"); backings+=("$BACKING")
-  s2_check_block $ns rawapp raw; pvs+=("$PV"); backings+=("$BACKING")
+  # Each claim's "PV BACKING" (names without spaces), kept for after its PV is gone.
+  local volumes=() v
+  s2_check_filesystem $ns app fs; volumes+=("$PV $BACKING")
+  FSTYPE=$other s2_check_filesystem $ns "app-$other" "fs-$other"; volumes+=("$PV $BACKING")
+  s2_check_block $ns rawapp raw; volumes+=("$PV $BACKING")
 
   k -n $ns delete pod app "app-$other" rawapp --wait=true >/dev/null
-  for i in "${!pvs[@]}"; do s2_released "${pvs[$i]}" "${backings[$i]}"; done
+  for v in "${volumes[@]}"; do s2_released $v; done
   k -n $ns delete pvc fs "fs-$other" raw --wait=true >/dev/null
-  for i in "${!pvs[@]}"; do s2_deleted "${pvs[$i]}" "${backings[$i]}"; done
+  for v in "${volumes[@]}"; do s2_deleted $v; done
   k delete storageclass "lvtest-s2-$other" >/dev/null
   if [ "$CLASS_KIND" = loop ]; then s2_immediate $ns; fi
   delete_namespace $ns
-}
-pods_running() { # NAMESPACE POD...
-  local ns=$1 pod; shift
-  for pod in "$@"; do pod_phase_is "$ns" "$pod" Running || return 1; done
 }
 
 # One claim's whole lifecycle, alone (scenario 12's loop claim): a pod on the claim
