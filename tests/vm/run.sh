@@ -270,7 +270,7 @@ export VMTEST_GUEST=1 DM_DISABLE_UDEV=1 LVM_SUPPRESS_FD_WARNINGS=1
 # The Debian tools first: the caller's PATH may begin with a version manager's shims
 # (pyenv's python3 is a bash script that runs several more: 3 to 10 s a call here,
 # against 0.3 s for /usr/bin/python3, and the cluster harness calls python3 in polls).
-export PATH="/usr/sbin:/usr/bin:/sbin:/bin:$PATH"
+export PATH="/usr/sbin:/usr/bin:/sbin:/bin:$PATH:/usr/local/sbin:/usr/local/bin"
 [ -d "${TMPDIR:-/}" ] || unset TMPDIR
 cd "$VM_CWD" || { echo "localvol-vm: FATAL: cannot cd to $VM_CWD"; /bin/busybox poweroff -f; }
 read -r up _ </proc/uptime; echo "localvol-vm: command starts at ${up}s"
