@@ -208,7 +208,7 @@ guest_cluster() {
   [ "$rc" = 0 ] || { echo "tests/all.sh: the guest cluster failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 3000 ] || { echo "tests/all.sh: the guest cluster took over 50 minutes" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on lvm-thin, lvm, pmem, pmem-lvm and a mixed node, once the VM suite is done), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on lvm-thin, lvm, pmem, pmem-lvm and a mixed node, once a VM suite guest is done), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
 background cluster 0 cluster_suite
 background guest-cluster 10 guest_cluster
 finish fuzz-build
