@@ -25,10 +25,12 @@ FROM debian:bookworm-slim
 #   activate).
 # ndctl: PMEM namespaces.  e2fsprogs, xfsprogs: mkfs/resize2fs/xfs_growfs.
 # util-linux, mount: blkid, findmnt, fstrim, losetup, mount.
+# cryptsetup-bin: LUKS2 for encrypted StorageClasses.
 # ca-certificates: TLS to the API server.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates \
+      cryptsetup-bin \
       e2fsprogs \
       lvm2 \
       mount \

@@ -5,6 +5,7 @@
 use tonic::{Code, Status};
 
 use crate::backend::{BackendError, LvmError, PmemError};
+use crate::crypt::CryptError;
 use crate::fs::FsError;
 use crate::host::{CommandError, SyscallError};
 use crate::k8s::OwnerError;
@@ -62,6 +63,15 @@ impl Error {
                 VolumeError::TooSmallForFilesystem { .. } => "too_small_for_filesystem",
                 VolumeError::Topology { .. } => "topology",
                 VolumeError::NoRoomToGrow { .. } => "no_room_to_grow",
+                VolumeError::MissingPassphrase { .. } => "missing_passphrase",
+                VolumeError::EncryptionUnsupported { .. } => "encryption_unsupported",
+                VolumeError::EncryptionMismatch { .. } => "encryption_mismatch",
+                VolumeError::NotLuks { .. } => "not_luks",
+                VolumeError::Crypt { source, .. } => match source {
+                    CryptError::WrongPassphrase { .. } => "wrong_passphrase",
+                    CryptError::MappingElsewhere { .. } | CryptError::NotOpen { .. } => "crypt_mapping",
+                    CryptError::Command { .. } | CryptError::Syscall(_) => "crypt",
+                },
                 VolumeError::Invalid(_) => "validation",
                 VolumeError::Backend(_) => "backend",
                 VolumeError::Mount(_) => "mount",
@@ -124,12 +134,29 @@ fn volume_code(e: &VolumeError) -> Code {
         // CSI's ControllerExpandVolume "unsupported capacity"; external-resizer marks it
         // infeasible instead of retrying.
         VolumeError::NoRoomToGrow { .. } => Code::OutOfRange,
+        VolumeError::MissingPassphrase { .. }
+        | VolumeError::EncryptionUnsupported { .. }
+        | VolumeError::EncryptionMismatch { .. } => Code::InvalidArgument,
+        // The device holds what the volume's header or key cannot open: nothing is
+        // changed, and only someone acting on the Secret or the device can change that.
+        VolumeError::NotLuks { .. } => Code::FailedPrecondition,
+        VolumeError::Crypt { source, .. } => crypt_code(source),
         VolumeError::Invalid(v) => validation_code(v),
         VolumeError::Backend(b) => backend_code(b),
         VolumeError::Mount(m) => mount_code(m),
         VolumeError::Fs(f) => fs_code(f),
         VolumeError::Syscall(s) => syscall_code(s),
         VolumeError::Io { .. } => Code::Internal,
+    }
+}
+
+fn crypt_code(e: &CryptError) -> Code {
+    match e {
+        CryptError::WrongPassphrase { .. }
+        | CryptError::MappingElsewhere { .. }
+        | CryptError::NotOpen { .. } => Code::FailedPrecondition,
+        CryptError::Command { source, .. } => command_code(source),
+        CryptError::Syscall(s) => syscall_code(s),
     }
 }
 

@@ -56,7 +56,10 @@ impl fmt::Display for FsType {
 pub enum Signature {
     Empty,
     Filesystem(String),
-    /// A partition table, RAID member, LUKS header...: never formatted over.
+    /// A LUKS header: an encrypted volume's, opened with its passphrase, and on a
+    /// volume without encryption never formatted over.
+    Luks,
+    /// A partition table, RAID member...: never formatted over.
     Other(String),
 }
 
@@ -117,6 +120,7 @@ pub fn parse_blkid_export(output: &str) -> Signature {
     };
     match (value("TYPE"), value("USAGE"), value("PTTYPE")) {
         (_, _, Some(pt)) => Signature::Other(format!("partition table {pt}")),
+        (Some(t), Some(usage), _) if usage == "crypto" && t == "crypto_LUKS" => Signature::Luks,
         (Some(t), Some(usage), _) if usage != "filesystem" => Signature::Other(format!("{usage} {t}")),
         (Some(t), _, _) => Signature::Filesystem(t),
         (None, _, _) => Signature::Empty,
@@ -276,7 +280,7 @@ mod tests {
         );
         assert_eq!(
             parse_blkid_export("TYPE=crypto_LUKS\nUSAGE=crypto\n"),
-            Signature::Other("crypto crypto_LUKS".into())
+            Signature::Luks
         );
         assert_eq!(
             parse_blkid_export("TYPE=LVM2_member\nUSAGE=raid\n"),

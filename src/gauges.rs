@@ -109,6 +109,7 @@ mod tests {
                 mode: VolumeMode::Filesystem,
                 fs_type: None,
                 claim: Default::default(),
+                encryption: None,
             })
             .await
             .unwrap();
@@ -359,6 +360,7 @@ mod tests {
                 mode: VolumeMode::Filesystem,
                 fs_type: None,
                 claim: Default::default(),
+                encryption: None,
             })
             .await
             .unwrap();

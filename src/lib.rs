@@ -20,7 +20,7 @@
 //! 13. `config`, `reclaim_policy`: validated configuration, and which ReclaimSpace
 //!     schedule applies to a volume (pure; `config` validates schedules with it)
 //! 14. `model`: the shared vocabulary (ids, claims, capacity ranges, driver name)
-//! 15. `fs`, `mount`: filesystems and mounts
+//! 15. `fs`, `mount`, `crypt`: filesystems, mounts and dm-crypt mappings
 //! 16. `host`: the only code that touches the machine (commands, syscalls)
 //!
 //! gRPC types (tonic's, prost's, the generated messages) stay in layers 1 to 4 and,
@@ -35,6 +35,7 @@ pub mod app;
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod crypt;
 pub mod csi;
 pub mod error;
 pub mod fs;

@@ -3,10 +3,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::crypt::Passphrase;
 use crate::fs::FsType;
 use crate::model::{
-    AccessMode, AccessType, Capability, CapacityRange, ClaimRef, ClassName, IdError, MAX_VOLUME_BYTES,
-    SnapshotId, Token, ValidationError, VolumeId,
+    AccessMode, AccessType, Capability, CapacityRange, ClaimRef, ClassName, Encryption, IdError,
+    MAX_VOLUME_BYTES, SnapshotId, Token, ValidationError, VolumeId,
 };
 use crate::proto::csi::v1 as csi;
 
@@ -22,6 +23,13 @@ pub use snapshot::{ListSnapshotsRequest, SnapshotFilter, SnapshotRequest};
 
 /// StorageClass parameter that selects a device class.
 pub const PARAM_DEVICE_CLASS: &str = "localvol.csi.dev/device-class";
+/// StorageClass parameter that asks for encryption at rest: `luks2`, the only value.
+pub const PARAM_ENCRYPTION: &str = "localvol.csi.dev/encryption";
+/// StorageClass parameter that lets discards through an encrypted volume's dm-crypt
+/// mapping: `"true"` or `"false"` (the default), with [`PARAM_ENCRYPTION`] only.
+pub const PARAM_ENCRYPTION_DISCARDS: &str = "localvol.csi.dev/encryption-discards";
+/// The key of the node-stage Secret that holds an encrypted volume's passphrase.
+pub const SECRET_PASSPHRASE: &str = "passphrase";
 const MAX_PATH_LEN: usize = 4096;
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ValidationError {
@@ -147,6 +155,7 @@ pub struct CreateRequest {
     pub topologies: Vec<Segments>,
     /// What the new volume starts as: a snapshot's or another volume's contents.
     pub source: Option<ContentSource>,
+    pub encryption: Option<Encryption>,
 }
 
 /// A CreateVolume `volume_content_source`.
@@ -182,20 +191,57 @@ impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
             .map(content_source)
             .transpose()?;
         let mut class = None;
+        let (mut luks2, mut discards) = (false, None);
         for (key, value) in &req.parameters {
             match key.as_str() {
                 PARAM_DEVICE_CLASS => {
                     class = Some(ClassName::parse(value).map_err(|r| invalid("parameters", r))?);
                 }
+                PARAM_ENCRYPTION if value == Encryption::LUKS2 => luks2 = true,
+                PARAM_ENCRYPTION => {
+                    return Err(invalid(
+                        "parameters",
+                        format!("{PARAM_ENCRYPTION} is {value:?}: the only encryption is \"luks2\""),
+                    ));
+                }
+                PARAM_ENCRYPTION_DISCARDS => {
+                    discards = Some(match value.as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(invalid(
+                                "parameters",
+                                format!(
+                                    "{PARAM_ENCRYPTION_DISCARDS} is {value:?}, not \"true\" or \"false\""
+                                ),
+                            ));
+                        }
+                    });
+                }
                 k if k.starts_with("csi.storage.k8s.io/") => {}
                 other => {
                     return Err(invalid(
                         "parameters",
-                        format!("unknown parameter {other:?} (localvol knows {PARAM_DEVICE_CLASS})"),
+                        format!(
+                            "unknown parameter {other:?} (localvol knows {PARAM_DEVICE_CLASS}, \
+                             {PARAM_ENCRYPTION} and {PARAM_ENCRYPTION_DISCARDS})"
+                        ),
                     ));
                 }
             }
         }
+        let encryption = match (luks2, discards) {
+            (true, discards) => Some(Encryption {
+                allow_discards: discards.unwrap_or(false),
+            }),
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(invalid(
+                    "parameters",
+                    format!("{PARAM_ENCRYPTION_DISCARDS} is set without {PARAM_ENCRYPTION}: luks2"),
+                ));
+            }
+        };
         let topologies = req
             .accessibility_requirements
             .as_ref()
@@ -219,6 +265,7 @@ impl TryFrom<&csi::CreateVolumeRequest> for CreateRequest {
             claim: ClaimRef::from_context(&req.parameters),
             topologies,
             source,
+            encryption,
         })
     }
 }
@@ -297,6 +344,9 @@ pub struct StageRequest {
     pub staging_path: HostPath,
     pub capability: Capability,
     pub context: VolumeContext,
+    /// The node-stage Secret's [`SECRET_PASSPHRASE`], when it has one: an encrypted
+    /// volume is refused without it, any other volume ignores it.
+    pub passphrase: Option<Passphrase>,
 }
 
 impl StageRequest {
@@ -313,6 +363,10 @@ impl StageRequest {
             staging_path,
             capability,
             context,
+            passphrase: req
+                .secrets
+                .get(SECRET_PASSPHRASE)
+                .and_then(|p| Passphrase::new(p.as_bytes())),
         })
     }
 }

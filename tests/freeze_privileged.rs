@@ -62,6 +62,9 @@ impl Syscalls for HeldCopies {
     async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError> {
         self.real.device_number(path).await
     }
+    async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError> {
+        self.real.device_slaves(dev).await
+    }
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError> {
         self.real.fitrim(path).await
     }

@@ -20,7 +20,7 @@ use super::{BackendError, CreateSpec, FormatMark, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType};
 use crate::host::Host;
 use crate::model::ClaimRef;
-use crate::model::{ClassName, Token, VolumeId, VolumeMode};
+use crate::model::{ClassName, Encryption, Token, VolumeId, VolumeMode};
 
 use capacity::Reservation;
 
@@ -53,6 +53,9 @@ struct RecordFile {
     /// source's size until stage grows it and clears this.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     grow_filesystem: bool,
+    /// `luks2` or `luks2+discards` (see [`Encryption::as_str`]) on an encrypted volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    encryption: Option<String>,
 }
 
 #[derive(Debug)]
@@ -121,20 +124,29 @@ impl LoopBackend {
         self.prepare_snapshots().await
     }
 
-    fn to_record(&self, token: Token, file: RecordFile) -> VolumeRecord {
-        VolumeRecord {
+    fn to_record(&self, token: Token, file: RecordFile) -> Result<VolumeRecord, BackendError> {
+        let encryption = match &file.encryption {
+            None => None,
+            Some(e) => Some(Encryption::parse(e).ok_or_else(|| BackendError::CorruptRecord {
+                token: token.to_string(),
+                path: self.record_path(&token),
+                reason: format!("unknown encryption {e:?}"),
+            })?),
+        };
+        Ok(VolumeRecord {
             id: VolumeId::new(self.class.clone(), token),
             name: file.name,
             size_bytes: file.size_bytes,
             mode: file.mode,
             fs_type: file.fs_type,
             filesystem_grow_pending: file.grow_filesystem,
+            encryption,
             claim: ClaimRef {
                 pvc_name: file.pvc_name,
                 pvc_namespace: file.pvc_namespace,
                 pv_name: file.pv_name,
             },
-        }
+        })
     }
 
     /// The record of `token`, which must exist ([`BackendError::NotFound`] otherwise).
@@ -156,10 +168,10 @@ impl LoopBackend {
     }
 
     pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
-        Ok(self
-            .read_record(token)
+        self.read_record(token)
             .await?
-            .map(|f| self.to_record(token.clone(), f)))
+            .map(|f| self.to_record(token.clone(), f))
+            .transpose()
     }
 
     pub async fn list(&self) -> Result<Vec<VolumeRecord>, BackendError> {
@@ -167,7 +179,7 @@ impl LoopBackend {
             .await?
             .into_iter()
             .map(|(token, file)| self.to_record(token, file))
-            .collect();
+            .collect::<Result<_, _>>()?;
         records.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(records)
     }
@@ -223,7 +235,11 @@ impl LoopBackend {
         // kubelet's mount checks, where every millisecond can cost the pod 300 (see
         // `crate::k8s::prefetch`). A volume without a named type keeps it for stage,
         // which may name it. The new file reads zeros, so ext4 skips zeroing its tables.
-        let format = spec.fs_type.filter(|_| spec.mode == VolumeMode::Filesystem);
+        // An encrypted volume's filesystem is made at stage, on its mapping, which
+        // needs the passphrase that only stage is given.
+        let format = spec
+            .fs_type
+            .filter(|_| spec.mode == VolumeMode::Filesystem && spec.encryption.is_none());
         if let Some(fs_type) = format {
             let options = FormatOptions {
                 prezeroed: true,
@@ -248,12 +264,10 @@ impl LoopBackend {
             })
             .await?;
         }
-        self.commit_record(
-            spec,
-            (spec.mode == VolumeMode::Filesystem).then_some(format.is_some()),
-            false,
-        )
-        .await
+        // An encrypted block volume is formatted too: with its LUKS header, at stage.
+        let formatted_at_stage = spec.mode == VolumeMode::Filesystem || spec.encryption.is_some();
+        self.commit_record(spec, formatted_at_stage.then_some(format.is_some()), false)
+            .await
     }
 
     /// Writes the record of the new volume `spec`, whose image is in place: the last
@@ -275,11 +289,12 @@ impl LoopBackend {
             pv_name: spec.claim.pv_name.clone(),
             formatted,
             grow_filesystem,
+            encryption: spec.encryption.map(|e| e.as_str().to_string()),
         };
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         self.write_atomically(&self.record_path(&spec.token), json)
             .await?;
-        Ok(self.to_record(spec.token.clone(), file))
+        self.to_record(spec.token.clone(), file)
     }
 
     pub async fn delete(&self, token: &Token) -> Result<(), BackendError> {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use crate::fs::FsType;
-use crate::model::{ClaimRef, SnapshotId, Token, VolumeId, VolumeMode};
+use crate::model::{ClaimRef, Encryption, SnapshotId, Token, VolumeId, VolumeMode};
 
 /// A volume as its backend records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub struct VolumeRecord {
     /// a volume, and cleared by [`super::Backend::filesystem_grown`] once stage has grown
     /// the filesystem to the device. Never set on pmem: namespaces are never copies.
     pub filesystem_grow_pending: bool,
+    /// LUKS2 under the volume's data: set at create, for the volume's whole life.
+    pub encryption: Option<Encryption>,
 }
 
 /// What a backend's own mark says of a volume's filesystem. A kill mid-mkfs can leave a
@@ -84,6 +86,7 @@ pub struct CreateSpec {
     pub mode: VolumeMode,
     pub fs_type: Option<FsType>,
     pub claim: ClaimRef,
+    pub encryption: Option<Encryption>,
 }
 
 /// Space in a device class, in bytes.

@@ -11,7 +11,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::io::AsyncWriteExt;
 use tracing::debug;
+use zeroize::Zeroizing;
 
 /// How long a storage command may take unless its caller says otherwise. mkfs on a
 /// large thin volume or an lvm call waiting for its lock can take tens of seconds.
@@ -23,6 +25,12 @@ pub struct CommandSpec {
     pub program: &'static str,
     pub args: Vec<OsString>,
     pub timeout: Duration,
+    /// Environment beside `LC_ALL=C`, for tools configured only that way.
+    pub env: Vec<(&'static str, &'static str)>,
+    /// Bytes written to the child's stdin, then closed; a secret (a LUKS passphrase)
+    /// never goes in argv, where every process of the node can read it. Zeroed when
+    /// dropped, and never shown by `Debug` or [`args_display`](Self::args_display).
+    pub secret_input: Option<Zeroizing<Vec<u8>>>,
 }
 
 impl CommandSpec {
@@ -31,7 +39,20 @@ impl CommandSpec {
             program,
             args: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
+            env: Vec::new(),
+            secret_input: None,
         }
+    }
+
+    pub fn env(mut self, key: &'static str, value: &'static str) -> Self {
+        self.env.push((key, value));
+        self
+    }
+
+    /// Feeds `bytes` to the command on stdin (see [`CommandSpec::secret_input`]).
+    pub fn secret_input(mut self, bytes: Zeroizing<Vec<u8>>) -> Self {
+        self.secret_input = Some(bytes);
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
@@ -192,10 +213,15 @@ pub struct SystemCommands;
 impl Commands for SystemCommands {
     async fn run(&self, cmd: CommandSpec) -> Result<CommandOutput, CommandError> {
         debug!(command = ?cmd, "running");
-        let child = tokio::process::Command::new(cmd.program)
+        let mut child = tokio::process::Command::new(cmd.program)
             .args(&cmd.args)
             .env("LC_ALL", "C")
-            .stdin(Stdio::null())
+            .envs(cmd.env.iter().copied())
+            .stdin(if cmd.secret_input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Dropping the future (timeout, cancelled RPC) kills the child.
@@ -206,7 +232,25 @@ impl Commands for SystemCommands {
                 source,
             })?;
         let started = std::time::Instant::now();
-        let output = match tokio::time::timeout(cmd.timeout, child.wait_with_output()).await {
+        // Written while the child runs, and closed at the end so it sees EOF. A child
+        // that exits without reading it all makes the write fail: its exit status
+        // says why, so that error is not the one reported.
+        let feed = match (child.stdin.take(), cmd.secret_input.clone()) {
+            (Some(mut stdin), Some(bytes)) => Some(async move {
+                let _ = stdin.write_all(&bytes).await;
+                drop(stdin);
+            }),
+            _ => None,
+        };
+        let run = async {
+            let (output, ()) = tokio::join!(child.wait_with_output(), async {
+                if let Some(feed) = feed {
+                    feed.await;
+                }
+            });
+            output
+        };
+        let output = match tokio::time::timeout(cmd.timeout, run).await {
             Ok(result) => result.map_err(|source| CommandError::Spawn {
                 program: cmd.program,
                 source,
@@ -289,6 +333,32 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out.stdout_str().trim(), "$(id); rm -rf /");
+    }
+
+    #[tokio::test]
+    async fn secret_input_reaches_stdin_and_stays_out_of_argv_and_debug() {
+        let cmd = CommandSpec::new("sh")
+            .args(["-c", "cat; echo \" $FOR_TEST\""])
+            .env("FOR_TEST", "set")
+            .secret_input(Zeroizing::new(b"s3cret".to_vec()));
+        assert!(!format!("{cmd:?}").contains("s3cret"));
+        assert!(!cmd.args_display().contains("s3cret"));
+        let out = SystemCommands.run(cmd).await.unwrap();
+        assert_eq!(out.stdout_str(), "s3cret set\n");
+    }
+
+    #[tokio::test]
+    async fn a_child_that_ignores_its_input_still_reports_its_own_status() {
+        let err = SystemCommands
+            .run(
+                CommandSpec::new("sh")
+                    .args(["-c", "exec 0<&-; echo refused >&2; exit 2"])
+                    .secret_input(Zeroizing::new(vec![b'x'; 1 << 20])),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.exit_code(), Some(2));
+        assert_eq!(err.stderr().trim(), "refused");
     }
 
     #[tokio::test]

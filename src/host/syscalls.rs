@@ -137,6 +137,9 @@ pub trait Syscalls: Send + Sync + 'static {
     /// The device number of a block or character device node, or of the device a path
     /// is a bind mount of; `None` for anything else.
     async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError>;
+    /// The device numbers of the block devices a device-mapper device `dev` is built on
+    /// (sysfs `slaves`); empty for a device built on none, or one that is gone.
+    async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError>;
     /// Discards unused blocks of the filesystem mounted at `path` (FITRIM); returns the
     /// number of bytes the filesystem reports as trimmed.
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError>;
@@ -173,6 +176,12 @@ pub enum CopyMethod {
     Reflink,
     /// The source's data extents, copied; its holes left as holes.
     Sparse,
+}
+
+/// A sysfs `dev` file's `MAJOR:MINOR` as a device number.
+fn parse_dev(text: &str) -> Option<u64> {
+    let (major, minor) = text.trim().split_once(':')?;
+    Some(nix::sys::stat::makedev(major.parse().ok()?, minor.parse().ok()?))
 }
 
 /// The real system calls.
@@ -376,6 +385,34 @@ impl Syscalls for SystemSyscalls {
             let meta = std::fs::metadata(p).map_err(|e| SyscallError::new("stat", p, e))?;
             let ft = meta.file_type();
             Ok((ft.is_block_device() || ft.is_char_device()).then(|| meta.rdev()))
+        })
+        .await
+    }
+
+    async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError> {
+        let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+        let dir = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/slaves"));
+        blocking("read sysfs", &dir, |dir| {
+            let entries = match std::fs::read_dir(dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(SyscallError::new("read sysfs", dir, e)),
+            };
+            let mut slaves = Vec::new();
+            for entry in entries {
+                let path = entry
+                    .map_err(|e| SyscallError::new("read sysfs", dir, e))?
+                    .path()
+                    .join("dev");
+                // A slave removed while it is read: it no longer holds the device.
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                if let Some(dev) = parse_dev(&text) {
+                    slaves.push(dev);
+                }
+            }
+            Ok(slaves)
         })
         .await
     }

@@ -6,6 +6,7 @@
 
 mod capacity;
 mod claim;
+mod encryption;
 pub mod quantity;
 mod terminal;
 
@@ -18,6 +19,7 @@ use crate::fs::FsType;
 
 pub use capacity::{CapacityRange, DEFAULT_VOLUME_BYTES, MAX_VOLUME_BYTES, ValidationError};
 pub use claim::{ClaimRef, PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
+pub use encryption::Encryption;
 pub use terminal::Terminal;
 
 /// The CSI driver name: in GetPluginInfo, kubelet registration, event sources and labels.

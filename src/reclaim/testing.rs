@@ -102,6 +102,7 @@ impl Fixture {
                 mode,
                 fs_type: (mode == VolumeMode::Filesystem).then_some(FsType::Ext4),
                 claim,
+                encryption: None,
             })
             .await
             .unwrap();

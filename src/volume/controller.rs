@@ -2,7 +2,8 @@
 //! expand, capacity, validation.
 
 use super::{VolumeError, Volumes, guard_matches};
-use crate::backend::{BackendError, ClassCapacity, CreateSpec, VolumeRecord};
+use crate::backend::{Backend, BackendError, ClassCapacity, CreateSpec, VolumeRecord};
+use crate::crypt;
 use crate::fs::FsType;
 use crate::locks::VolumeGuard;
 use crate::model::ValidationError;
@@ -88,6 +89,9 @@ impl Volumes {
             });
         }
         let (mode, fs_type) = volume_mode(&req.capabilities)?;
+        if req.encryption.is_some() {
+            refuse_encryption_on(backend)?;
+        }
         if let Some(existing) = self.find_token(&req.token).await? {
             let incompatible = |reason: String| VolumeError::AlreadyExists {
                 name: req.name.clone(),
@@ -122,6 +126,12 @@ impl Volumes {
                     "it was created for another filesystem type".to_string(),
                 ));
             }
+            if existing.encryption != req.encryption {
+                return Err(incompatible(format!(
+                    "it was created with encryption {}",
+                    existing.encryption.map_or("none", |e| e.as_str())
+                )));
+            }
             return Ok(CreatedVolume { record: existing });
         }
         // A new filesystem volume is never smaller than mkfs accepts: the request is
@@ -130,8 +140,10 @@ impl Volumes {
         let capacity = match (&req.source, mode) {
             (None, VolumeMode::Filesystem) => {
                 let fs = fs_type.unwrap_or_else(|| self.default_fs(&class));
+                // An encrypted filesystem is on the mapping, the header's bytes less.
+                let header = req.encryption.map_or(0, |_| crypt::HEADER_BYTES);
                 req.capacity
-                    .at_least(fs.min_bytes(), &format!("an {fs} filesystem"))?
+                    .at_least(fs.min_bytes() + header, &format!("an {fs} filesystem"))?
             }
             _ => req.capacity,
         };
@@ -143,6 +155,7 @@ impl Volumes {
             mode,
             fs_type,
             claim: req.claim.clone(),
+            encryption: req.encryption,
         };
         let record = match &req.source {
             Some(source) => self.create_copy(backend, spec, req, source).await?,
@@ -230,5 +243,17 @@ pub(super) fn refuse_limit_below(record: &VolumeRecord, capacity: &CapacityRange
         ))
         .into()),
         _ => Ok(()),
+    }
+}
+
+/// Encryption needs a class whose volumes can sit under dm-crypt.
+fn refuse_encryption_on(backend: &Backend) -> Result<(), VolumeError> {
+    match backend {
+        Backend::Pmem(_) => Err(VolumeError::EncryptionUnsupported {
+            class: backend.class().clone(),
+            reason: "its volumes are PMEM namespaces for DAX, which dm-crypt cannot carry; \
+                     use a pmem class in lvm mode, whose encrypted volumes are served without DAX",
+        }),
+        Backend::Loop(_) | Backend::Lvm(_) => Ok(()),
     }
 }

@@ -86,6 +86,7 @@ impl Volumes {
             return Ok(());
         }
         let device = backend.attach(&record.id.token).await?;
+        let device = self.through_mapping(backend, &record.id.token, device).await?;
         self.grow_mounted(backend, &record.id, &device, mount).await
     }
 }

@@ -7,6 +7,7 @@
 
 mod classes;
 mod controller;
+mod encryption;
 mod grow;
 mod node;
 mod ownership;
@@ -84,6 +85,36 @@ pub enum VolumeError {
         min_bytes: u64,
     },
     #[error(
+        "volume {id} is encrypted and its node-stage secret has no {key:?}: set \
+         csi.storage.k8s.io/node-stage-secret-name and -namespace in its StorageClass to a Secret with it",
+        key = crate::request::SECRET_PASSPHRASE
+    )]
+    MissingPassphrase { id: VolumeId },
+    #[error("device class {class} cannot encrypt volumes: {reason}")]
+    EncryptionUnsupported { class: ClassName, reason: &'static str },
+    #[error(
+        "the source of a copy is {source_state}, and the copy is asked {copy_state}: a copy keeps its source's header, or lack of one"
+    )]
+    EncryptionMismatch {
+        source_state: &'static str,
+        copy_state: &'static str,
+    },
+    #[error(
+        "volume {id} is encrypted, and its device {device} holds {found}, not a LUKS header; refusing to format over it",
+        device = device.display()
+    )]
+    NotLuks {
+        id: VolumeId,
+        device: PathBuf,
+        found: String,
+    },
+    #[error("volume {id}: {source}")]
+    Crypt {
+        id: VolumeId,
+        #[source]
+        source: crate::crypt::CryptError,
+    },
+    #[error(
         "no volume can be provisioned for the requested topology: this node serves only {TOPOLOGY_KEY}={node}"
     )]
     Topology { node: String },
@@ -127,7 +158,13 @@ impl Terminal for VolumeError {
             | VolumeError::AccessMismatch { .. }
             | VolumeError::WrongFilesystem { .. }
             | VolumeError::Topology { .. }
-            | VolumeError::NoRoomToGrow { .. } => true,
+            | VolumeError::NoRoomToGrow { .. }
+            | VolumeError::EncryptionUnsupported { .. }
+            | VolumeError::EncryptionMismatch { .. }
+            | VolumeError::NotLuks { .. } => true,
+            // The Secret, or the StorageClass naming it, can be fixed and kubelet retries.
+            VolumeError::MissingPassphrase { .. } => false,
+            VolumeError::Crypt { source, .. } => source.is_terminal(),
             VolumeError::Invalid(v) => v.is_terminal(),
             // Mount state that changes by itself: kubelet stages the volume again,
             // the other user goes away.

@@ -3,13 +3,14 @@
 
 use tracing::{info, warn};
 
+use super::encryption::Unlocked;
 use super::grow::GrowAfterMount;
 use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below, refuse_other};
 use super::placed::Role;
 use super::targets::create_dir;
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, FormatMark, VolumeRecord};
-use crate::fs::{self, FsType, Signature};
+use crate::fs::{self, FormatOptions, FsType, Signature};
 use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
 use crate::mount::{self, MountOptions, MountTable};
@@ -90,10 +91,19 @@ impl Volumes {
         );
         let (_, record) = record?;
         check_access(&record, &req.capability)?;
+        // An encrypted volume without its passphrase: refused before anything changes.
+        let unlock_with = match (record.encryption, &req.passphrase) {
+            (None, _) => None,
+            (Some(encryption), Some(passphrase)) => Some((encryption, passphrase)),
+            (Some(_), None) => return Err(VolumeError::MissingPassphrase { id: req.id.clone() }),
+        };
         links?;
         let held_by = held_by?;
         let identity = match &held_by {
-            Some(device) => self.identity_of(device).await?,
+            Some(device) => {
+                self.identity_of_held(backend, &req.id.token, device.clone())
+                    .await?
+            }
             None => None,
         };
         // Before attaching anything: the staging path holds this volume or nothing, and
@@ -116,15 +126,36 @@ impl Volumes {
             }
         };
         let AccessType::Mount { fs_type, mount_flags } = &req.capability.access else {
-            // Raw block: attaching is all staging means; publish binds the device node.
-            attach().await?;
+            // Raw block: attaching (and for an encrypted volume, opening its mapping) is
+            // all staging means; publish binds the device node.
+            let device = attach().await?;
+            if let Some((encryption, passphrase)) = unlock_with {
+                let (_, unlocked) = self
+                    .unlock(backend, &record, encryption, &device, passphrase)
+                    .await?;
+                if unlocked == Unlocked::New {
+                    backend.mark_formatted(&req.id.token).await?;
+                }
+            }
             return Ok(Staged::Now);
         };
         let fs_type = fs_type
             .or(record.fs_type)
             .unwrap_or_else(|| self.default_fs(&req.id.class));
-        let options = self.stage_options(backend, req, fs_type, mount_flags)?;
+        let encrypted = unlock_with.is_some();
+        let options = self.stage_options(backend, req, fs_type, mount_flags, encrypted)?;
         let device = attach().await?;
+        // An encrypted volume's filesystem is on its mapping, made now if need be; the
+        // format mark then tells of the filesystem as it does on any volume (a new
+        // header leaves it unfinished).
+        let device = match unlock_with {
+            Some((encryption, passphrase)) => {
+                self.unlock(backend, &record, encryption, &device, passphrase)
+                    .await?
+                    .0
+            }
+            None => device,
+        };
         let mount = || {
             self.host
                 .syscalls
@@ -168,7 +199,12 @@ impl Volumes {
             Signature::Empty => {
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
                 backend.begin_format(&req.id.token).await?;
-                let options = backend.format_options(&req.id.token).await?;
+                // A mapping reads ciphertext decrypted, never zeros, and carries no DAX.
+                let options = if encrypted {
+                    FormatOptions::default()
+                } else {
+                    backend.format_options(&req.id.token).await?
+                };
                 fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;
                 // A new filesystem fills its device: nothing left to grow.
@@ -179,6 +215,13 @@ impl Volumes {
             }
             Signature::Filesystem(found) if found == fs_type.as_str() => {
                 self.grow_unmounted(backend, &record, fs_type, &device).await?
+            }
+            Signature::Luks => {
+                return Err(VolumeError::WrongFilesystem {
+                    device,
+                    found: "a LUKS header (the volume is not encrypted by localvol)".to_string(),
+                    requested: fs_type,
+                });
             }
             Signature::Filesystem(found) | Signature::Other(found) => {
                 return Err(VolumeError::WrongFilesystem {
@@ -245,6 +288,7 @@ impl Volumes {
         req: &StageRequest,
         fs_type: FsType,
         mount_flags: &[String],
+        encrypted: bool,
     ) -> Result<MountOptions, VolumeError> {
         let class_options = self
             .mount_options
@@ -252,8 +296,12 @@ impl Volumes {
             .map_or(&[][..], Vec::as_slice);
         let mut options =
             MountOptions::parse(&[class_options, mount_flags].concat()).map_err(VolumeError::Mount)?;
-        for data in backend.mount_data() {
-            options = options.with_data(data);
+        // dm-crypt cannot carry DAX: an encrypted volume of a PMEM class is served
+        // through the page cache (docs/encryption.md).
+        if !encrypted {
+            for data in backend.mount_data() {
+                options = options.with_data(data);
+            }
         }
         // A restore or clone of an xfs volume carries its source's filesystem UUID, and
         // xfs refuses to mount a second filesystem with a mounted one's UUID: a copy
@@ -317,6 +365,9 @@ impl Volumes {
                 }
             }
         }
+        if let Some(device) = backend.holding_device(&req.id.token).await? {
+            self.lock(&req.id, &device).await?;
+        }
         backend.detach(&req.id.token).await?;
         Ok(())
     }
@@ -342,6 +393,11 @@ impl Volumes {
         }
         let device = backend.attach(&req.id.token).await?;
         backend.refresh_device(&req.id.token).await?;
+        // Between the device and the filesystem: the mapping grows to the device.
+        let device = match record.encryption {
+            Some(_) => self.grow_mapping(&req.id, &device).await?,
+            None => device,
+        };
         if record.mode == VolumeMode::Filesystem {
             // Grow through the filesystem's own mount: the staging path when kubelet names
             // it and it holds this volume.

@@ -129,6 +129,19 @@ impl Volumes {
         let Some(device) = backend.holding_device(token).await? else {
             return Ok(None);
         };
+        self.identity_of_held(backend, token, device).await
+    }
+
+    /// The identity of the volume that `device` (its [`Backend::holding_device`])
+    /// holds: for an encrypted volume whose mapping is open, the mapping's, which is
+    /// what its mounts and binds are made of.
+    pub(super) async fn identity_of_held(
+        &self,
+        backend: &Backend,
+        token: &Token,
+        device: PathBuf,
+    ) -> Result<Option<Identity>, VolumeError> {
+        let device = self.through_mapping(backend, token, device).await?;
         self.identity_of(&device).await
     }
 

@@ -173,10 +173,12 @@ impl Volumes {
     ) -> Result<PathBuf, VolumeError> {
         match &req.capability.access {
             AccessType::Mount { .. } => Ok(req.staging_path.as_path().to_path_buf()),
-            AccessType::Block => backend
-                .device(&req.id.token)
-                .await?
-                .ok_or_else(|| not_staged(req)),
+            AccessType::Block => {
+                let (_, record) = self.record(&req.id).await?;
+                self.data_device(backend, &record)
+                    .await?
+                    .ok_or_else(|| not_staged(req))
+            }
         }
     }
 

@@ -144,16 +144,23 @@ impl Volumes {
         source: &ContentSource,
     ) -> Result<VolumeRecord, VolumeError> {
         let class = backend.class();
-        let (source_class, source_size, copy) = match source {
+        // Whether the source holds a LUKS header: known for a clone, and for a snapshot
+        // whose volume is still here (else its first stage says what it holds).
+        let (source_class, source_size, copy, source_encrypted) = match source {
             ContentSource::Snapshot(id) => {
                 let snapshot = match self.find_snapshot(&id.token).await? {
                     Some(s) if &s.id == id => s,
                     _ => return Err(VolumeError::SnapshotNotFound(id.clone())),
                 };
+                let origin = match self.record(&snapshot.source).await {
+                    Ok((_, origin)) => Some(origin.encryption.is_some()),
+                    Err(_) => None,
+                };
                 (
                     id.class.clone(),
                     snapshot.size_bytes,
                     CopySource::Snapshot(id.token.clone()),
+                    origin,
                 )
             }
             ContentSource::Volume(id) => {
@@ -167,9 +174,23 @@ impl Volumes {
                     token: id.token.clone(),
                     freeze,
                 };
-                (id.class.clone(), record.size_bytes, copy)
+                (
+                    id.class.clone(),
+                    record.size_bytes,
+                    copy,
+                    Some(record.encryption.is_some()),
+                )
             }
         };
+        let state = |encrypted: bool| if encrypted { "encrypted" } else { "not encrypted" };
+        if let Some(source_encrypted) = source_encrypted
+            && source_encrypted != spec.encryption.is_some()
+        {
+            return Err(VolumeError::EncryptionMismatch {
+                source_state: state(source_encrypted),
+                copy_state: state(spec.encryption.is_some()),
+            });
+        }
         if &source_class != class {
             return Err(ValidationError::Invalid {
                 field: "volume_content_source",

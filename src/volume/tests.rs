@@ -20,6 +20,9 @@ const LOOP_DEV: &str = "/dev/loop-fake7";
 /// Create, expand and delete.
 mod controller;
 
+/// Encrypted volumes: the LUKS2 header, the mapping, the key.
+mod encryption;
+
 /// Stats, publish and unpublish asking the kernel about their paths.
 mod kernel_view;
 
@@ -101,6 +104,7 @@ impl Fixture {
                 mode: AccessMode::SingleNodeSingleWriter,
             },
             context: VolumeContext::default(),
+            passphrase: None,
         }
     }
 
@@ -174,6 +178,7 @@ fn create_req(name: &str, access: AccessType, required: u64, limit: Option<u64>)
         claim: ClaimRef::default(),
         topologies: Vec::new(),
         source: None,
+        encryption: None,
     }
 }
 

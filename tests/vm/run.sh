@@ -26,11 +26,11 @@
 set -euo pipefail
 
 CACHE=/var/cache/localvol-vm
-PKGS=(qemu-system-x86 busybox-static lvm2 thin-provisioning-tools ndctl xfsprogs e2fsprogs
+PKGS=(qemu-system-x86 busybox-static lvm2 thin-provisioning-tools ndctl xfsprogs e2fsprogs cryptsetup-bin
       cpio kmod util-linux xz-utils coreutils binutils)
 # Loaded at boot: there is no udev in the guest to load drivers on demand.
 MODULES="virtio_pci virtio_blk virtio_console virtio_rng 9pnet_virtio 9p overlay loop
-         dm_mod dm_thin_pool nfit nd_pmem"
+         dm_mod dm_thin_pool dm_crypt xts algif_skcipher nfit nd_pmem"
 
 PMEM_SIZE=1G DISK_SIZE=4G DISKS=1 MEM=1G TIMEOUT=3600 VERBOSE=0 SHARES=()
 T0=${EPOCHREALTIME/./}

@@ -387,9 +387,10 @@ impl LoopBackend {
         }
         // What the copy holds decides how its first stage treats it: a formatted
         // filesystem is kept, a never-formatted one formatted, anything else left to blkid.
-        let formatted = match (spec.mode, source_mode) {
-            (VolumeMode::Filesystem, VolumeMode::Filesystem) => source_formatted,
-            _ => None,
+        let formatted = if spec.mode == source_mode {
+            source_formatted
+        } else {
+            None
         };
         let grow_filesystem = grown && spec.mode == VolumeMode::Filesystem;
         self.commit_record(spec, formatted, grow_filesystem).await

@@ -68,6 +68,7 @@ fn spec(name: &str, size: u64) -> CreateSpec {
             pvc_namespace: Some("team".into()),
             pv_name: None,
         },
+        encryption: None,
     }
 }
 

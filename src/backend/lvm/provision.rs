@@ -37,13 +37,15 @@ impl LvmBackend {
     /// The tags lvcreate gives a new LV. A thick block volume is [`tags::PENDING`] until
     /// zeroed. A filesystem volume is born [`tags::FORMATTING`]: whatever its device
     /// holds (an interrupted lvcreate may not have wiped its start) is formatted over at
-    /// the first stage, never mounted, and no lvchange is needed before mkfs.
+    /// the first stage, never mounted, and no lvchange is needed before mkfs. So is an
+    /// encrypted block volume, whose LUKS header is its format.
     fn creation_tags(&self, spec: &CreateSpec) -> Vec<String> {
         let mut tags = tags::volume_tags(&self.class, spec);
-        match spec.mode {
-            VolumeMode::Block if self.is_thick() => tags.push(tags::PENDING.to_string()),
-            VolumeMode::Block => {}
-            VolumeMode::Filesystem => tags.push(tags::FORMATTING.to_string()),
+        if spec.mode == VolumeMode::Block && self.is_thick() {
+            tags.push(tags::PENDING.to_string());
+        }
+        if spec.mode == VolumeMode::Filesystem || spec.encryption.is_some() {
+            tags.push(tags::FORMATTING.to_string());
         }
         tags
     }

@@ -375,7 +375,7 @@ impl LvmBackend {
 }
 
 /// The tags of a restore or clone: a new volume's, pending until grown, with the
-/// origin's format mark when both hold a filesystem (so the first stage keeps the
+/// origin's format mark when both are of one mode (so the first stage keeps the
 /// filesystem, or formats over an unfinished one, as it would the origin), and
 /// [`tags::GROW_FILESYSTEM`] on a filesystem copy larger than its origin.
 pub(super) fn copy_tags(
@@ -386,7 +386,8 @@ pub(super) fn copy_tags(
 ) -> Vec<String> {
     let mut all = tags::volume_tags(class, spec);
     all.push(tags::PENDING.to_string());
-    if spec.mode == VolumeMode::Filesystem && origin_mode == VolumeMode::Filesystem {
+    // An encrypted block volume's LUKS header carries the mark as a filesystem does.
+    if spec.mode == origin_mode {
         all.extend(format_mark(origin).map(str::to_string));
     }
     if spec.mode == VolumeMode::Filesystem && spec.size_bytes > origin.size {

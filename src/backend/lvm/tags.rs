@@ -12,7 +12,7 @@ use super::report::Lv;
 use crate::backend::{CreateSpec, VolumeRecord};
 use crate::fs::FsType;
 use crate::model::ClaimRef;
-use crate::model::{ClassName, Token, VolumeId, VolumeMode};
+use crate::model::{ClassName, Encryption, Token, VolumeId, VolumeMode};
 
 pub const PREFIX: &str = "localvol.csi.dev/";
 const CLASS: &str = "class";
@@ -22,6 +22,8 @@ pub(super) const FS: &str = "fs";
 const PVC: &str = "pvc";
 const NAMESPACE: &str = "namespace";
 const PV: &str = "pv";
+/// `luks2` or `luks2+discards` on an encrypted volume (see [`Encryption::as_str`]).
+const ENCRYPTION: &str = "encryption";
 /// Present while a new LV is being zeroed: it is not a volume yet.
 pub const PENDING: &str = "localvol.csi.dev/state=zeroing";
 /// On the temporary LV that zeroes the extents of a block volume's extension.
@@ -101,6 +103,9 @@ pub fn volume_tags(class: &ClassName, spec: &CreateSpec) -> Vec<String> {
     if let Some(fs) = spec.fs_type {
         tags.push(tag(FS, fs.as_str()));
     }
+    if let Some(encryption) = spec.encryption {
+        tags.push(tag(ENCRYPTION, encryption.as_str()));
+    }
     for (key, value) in [
         (PVC, &spec.claim.pvc_name),
         (NAMESPACE, &spec.claim.pvc_namespace),
@@ -177,6 +182,9 @@ pub fn ownership(class: &ClassName, vg: &str, lv: &Lv) -> Ownership {
         }
         let mode = parse_mode(decoded(MODE)?.as_deref())?;
         let fs_type = parse_fs(decoded(FS)?)?;
+        let encryption = decoded(ENCRYPTION)?
+            .map(|e| Encryption::parse(&e).ok_or(format!("unknown encryption tag {e:?}")))
+            .transpose()?;
         Ok(VolumeRecord {
             id: VolumeId::new(class.clone(), token),
             name,
@@ -184,6 +192,7 @@ pub fn ownership(class: &ClassName, vg: &str, lv: &Lv) -> Ownership {
             mode,
             fs_type,
             filesystem_grow_pending: lv.has_tag(GROW_FILESYSTEM),
+            encryption,
             claim: ClaimRef {
                 pvc_name: decoded(PVC)?,
                 pvc_namespace: decoded(NAMESPACE)?,
@@ -264,6 +273,7 @@ mod tests {
                 pvc_namespace: Some("team-a".into()),
                 pv_name: None,
             },
+            encryption: None,
         }
     }
 

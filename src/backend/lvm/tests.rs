@@ -479,5 +479,6 @@ fn spec(name: &str, size: u64, mode: VolumeMode) -> CreateSpec {
             pvc_namespace: Some("team".into()),
             pv_name: Some("pvc-1".into()),
         },
+        encryption: None,
     }
 }

@@ -303,6 +303,8 @@ impl PmemBackend {
             mode: file.mode,
             fs_type: file.fs_type,
             filesystem_grow_pending: false,
+            // Direct mode is DAX, which dm-crypt cannot carry: never encrypted.
+            encryption: None,
             claim: ClaimRef {
                 pvc_name: file.pvc_name,
                 pvc_namespace: file.pvc_namespace,

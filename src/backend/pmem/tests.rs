@@ -259,6 +259,7 @@ fn spec(name: &str, size: u64, mode: VolumeMode) -> CreateSpec {
         mode,
         fs_type: None,
         claim: ClaimRef::default(),
+        encryption: None,
     }
 }
 

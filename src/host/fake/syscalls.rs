@@ -19,6 +19,8 @@ struct FakeMount {
 struct SyscallState {
     mounts: Vec<FakeMount>,
     devices: HashMap<PathBuf, (u32, u32)>,
+    /// Device-mapper devices and the devices they are built on.
+    slaves: HashMap<(u32, u32), Vec<(u32, u32)>>,
     sizes: HashMap<PathBuf, u64>,
     loops: Vec<LoopDevice>,
     /// Backing inodes of loop devices attached "by inode" (see attach_loop_by_inode).
@@ -68,6 +70,27 @@ impl FakeSyscalls {
         let path = path.into();
         s.devices.insert(path.clone(), (major, minor));
         s.sizes.insert(path, size);
+    }
+
+    /// Adds a device-mapper device at `path` built on the device at `on` (which must
+    /// have been added).
+    pub fn add_mapping(&self, path: impl Into<PathBuf>, major: u32, minor: u32, size: u64, on: &Path) {
+        let below = self.state.lock().unwrap().devices[on];
+        self.add_device(path, major, minor, size);
+        self.state
+            .lock()
+            .unwrap()
+            .slaves
+            .insert((major, minor), vec![below]);
+    }
+
+    /// Removes the device node at `path` (and what it was built on, for a mapping).
+    pub fn remove_device(&self, path: &Path) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(dev) = s.devices.remove(path) {
+            s.slaves.remove(&dev);
+        }
+        s.sizes.remove(path);
     }
 
     pub fn attach_loop(&self, device: impl Into<PathBuf>, backing_file: impl Into<PathBuf>) {
@@ -288,6 +311,22 @@ impl Syscalls for FakeSyscalls {
         Ok(s.devices
             .get(path)
             .map(|(major, minor)| nix::sys::stat::makedev((*major).into(), (*minor).into())))
+    }
+
+    async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError> {
+        let key = (
+            nix::sys::stat::major(dev) as u32,
+            nix::sys::stat::minor(dev) as u32,
+        );
+        let make = |(major, minor): &(u32, u32)| nix::sys::stat::makedev((*major).into(), (*minor).into());
+        Ok(self
+            .state
+            .lock()
+            .unwrap()
+            .slaves
+            .get(&key)
+            .map(|s| s.iter().map(make).collect())
+            .unwrap_or_default())
     }
 
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError> {

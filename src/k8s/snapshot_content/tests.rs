@@ -49,6 +49,7 @@ impl Node {
                 mode: VolumeMode::Filesystem,
                 fs_type: Some(FsType::Ext4),
                 claim: ClaimRef::default(),
+                encryption: None,
             })
             .await
             .unwrap();

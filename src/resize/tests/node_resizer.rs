@@ -51,6 +51,7 @@ impl Node {
             claim: claim(),
             topologies: Vec::new(),
             source: None,
+            encryption: None,
         };
         let guard = self.locks.try_lock(&req.token, "create").unwrap();
         self.volumes.create(&guard, &req).await.unwrap().record.id

@@ -106,6 +106,7 @@ fn create_request(class: &str) -> CreateRequest {
         claim: ClaimRef::default(),
         topologies: Vec::new(),
         source: None,
+        encryption: None,
     }
 }
 

@@ -41,6 +41,7 @@ fn spec(name: &str, size: u64, mode: VolumeMode, fs_type: FsType) -> CreateSpec 
         mode,
         fs_type: (mode == VolumeMode::Filesystem).then_some(fs_type),
         claim: ClaimRef::default(),
+        encryption: None,
     }
 }
 
@@ -147,6 +148,7 @@ impl Setup {
                 mode,
             },
             context: VolumeContext::default(),
+            passphrase: None,
         }
     }
 

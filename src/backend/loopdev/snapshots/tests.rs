@@ -36,6 +36,7 @@ fn volume(name: &str, size: u64) -> CreateSpec {
         mode: VolumeMode::Filesystem,
         fs_type: Some(FsType::Ext4),
         claim: ClaimRef::default(),
+        encryption: None,
     }
 }
 

@@ -1,0 +1,188 @@
+//! An encrypted volume's dm-crypt mapping: made and opened at stage, closed at unstage,
+//! grown with the device, and the device every other operation sees while it is open.
+//!
+//! The backend's device holds the LUKS2 header and ciphertext only. Everything that
+//! reads or writes the volume's data (mkfs, mount, a raw block bind, stats, growth)
+//! goes through the mapping, `crate::crypt::Mapping::for_volume(<volume id>)`, which
+//! is found again from the kernel after a restart.
+
+use std::path::{Path, PathBuf};
+
+use tracing::info;
+
+use super::{VolumeError, Volumes};
+use crate::backend::{Backend, FormatMark, VolumeRecord};
+use crate::crypt::{self, CryptError, Mapping, Passphrase};
+use crate::fs::{self, Signature};
+use crate::model::{Encryption, Token, VolumeId};
+
+/// What stage does next on an opened mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unlocked {
+    /// The LUKS header was made just now: the mapping holds nothing yet, and a
+    /// filesystem volume is formatted without asking blkid.
+    New,
+    /// An existing header was opened (or found open): the mapping holds what the
+    /// volume held, and the format mark says what that is.
+    Existing,
+}
+
+pub(super) fn mapping_of(id: &VolumeId) -> Mapping {
+    Mapping::for_volume(&id.to_string())
+}
+
+impl Volumes {
+    /// Opens the encrypted volume `record` on `device` (its backend's device, attached)
+    /// with `passphrase`, making its LUKS2 header first when it has never had one:
+    /// when its format mark says a format never finished, or when blkid finds nothing
+    /// on it. Anything else on the device is refused and left as it is; so is a header
+    /// the passphrase does not open.
+    pub(super) async fn unlock(
+        &self,
+        backend: &Backend,
+        record: &VolumeRecord,
+        encryption: Encryption,
+        device: &Path,
+        passphrase: &Passphrase,
+    ) -> Result<(PathBuf, Unlocked), VolumeError> {
+        let id = &record.id;
+        let mapping = mapping_of(id);
+        let crypt_error = |source| VolumeError::Crypt {
+            id: id.clone(),
+            source,
+        };
+        let mark = backend.format_mark(&id.token).await?;
+        let open = crypt::find(&self.host, &mapping, device)
+            .await
+            .map_err(crypt_error)?;
+        let must_format = match (mark, open) {
+            // A header being made is never trusted: whatever opened, it is made again.
+            (FormatMark::Unfinished, Some(_)) => {
+                crypt::close(&self.host, &mapping).await.map_err(crypt_error)?;
+                true
+            }
+            (FormatMark::Unfinished, None) => true,
+            (_, Some(path)) => return Ok((path, Unlocked::Existing)),
+            // The header was made and the format after it finished.
+            (FormatMark::Finished, None) => false,
+            (FormatMark::Unknown, None) => match fs::probe(&self.host, device).await? {
+                Signature::Luks => false,
+                Signature::Empty => {
+                    backend.begin_format(&id.token).await?;
+                    true
+                }
+                Signature::Filesystem(found) | Signature::Other(found) => {
+                    return Err(VolumeError::NotLuks {
+                        id: id.clone(),
+                        device: device.to_path_buf(),
+                        found,
+                    });
+                }
+            },
+        };
+        if must_format {
+            info!(volume.id = %id, device = %device.display(), "making the LUKS2 header");
+            crypt::format(&self.host, device, passphrase)
+                .await
+                .map_err(crypt_error)?;
+        }
+        let path = crypt::open(
+            &self.host,
+            device,
+            &mapping,
+            passphrase,
+            encryption.allow_discards,
+        )
+        .await
+        .map_err(crypt_error)?;
+        info!(volume.id = %id, mapping = %path.display(), "opened");
+        Ok((
+            path,
+            if must_format {
+                Unlocked::New
+            } else {
+                Unlocked::Existing
+            },
+        ))
+    }
+
+    /// Closes the volume's mapping when it is open on `device`; a mapping of its name on
+    /// anything else is refused and left open.
+    pub(super) async fn lock(&self, id: &VolumeId, device: &Path) -> Result<(), VolumeError> {
+        let mapping = mapping_of(id);
+        let crypt_error = |source| VolumeError::Crypt {
+            id: id.clone(),
+            source,
+        };
+        if crypt::find(&self.host, &mapping, device)
+            .await
+            .map_err(crypt_error)?
+            .is_some()
+        {
+            crypt::close(&self.host, &mapping).await.map_err(crypt_error)?;
+            info!(volume.id = %id, %mapping, "closed");
+        }
+        Ok(())
+    }
+
+    /// The volume's mapping when it is open on `device`, else `device`: what the
+    /// volume's mounts and binds are made of.
+    pub(super) async fn through_mapping(
+        &self,
+        backend: &Backend,
+        token: &Token,
+        device: PathBuf,
+    ) -> Result<PathBuf, VolumeError> {
+        let id = VolumeId::new(backend.class().clone(), token.clone());
+        match crypt::find(&self.host, &mapping_of(&id), &device).await {
+            Ok(Some(mapping)) => Ok(mapping),
+            Ok(None) => Ok(device),
+            Err(source) => Err(VolumeError::Crypt { id, source }),
+        }
+    }
+
+    /// The device the volume's data is read and written through, while it has one:
+    /// the backend's device, or, for an encrypted volume, the mapping open on it.
+    /// An encrypted volume whose mapping is closed has none: its ciphertext is never
+    /// bound for a pod.
+    pub(super) async fn data_device(
+        &self,
+        backend: &Backend,
+        record: &VolumeRecord,
+    ) -> Result<Option<PathBuf>, VolumeError> {
+        let Some(device) = backend.device(&record.id.token).await? else {
+            return Ok(None);
+        };
+        if record.encryption.is_none() {
+            return Ok(Some(device));
+        }
+        crypt::find(&self.host, &mapping_of(&record.id), &device)
+            .await
+            .map_err(|source| VolumeError::Crypt {
+                id: record.id.clone(),
+                source,
+            })
+    }
+
+    /// Grows the volume's open mapping to its device (after the device grew).
+    pub(super) async fn grow_mapping(&self, id: &VolumeId, device: &Path) -> Result<PathBuf, VolumeError> {
+        let mapping = mapping_of(id);
+        let crypt_error = |source| VolumeError::Crypt {
+            id: id.clone(),
+            source,
+        };
+        match crypt::find(&self.host, &mapping, device)
+            .await
+            .map_err(crypt_error)?
+        {
+            Some(path) => {
+                crypt::resize(&self.host, &mapping).await.map_err(crypt_error)?;
+                Ok(path)
+            }
+            None => Err(VolumeError::Crypt {
+                id: id.clone(),
+                source: CryptError::NotOpen { mapping },
+            }),
+        }
+    }
+}
