@@ -28,10 +28,33 @@ const MAPPER_DIR: &str = "/dev/mapper";
 /// Device-mapper names hold at most 127 bytes.
 const MAX_NAME: usize = 127;
 const PREFIX: &str = "localvol-crypt-";
-/// Argon2id's memory per keyslot, in KiB. cryptsetup's default takes up to 1 GiB,
-/// bounded only by the host's memory: in a pod with a memory limit, a luksFormat or an
-/// open would be OOM-killed. The cost is fixed at luksFormat, in the header.
-const PBKDF_MEMORY_KIB: &str = "131072";
+/// What deriving a keyslot's key from the passphrase costs (argon2id), fixed in the
+/// header at luksFormat: the brute-force resistance of a stolen header, paid again at
+/// every open. A device class's `luks` settings (docs/backends.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pbkdf {
+    /// Memory per derivation. cryptsetup's own default takes up to 1 GiB, bounded only
+    /// by the host's memory: in a pod with a memory limit, a luksFormat or an open
+    /// would be OOM-killed.
+    pub memory_kib: u32,
+    /// The time one derivation takes on this node, as luksFormat measures it.
+    pub iter_time_ms: u32,
+}
+
+impl Default for Pbkdf {
+    fn default() -> Self {
+        Self {
+            memory_kib: 131072,
+            iter_time_ms: 2000,
+        }
+    }
+}
+
+impl Pbkdf {
+    /// argon2id's bounds as cryptsetup takes them.
+    pub const MIN_MEMORY_KIB: u32 = 32;
+    pub const MAX_MEMORY_KIB: u32 = 4 << 20;
+}
 /// The LUKS2 header's share of an encrypted volume's device: two 16 KiB metadata
 /// copies and the keyslot area, up to the data offset. cryptsetup's default is 16 MiB;
 /// 2 MiB still holds eight argon2id keyslots (a rotation needs two at once).
@@ -147,10 +170,13 @@ fn cryptsetup() -> CommandSpec {
 }
 
 /// `cryptsetup luksFormat` of `device`, the passphrase on stdin.
-pub fn format_command(device: &Path) -> CommandSpec {
+pub fn format_command(device: &Path, pbkdf: Pbkdf) -> CommandSpec {
     cryptsetup()
         .args(["luksFormat", "--type", "luks2", "--batch-mode", "--key-file=-"])
-        .args(["--pbkdf", "argon2id", "--pbkdf-memory", PBKDF_MEMORY_KIB])
+        .args(["--pbkdf", "argon2id", "--pbkdf-memory"])
+        .arg(pbkdf.memory_kib.to_string())
+        .arg("--iter-time")
+        .arg(pbkdf.iter_time_ms.to_string())
         .args([
             "--luks2-metadata-size",
             METADATA_SIZE,
@@ -187,8 +213,13 @@ const EXIT_NO_DEVICE: i32 = 4;
 
 /// Writes a new LUKS2 header on `device`, over whatever it holds: callers format only
 /// a device that holds nothing, or one whose format never finished.
-pub async fn format(host: &Host, device: &Path, passphrase: &Passphrase) -> Result<(), CryptError> {
-    let cmd = format_command(device).secret_input(passphrase.input());
+pub async fn format(
+    host: &Host,
+    device: &Path,
+    passphrase: &Passphrase,
+    pbkdf: Pbkdf,
+) -> Result<(), CryptError> {
+    let cmd = format_command(device, pbkdf).secret_input(passphrase.input());
     host.commands
         .run(cmd)
         .await

@@ -24,6 +24,7 @@ async fn class_stats(backend: &Backend) -> Result<ClassGauges, BackendError> {
     let storage = backend.store_usage().await?;
     Ok(ClassGauges {
         volumes: volumes.len() as u64,
+        encrypted_volumes: volumes.iter().filter(|v| v.encryption.is_some()).count() as u64,
         snapshots: backend.list_snapshots().await?.len() as u64,
         provisioned_bytes: volumes.iter().map(|v| v.size_bytes).sum(),
         capacity,

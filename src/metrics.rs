@@ -33,6 +33,7 @@ pub struct Metrics {
     rpc_total: IntCounterVec,
     rpc_duration: HistogramVec,
     volumes: IntGaugeVec,
+    encrypted_volumes: IntGaugeVec,
     snapshots: IntGaugeVec,
     provisioned_bytes: IntGaugeVec,
     capacity_bytes: IntGaugeVec,
@@ -97,6 +98,8 @@ impl ReclaimMetrics {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ClassGauges {
     pub volumes: u64,
+    /// Of those, the ones with a LUKS2 header (docs/encryption.md).
+    pub encrypted_volumes: u64,
     /// Snapshots held by the class (0 where the kind makes none).
     pub snapshots: u64,
     /// The sum of the volumes' sizes.
@@ -174,6 +177,12 @@ impl Metrics {
             "Volumes per device class",
             &["device_class"],
         );
+        let encrypted_volumes = int_gauges(
+            &registry,
+            "encrypted_volumes",
+            "Volumes per device class that are encrypted at rest (LUKS2)",
+            &["device_class"],
+        );
         let snapshots = int_gauges(
             &registry,
             "snapshots",
@@ -245,6 +254,7 @@ impl Metrics {
             rpc_total,
             rpc_duration,
             volumes,
+            encrypted_volumes,
             snapshots,
             provisioned_bytes,
             capacity_bytes,
@@ -272,6 +282,9 @@ impl Metrics {
         self.volumes
             .with_label_values(&[class])
             .set(i64_of(stats.volumes));
+        self.encrypted_volumes
+            .with_label_values(&[class])
+            .set(i64_of(stats.encrypted_volumes));
         self.snapshots
             .with_label_values(&[class])
             .set(i64_of(stats.snapshots));
@@ -328,6 +341,7 @@ impl Metrics {
     pub fn class_stats_failed(&self, class: &ClassName) {
         let class = class.as_str();
         let _ = self.volumes.remove_label_values(&[class]);
+        let _ = self.encrypted_volumes.remove_label_values(&[class]);
         let _ = self.snapshots.remove_label_values(&[class]);
         let _ = self.provisioned_bytes.remove_label_values(&[class]);
         for kind in ["available", "total"] {

@@ -30,7 +30,7 @@ pub enum ReclaimResult {
         reclaimed_bytes: u64,
         trimmed_bytes: u64,
     },
-    /// A raw block volume, left alone.
+    /// Left alone on purpose (a raw block volume, an encrypted one without discards).
     NotDiscarded,
     Failed {
         error: String,

@@ -105,6 +105,8 @@ pub struct VolumeStatus {
     pub used_bytes: Option<u64>,
     /// `filesystem` or `block`; unknown when the class is not in this configuration.
     pub mode: Option<&'static str>,
+    /// `luks2` or `luks2+discards` for a volume encrypted at rest; unknown as `mode` is.
+    pub encryption: Option<&'static str>,
     /// The block device while the volume is attached (staged).
     pub device: Option<PathBuf>,
     pub staged_paths: Vec<PathBuf>,
@@ -228,6 +230,7 @@ pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), S
         match local_view(&volumes, &host, &table, &status.id).await {
             Ok(view) => {
                 status.mode = view.mode;
+                status.encryption = view.encryption;
                 status.device = view.device;
                 status.staged_paths = view.staged;
                 status.published_paths = view.published;
@@ -346,6 +349,7 @@ fn from_listing(volume: &csi::Volume) -> VolumeStatus {
         size_bytes: u64::try_from(volume.capacity_bytes).unwrap_or(0),
         used_bytes: None,
         mode: None,
+        encryption: None,
         device: None,
         staged_paths: Vec::new(),
         published_paths: Vec::new(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ConfigError;
+use crate::crypt::Pbkdf;
 use crate::fs::FsType;
 use crate::model::ClassName;
 use crate::reclaim_policy::NodePolicy;
@@ -104,6 +105,19 @@ pub struct DeviceClassConfig {
     pub fs_type: Option<FsType>,
     #[serde(default)]
     pub mount_options: Vec<String>,
+    /// The key derivation of the class's encrypted volumes' new LUKS2 headers.
+    #[serde(default)]
+    pub luks: Option<LuksConfig>,
+}
+
+/// `luks:` of a device class (docs/backends.md): argon2id's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct LuksConfig {
+    #[serde(default)]
+    pub pbkdf_memory_kib: Option<u32>,
+    #[serde(default)]
+    pub iter_time_ms: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -172,6 +186,7 @@ pub struct DeviceClass {
     pub default: bool,
     pub fs_type: Option<FsType>,
     pub mount_options: Vec<String>,
+    pub luks: Pbkdf,
 }
 
 /// The device classes from the configuration file, or without one the single loop
@@ -198,6 +213,7 @@ pub(crate) fn load_file_config(config: Option<&Path>) -> Result<FileConfig, Conf
                 default: true,
                 fs_type: None,
                 mount_options: Vec::new(),
+                luks: None,
             }],
             reclaim: None,
         },
@@ -235,6 +251,7 @@ pub fn validate_classes(
         }
         crate::mount::MountOptions::parse(&c.mount_options)
             .map_err(|e| invalid(format!("device class {name}: mount-options: {e}")))?;
+        let luks = pbkdf(&name, c.luks)?;
         let kind = match c.kind {
             KindConfig::Loop {
                 directory,
@@ -291,6 +308,7 @@ pub fn validate_classes(
             default: c.default || only_one,
             fs_type: c.fs_type,
             mount_options: c.mount_options,
+            luks,
         });
     }
     match classes.iter().filter(|c| c.default).count() {
@@ -300,6 +318,32 @@ pub fn validate_classes(
             "more than one device class is marked default: true".to_string(),
         )),
     }
+}
+
+/// A class's `luks` settings over cryptsetup's bounds, the defaults where unset.
+fn pbkdf(name: &ClassName, luks: Option<LuksConfig>) -> Result<Pbkdf, ConfigError> {
+    let default = Pbkdf::default();
+    let Some(luks) = luks else {
+        return Ok(default);
+    };
+    let memory_kib = luks.pbkdf_memory_kib.unwrap_or(default.memory_kib);
+    let iter_time_ms = luks.iter_time_ms.unwrap_or(default.iter_time_ms);
+    if !(Pbkdf::MIN_MEMORY_KIB..=Pbkdf::MAX_MEMORY_KIB).contains(&memory_kib) {
+        return Err(ConfigError::Invalid(format!(
+            "device class {name}: luks: pbkdf-memory-kib must be {} to {}",
+            Pbkdf::MIN_MEMORY_KIB,
+            Pbkdf::MAX_MEMORY_KIB
+        )));
+    }
+    if iter_time_ms == 0 {
+        return Err(ConfigError::Invalid(format!(
+            "device class {name}: luks: iter-time-ms must be at least 1"
+        )));
+    }
+    Ok(Pbkdf {
+        memory_kib,
+        iter_time_ms,
+    })
 }
 
 #[cfg(test)]
@@ -426,5 +470,38 @@ device-classes:
             let err = parse(yaml).unwrap_err().to_string();
             assert!(err.contains(expected), "{yaml}: {err}");
         }
+    }
+
+    #[test]
+    fn luks_settings_default_and_are_bounded() {
+        let classes = |yaml: &str| {
+            let file: FileConfig = serde_yaml::from_str(yaml).unwrap();
+            validate_classes(file, Path::new("/var/lib/localvol"), 1 << 30)
+        };
+        let plain = classes("device-classes: [{name: a, kind: loop}]").unwrap();
+        assert_eq!(plain[0].luks, Pbkdf::default());
+        let cheap = classes(
+            "device-classes: [{name: a, kind: loop, luks: {pbkdf-memory-kib: 65536, iter-time-ms: 500}}]",
+        )
+        .unwrap();
+        assert_eq!(
+            cheap[0].luks,
+            Pbkdf {
+                memory_kib: 65536,
+                iter_time_ms: 500
+            }
+        );
+        for bad in [
+            "{pbkdf-memory-kib: 16}",
+            "{iter-time-ms: 0}",
+            "{pbkdf-memory-kib: 8388608}",
+        ] {
+            let err =
+                classes(&format!("device-classes: [{{name: a, kind: loop, luks: {bad}}}]")).unwrap_err();
+            assert!(err.to_string().contains("device class a: luks:"), "{err}");
+        }
+        let unknown =
+            serde_yaml::from_str::<FileConfig>("device-classes: [{name: a, kind: loop, luks: {memory: 1}}]");
+        assert!(unknown.is_err());
     }
 }

@@ -41,8 +41,9 @@ fn commands_have_the_exact_argv_and_no_key_in_it() {
     let device = Path::new("/dev/vg/lv");
     let argv = |c: CommandSpec| format!("{} {}", c.program, c.args_display());
     assert_eq!(
-        argv(format_command(device)),
+        argv(format_command(device, Pbkdf::default())),
         "cryptsetup luksFormat --type luks2 --batch-mode --key-file=- --pbkdf argon2id --pbkdf-memory 131072 \
+         --iter-time 2000 \
          --luks2-metadata-size 16k --luks2-keyslots-size 2016k --offset 4096 /dev/vg/lv"
     );
     assert_eq!(
@@ -90,7 +91,9 @@ fn a_passphrase_shows_nowhere() {
 async fn format_and_open_feed_the_passphrase_on_stdin_without_udev() {
     let (host, commands, _) = machine();
     let seen = record_inputs(&commands, None);
-    format(&host, Path::new("/dev/vg/lv"), &key()).await.unwrap();
+    format(&host, Path::new("/dev/vg/lv"), &key(), Pbkdf::default())
+        .await
+        .unwrap();
     let opened = open(
         &host,
         Path::new("/dev/vg/lv"),

@@ -160,7 +160,7 @@ impl reclaim_space_node_server::ReclaimSpaceNode for ReclaimSpaceService {
                         pre_usage: usage(t.before),
                         post_usage: usage(t.after),
                     },
-                    ReclaimOutcome::NotDiscarded => rs::NodeReclaimSpaceResponse::default(),
+                    ReclaimOutcome::NotDiscarded(_) => rs::NodeReclaimSpaceResponse::default(),
                 };
                 let mut response = Response::new(reply);
                 if let Ok(value) = MetadataValue::try_from(outcome.summary()) {

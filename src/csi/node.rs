@@ -62,7 +62,19 @@ impl Node for NodeService {
                 let req = StageRequest::parse(&raw, &driver.roots)?;
                 driver.owner_check.before_stage(&req).await?;
                 let guard = driver.lock(&req.id.token, "NodeStageVolume")?;
-                driver.volumes.stage(&guard, &req).await?;
+                if let Err(e) = driver.volumes.stage(&guard, &req).await {
+                    if e.is_not_opened() {
+                        driver
+                            .owner_check
+                            .stage_failed(
+                                &req,
+                                crate::k8s::events::REASON_ENCRYPTED_NOT_OPENED,
+                                &full_message(&e),
+                            )
+                            .await;
+                    }
+                    return Err(e.into());
+                }
                 Ok(csi::NodeStageVolumeResponse {})
             })
             .await
@@ -365,6 +377,58 @@ mod tests {
         assert!(node.commands.calls().is_empty(), "{:?}", node.commands.calls());
         assert!(node.syscalls.calls().is_empty(), "{:?}", node.syscalls.calls());
         assert!(!target.exists());
+        drop(node);
+        server.finish().await;
+    }
+
+    #[tokio::test]
+    async fn an_encrypted_volume_that_does_not_open_warns_on_its_claim() {
+        let claim = k8s::pvc("web-0-data", "pvc-1", None, None);
+        let (client, server) = MockApi::scripted(vec![
+            get(k8s::pvc_uri("web-0-data"), ok(&claim)),
+            k8s::event_for(
+                "EncryptedVolumeNotOpened",
+                "PersistentVolumeClaim",
+                "web-0-data",
+                vec!["is encrypted", "passphrase"],
+            ),
+        ]);
+        let node = node(k8s::checker(client, vec![], true));
+        let backend = node.service.0.volumes.backends().next().unwrap();
+        std::fs::create_dir_all(node.dir.path().join("loop")).unwrap();
+        node.syscalls.set_usage(crate::host::FsUsage {
+            total_bytes: 1 << 30,
+            available_bytes: 1 << 30,
+            ..Default::default()
+        });
+        backend
+            .create(&crate::backend::CreateSpec {
+                token: Token::for_name("pvc-1"),
+                name: "pvc-1".into(),
+                size_bytes: 64 << 20,
+                mode: crate::model::VolumeMode::Filesystem,
+                fs_type: None,
+                claim: Default::default(),
+                encryption: Some(crate::model::Encryption {
+                    allow_discards: false,
+                }),
+            })
+            .await
+            .unwrap();
+        let staging = node.dir.path().join("staging");
+        let status = node
+            .service
+            .node_stage_volume(Request::new(csi::NodeStageVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: staging.display().to_string(),
+                volume_capability: capability(),
+                volume_context: claim_context(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+        assert!(node.commands.calls().is_empty(), "{:?}", node.commands.calls());
         drop(node);
         server.finish().await;
     }

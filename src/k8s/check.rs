@@ -97,6 +97,15 @@ impl Checker {
         ))
     }
 
+    /// A Warning on `claim`, when it is named, as [`Recorder::claim_warning`] makes it.
+    pub async fn claim_warning(&self, claim: &ClaimRef, reason: &str, action: &str, note: &str) {
+        if let (Some(namespace), Some(name)) = (&claim.pvc_namespace, &claim.pvc_name) {
+            self.events
+                .claim_warning(namespace, name, reason, action, note)
+                .await;
+        }
+    }
+
     pub async fn stage(&self, volume: &str, context: &VolumeContext) -> Result<(), OwnerError> {
         self.run("NodeStageVolume", volume, context, |source| {
             self.stage_attempt(volume, &context.claim, source)

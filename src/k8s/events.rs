@@ -19,6 +19,9 @@ use crate::model::DRIVER_NAME;
 
 /// The `reason` of a refusal event.
 pub const REASON_OWNER_MISMATCH: &str = "ClaimOwnerMismatch";
+/// The `reason` of the Warning on a claim whose encrypted volume did not open at stage
+/// (no passphrase, a passphrase that opens no keyslot, no LUKS header on the device).
+pub const REASON_ENCRYPTED_NOT_OPENED: &str = "EncryptedVolumeNotOpened";
 /// The `reason` of the Warning on the Node for a device class whose storage is missing.
 pub const REASON_STORAGE_MISSING: &str = "DeviceClassStorageMissing";
 
@@ -87,6 +90,24 @@ impl Recorder {
             &note,
             &pvc,
             related,
+        )
+        .await;
+    }
+
+    /// A Warning on the claim `namespace/name` with `reason`, for `action` (a node call).
+    pub async fn claim_warning(&self, namespace: &str, name: &str, reason: &str, action: &str, note: &str) {
+        let claim = ObjectId {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: String::new(),
+        };
+        self.publish(
+            EventType::Warning,
+            reason,
+            action,
+            note,
+            &reference("PersistentVolumeClaim", &claim),
+            None,
         )
         .await;
     }

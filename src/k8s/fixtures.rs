@@ -155,6 +155,16 @@ pub fn pv_uri(name: &str) -> String {
 
 /// An events.k8s.io event created about `kind` `name`, with `note_has` in its note.
 pub fn event(kind: &'static str, name: &'static str, note_has: Vec<&'static str>) -> Exchange {
+    event_for("ClaimOwnerMismatch", kind, name, note_has)
+}
+
+/// A Warning event with `reason` about the object `kind`/`name` in NS.
+pub fn event_for(
+    reason: &'static str,
+    kind: &'static str,
+    name: &'static str,
+    note_has: Vec<&'static str>,
+) -> Exchange {
     Exchange::new(
         Method::POST,
         format!("/apis/events.k8s.io/v1/namespaces/{NS}/events?"),
@@ -164,7 +174,7 @@ pub fn event(kind: &'static str, name: &'static str, note_has: Vec<&'static str>
         assert_eq!(body["regarding"]["kind"], kind, "{body}");
         assert_eq!(body["regarding"]["name"], name, "{body}");
         assert_eq!(body["type"], "Warning", "{body}");
-        assert_eq!(body["reason"], "ClaimOwnerMismatch", "{body}");
+        assert_eq!(body["reason"], reason, "{body}");
         assert_eq!(body["reportingController"], "localvol.csi.dev", "{body}");
         let note = body["note"].as_str().unwrap_or_default();
         for part in &note_has {

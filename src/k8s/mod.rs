@@ -106,6 +106,17 @@ impl OwnerCheck {
         }
     }
 
+    /// A stage failed on the volume itself in a way only someone acting on the claim's
+    /// objects can fix (an encrypted volume that did not open): a Warning on the claim,
+    /// so that `kubectl describe pvc` says why. Nothing without the API.
+    pub async fn stage_failed(&self, req: &StageRequest, reason: &str, note: &str) {
+        if let OwnerCheck::On(checker) = self {
+            checker
+                .claim_warning(&req.context.claim, reason, "NodeStageVolume", note)
+                .await;
+        }
+    }
+
     /// CreateVolume made a volume for `claim`: its stage will need the claim, which is
     /// read as soon as the pod using it is bound to this node (see `prefetch`).
     pub fn volume_created(&self, claim: &ClaimRef) {

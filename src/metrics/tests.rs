@@ -13,6 +13,7 @@ fn class_stats_are_set_and_dropped_on_failure() {
     let m = Metrics::new();
     let stats = ClassGauges {
         volumes: 3,
+        encrypted_volumes: 1,
         snapshots: 2,
         provisioned_bytes: 3 << 30,
         capacity: ClassCapacity {
@@ -39,6 +40,7 @@ fn class_stats_are_set_and_dropped_on_failure() {
         r#"localvol_thin_pool_data_ratio{device_class="fast"} 0.25"#,
         r#"localvol_thin_pool_metadata_ratio{device_class="fast"} 0.05"#,
         r#"localvol_volumes{device_class="fast"} 3"#,
+        r#"localvol_encrypted_volumes{device_class="fast"} 1"#,
         r#"localvol_snapshots{device_class="fast"} 2"#,
         r#"localvol_provisioned_bytes{device_class="fast"} 3221225472"#,
         r#"localvol_capacity_bytes{device_class="fast",kind="available"} 7516192768"#,
@@ -51,6 +53,7 @@ fn class_stats_are_set_and_dropped_on_failure() {
     let text = m.render();
     assert!(!text.contains(r#"device_class="fast",kind"#), "{text}");
     assert!(!text.contains(r#"localvol_volumes{"#), "{text}");
+    assert!(!text.contains(r#"localvol_encrypted_volumes{"#), "{text}");
     assert!(!text.contains(r#"thin_pool_data_ratio{"#), "{text}");
     assert!(has_line(
         &text,

@@ -28,7 +28,7 @@ use crate::model::{Terminal, VolumeId};
 use crate::mount::MountError;
 use crate::volume::VolumeError;
 
-pub use run::{Measure, ReclaimOutcome, Runner, Trim};
+pub use run::{Measure, ReclaimOutcome, Runner, Trim, Undiscarded};
 
 /// When the last scheduled run on this volume finished (RFC 3339), written by localvol.
 pub const LAST_RUN_ANNOTATION: &str = "reclaimspace.csiaddons.openshift.io/last-run";

@@ -61,16 +61,26 @@ impl Trim {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReclaimOutcome {
     Trimmed(Trim),
+    /// Nothing was discarded, on purpose: why.
+    NotDiscarded(Undiscarded),
+}
+
+/// Why a volume's unused blocks are not discarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undiscarded {
     /// A raw block volume: discarding its unused blocks needs a filesystem to say which
     /// are unused; discarding the device would destroy the data on it.
-    NotDiscarded,
+    RawBlock,
+    /// An encrypted volume whose StorageClass did not opt in to discards: they would
+    /// show which blocks of the ciphertext are in use (docs/encryption.md).
+    EncryptedWithoutDiscards,
 }
 
 impl ReclaimOutcome {
     pub fn label(&self) -> &'static str {
         match self {
             ReclaimOutcome::Trimmed(_) => "trimmed",
-            ReclaimOutcome::NotDiscarded => "not_discarded",
+            ReclaimOutcome::NotDiscarded(_) => "not_discarded",
         }
     }
 
@@ -90,8 +100,13 @@ impl ReclaimOutcome {
                     t.trimmed_bytes, t.before, t.after
                 ),
             },
-            ReclaimOutcome::NotDiscarded => {
+            ReclaimOutcome::NotDiscarded(Undiscarded::RawBlock) => {
                 "not discarded: raw block volume (discarding it would destroy data)".to_string()
+            }
+            ReclaimOutcome::NotDiscarded(Undiscarded::EncryptedWithoutDiscards) => {
+                "not discarded: encrypted volume whose StorageClass does not set \
+                 localvol.csi.dev/encryption-discards: \"true\""
+                    .to_string()
             }
         }
     }
@@ -177,7 +192,7 @@ impl Runner {
                 reclaimed_bytes: t.reclaimed(),
                 trimmed_bytes: t.trimmed_bytes,
             }),
-            Ok(ReclaimOutcome::NotDiscarded) => Some(ReclaimResult::NotDiscarded),
+            Ok(ReclaimOutcome::NotDiscarded(_)) => Some(ReclaimResult::NotDiscarded),
             Err(ReclaimError::Busy(_)) => None,
             Err(e) => Some(ReclaimResult::Failed {
                 error: crate::model::full_message(e),
@@ -220,7 +235,14 @@ impl Runner {
         }
         if record.mode == VolumeMode::Block {
             info!("raw block volume: not discarded");
-            return Ok(ReclaimOutcome::NotDiscarded);
+            return Ok(ReclaimOutcome::NotDiscarded(Undiscarded::RawBlock));
+        }
+        // Its mapping refuses FITRIM (EOPNOTSUPP); the outcome says why instead.
+        if record.encryption.is_some_and(|e| !e.allow_discards) {
+            info!("encrypted without discards: not discarded");
+            return Ok(ReclaimOutcome::NotDiscarded(
+                Undiscarded::EncryptedWithoutDiscards,
+            ));
         }
         let mount_point = match named.first() {
             Some(mount) if mount.fs_type != "devtmpfs" => mount.mount_point.clone(),

@@ -93,6 +93,29 @@ impl Fixture {
 
     /// Creates a volume for a PVC, as external-provisioner's metadata records it.
     pub async fn create_for(&self, name: &str, mode: VolumeMode, claim: ClaimRef) -> VolumeId {
+        self.create_with(name, mode, claim, None).await
+    }
+
+    /// Creates an encrypted filesystem volume (its image is attached and mounted as
+    /// [`Fixture::stage`] does any, the mapping left out: FITRIM is the kernel's).
+    pub async fn create_encrypted(&self, name: &str, allow_discards: bool) -> VolumeId {
+        let encryption = crate::model::Encryption { allow_discards };
+        self.create_with(
+            name,
+            VolumeMode::Filesystem,
+            ClaimRef::default(),
+            Some(encryption),
+        )
+        .await
+    }
+
+    async fn create_with(
+        &self,
+        name: &str,
+        mode: VolumeMode,
+        claim: ClaimRef,
+        encryption: Option<crate::model::Encryption>,
+    ) -> VolumeId {
         let backend = self.runner.volumes().backends().next().unwrap();
         let record = backend
             .create(&CreateSpec {
@@ -102,7 +125,7 @@ impl Fixture {
                 mode,
                 fs_type: (mode == VolumeMode::Filesystem).then_some(FsType::Ext4),
                 claim,
-                encryption: None,
+                encryption,
             })
             .await
             .unwrap();

@@ -93,11 +93,13 @@ impl Volumes {
         let mut missing = Vec::new();
         let mut default_fs = BTreeMap::new();
         let mut mount_options = BTreeMap::new();
+        let mut pbkdf = BTreeMap::new();
         for class in classes {
             if let Some(fs) = class.fs_type {
                 default_fs.insert(class.name.clone(), fs);
             }
             mount_options.insert(class.name.clone(), class.mount_options.clone());
+            pbkdf.insert(class.name.clone(), class.luks);
             match opener.open(class).await {
                 Ok(backend) => backends.push(backend),
                 // One configuration serves nodes with different storage: serve the rest.
@@ -125,6 +127,7 @@ impl Volumes {
             .clone();
         let mut volumes = Volumes::new(backends, default_class, default_fs, host, node_id.to_string());
         volumes.set_class_mount_options(mount_options);
+        volumes.set_class_pbkdf(pbkdf);
         volumes.add_missing_classes(missing, opener);
         Ok(volumes)
     }

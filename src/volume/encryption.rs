@@ -82,7 +82,8 @@ impl Volumes {
         };
         if must_format {
             info!(volume.id = %id, device = %device.display(), "making the LUKS2 header");
-            crypt::format(&self.host, device, passphrase)
+            let pbkdf = self.pbkdf.get(&id.class).copied().unwrap_or_default();
+            crypt::format(&self.host, device, passphrase, pbkdf)
                 .await
                 .map_err(crypt_error)?;
         }

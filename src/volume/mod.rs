@@ -186,6 +186,22 @@ impl Terminal for VolumeError {
     }
 }
 
+impl VolumeError {
+    /// An encrypted volume that stage could not open: no passphrase, one that opens no
+    /// keyslot, or a device without a LUKS header. The claim's owner must act.
+    pub fn is_not_opened(&self) -> bool {
+        matches!(
+            self,
+            VolumeError::MissingPassphrase { .. }
+                | VolumeError::NotLuks { .. }
+                | VolumeError::Crypt {
+                    source: crate::crypt::CryptError::WrongPassphrase { .. },
+                    ..
+                }
+        )
+    }
+}
+
 fn io_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> VolumeError {
     let path = path.to_path_buf();
     move |source| VolumeError::Io { op, path, source }
@@ -201,6 +217,8 @@ pub struct Volumes {
     default_fs: BTreeMap<ClassName, FsType>,
     /// Mount options each class adds before the request's own.
     mount_options: BTreeMap<ClassName, Vec<String>>,
+    /// The key derivation each class's new LUKS headers get (the default elsewhere).
+    pbkdf: BTreeMap<ClassName, crate::crypt::Pbkdf>,
     host: Host,
     node_id: String,
     /// Where this daemon staged and published each volume (`placed::PlacedPaths`).
@@ -226,6 +244,7 @@ impl Volumes {
             default_class,
             default_fs,
             mount_options: BTreeMap::new(),
+            pbkdf: BTreeMap::new(),
             host,
             node_id,
             placed: placed::PlacedPaths::default(),
@@ -236,6 +255,11 @@ impl Volumes {
     /// (so a request can still override one, `atime` after a class's `noatime`).
     pub fn set_class_mount_options(&mut self, options: BTreeMap<ClassName, Vec<String>>) {
         self.mount_options = options;
+    }
+
+    /// The device classes' `luks` key derivation settings, for new LUKS2 headers.
+    pub fn set_class_pbkdf(&mut self, pbkdf: BTreeMap<ClassName, crate::crypt::Pbkdf>) {
+        self.pbkdf = pbkdf;
     }
 
     /// Keeps the record of where this daemon staged and published each volume in

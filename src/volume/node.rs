@@ -394,9 +394,9 @@ impl Volumes {
         let device = backend.attach(&req.id.token).await?;
         backend.refresh_device(&req.id.token).await?;
         // Between the device and the filesystem: the mapping grows to the device.
-        let device = match record.encryption {
+        let data = match record.encryption {
             Some(_) => self.grow_mapping(&req.id, &device).await?,
-            None => device,
+            None => device.clone(),
         };
         if record.mode == VolumeMode::Filesystem {
             // Grow through the filesystem's own mount: the staging path when kubelet names
@@ -407,8 +407,9 @@ impl Volumes {
                 .and_then(|s| table.at(s.as_path()))
                 .filter(|e| identity.as_ref().is_some_and(|i| i.is_filesystem(e)))
                 .unwrap_or(&mounted);
-            fs::grow(&self.host, &fs_mount.fs_type, &device, &fs_mount.mount_point).await?;
+            fs::grow(&self.host, &fs_mount.fs_type, &data, &fs_mount.mount_point).await?;
         }
+        // The volume's capacity is its device's, an encrypted one's header included.
         Ok(self.host.syscalls.block_device_size(&device).await?)
     }
 

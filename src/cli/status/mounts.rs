@@ -12,6 +12,7 @@ use crate::mount::MountTable;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct LocalView {
     pub mode: Option<&'static str>,
+    pub encryption: Option<&'static str>,
     pub device: Option<PathBuf>,
     pub staged: Vec<PathBuf>,
     pub published: Vec<PathBuf>,
@@ -51,22 +52,32 @@ pub(super) async fn local_view(
         // Not attached: neither staged nor published.
         return Ok(LocalView {
             mode: Some(mode),
+            encryption: record.encryption.map(|e| e.as_str()),
             ..LocalView::default()
         });
     };
+    // An encrypted volume's mounts are of its open mapping, not of the device below.
+    let data = match record.encryption {
+        Some(_) => crate::crypt::find(host, &crate::crypt::Mapping::for_volume(&id.to_string()), &device)
+            .await
+            .map_err(|e| crate::model::full_message(&e))?
+            .unwrap_or_else(|| device.clone()),
+        None => device.clone(),
+    };
     let number = host
         .syscalls
-        .device_number(&device)
+        .device_number(&data)
         .await
         .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{} is not a device node", device.display()))?;
-    let real = tokio::fs::canonicalize(&device)
+        .ok_or_else(|| format!("{} is not a device node", data.display()))?;
+    let real = tokio::fs::canonicalize(&data)
         .await
-        .unwrap_or_else(|_| device.clone());
+        .unwrap_or_else(|_| data.clone());
     let devtmpfs_root = Path::new("/").join(real.strip_prefix("/dev").unwrap_or(&real));
     let (staged, published) = mounts_of(table, number, &devtmpfs_root);
     Ok(LocalView {
         mode: Some(mode),
+        encryption: record.encryption.map(|e| e.as_str()),
         device: Some(device),
         staged,
         published,

@@ -106,6 +106,7 @@ pub fn render_table_at(report: &StatusReport, now: Timestamp) -> String {
             "POD",
             "LAST-RECLAIM",
             "RESIZE",
+            "ENCRYPTION",
         ]
         .map(str::to_string),
     ];
@@ -135,6 +136,7 @@ pub fn render_table_at(report: &StatusReport, now: Timestamp) -> String {
                 .as_ref()
                 .map(|r| resize_cell(r, now))
                 .unwrap_or_else(dash),
+            v.encryption.map(str::to_string).unwrap_or_else(dash),
         ]);
     }
     let mut out = format!("NODE {}\n", report.node);

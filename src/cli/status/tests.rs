@@ -118,6 +118,7 @@ fn report() -> StatusReport {
                 size_bytes: 3 << 29,
                 used_bytes: Some(24 << 20),
                 mode: Some("filesystem"),
+                encryption: Some("luks2"),
                 device: Some("/dev/loop3".into()),
                 staged_paths: vec!["/s/globalmount".into()],
                 published_paths: vec!["/p/1/mount".into(), "/p/2/mount".into()],
@@ -135,6 +136,7 @@ fn report() -> StatusReport {
                 size_bytes: 1 << 20,
                 used_bytes: None,
                 mode: Some("block"),
+                encryption: None,
                 device: None,
                 staged_paths: Vec::new(),
                 published_paths: Vec::new(),
@@ -166,7 +168,8 @@ fn table_has_a_row_per_volume_and_dashes_for_unknowns() {
             "PVC",
             "POD",
             "LAST-RECLAIM",
-            "RESIZE"
+            "RESIZE",
+            "ENCRYPTION"
         ]
     );
     let first: Vec<&str> = lines[2].split_whitespace().collect();
@@ -182,13 +185,26 @@ fn table_has_a_row_per_volume_and_dashes_for_unknowns() {
             "apps/data",
             "-",
             "-",
-            "-"
+            "-",
+            "luks2"
         ]
     );
     let second: Vec<&str> = lines[3].split_whitespace().collect();
     assert_eq!(
         second,
-        ["fast.pvc-2", "fast", "1Mi", "-", "-", "-", "-", "-", "-", "-"]
+        [
+            "fast.pvc-2",
+            "fast",
+            "1Mi",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-"
+        ]
     );
     // Columns line up: every row's second column starts where the header's does.
     let column = lines[1].find("CLASS").unwrap();
@@ -326,7 +342,7 @@ fn the_daemon_state_fills_pods_reclaim_and_resize() {
         "ok 12Mi (5m ago)"
     );
     assert_eq!(
-        &row[column("RESIZE")..],
+        row[column("RESIZE")..column("ENCRYPTION")].trim_end(),
         "failed to 2Gi (node, 30s ago): resize2fs /dev/loop3: exit 1: resize2fs 1.47.0; Permission denied"
     );
     assert_eq!(lines.len(), 4, "one line per volume:\n{text}");

@@ -145,7 +145,7 @@ async fn block_volumes_are_never_discarded() {
     let id = f.create("pvc-raw", VolumeMode::Block).await;
     f.stage("pvc-raw").await;
     let outcome = f.runner.reclaim(&id, &[]).await.unwrap();
-    assert_eq!(outcome, ReclaimOutcome::NotDiscarded);
+    assert_eq!(outcome, ReclaimOutcome::NotDiscarded(Undiscarded::RawBlock));
     assert!(outcome.summary().contains("not discarded"));
     assert!(f.fitrims().is_empty());
     assert_eq!(f.runs("not_discarded"), 1);
@@ -194,4 +194,31 @@ async fn a_failing_fitrim_is_reported() {
     let status = tonic::Status::from(Error::from(err));
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(status.message().contains("FITRIM"), "{}", status.message());
+}
+
+#[tokio::test]
+async fn encrypted_volumes_are_discarded_only_when_their_class_lets_discards_through() {
+    let f = Fixture::new(Duration::from_secs(60)).await;
+    let id = f.create_encrypted("pvc-sealed", false).await;
+    f.stage("pvc-sealed").await;
+    let outcome = f.runner.reclaim(&id, &[]).await.unwrap();
+    assert_eq!(
+        outcome,
+        ReclaimOutcome::NotDiscarded(Undiscarded::EncryptedWithoutDiscards)
+    );
+    assert!(
+        outcome.summary().contains("localvol.csi.dev/encryption-discards"),
+        "{}",
+        outcome.summary()
+    );
+    assert!(f.fitrims().is_empty());
+    assert_eq!(f.runs("not_discarded"), 1);
+
+    let f = Fixture::new(Duration::from_secs(60)).await;
+    let id = f.create_encrypted("pvc-open", true).await;
+    f.stage("pvc-open").await;
+    f.fitrim_punches("pvc-open", Duration::ZERO);
+    let outcome = f.runner.reclaim(&id, &[]).await.unwrap();
+    assert!(matches!(outcome, ReclaimOutcome::Trimmed(_)), "{outcome:?}");
+    assert_eq!(f.fitrims().len(), 1);
 }

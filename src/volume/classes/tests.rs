@@ -56,6 +56,7 @@ fn classes(dir: &std::path::Path) -> Vec<DeviceClass> {
         default,
         fs_type: None,
         mount_options: Vec::new(),
+        luks: Default::default(),
     };
     let thick = |vg: &str| KindConfig::Lvm {
         volume_group: vg.to_string(),

@@ -82,7 +82,7 @@ async fn the_first_stage_makes_the_header_then_the_filesystem_on_the_mapping() {
         [
             format!(
                 "cryptsetup luksFormat --type luks2 --batch-mode --key-file=- --pbkdf argon2id --pbkdf-memory 131072 \
-                 --luks2-metadata-size 16k --luks2-keyslots-size 2016k --offset 4096 {LOOP_DEV}"
+                 --iter-time 2000 --luks2-metadata-size 16k --luks2-keyslots-size 2016k --offset 4096 {LOOP_DEV}"
             ),
             format!(
                 "cryptsetup open --type luks2 --key-file=- --disable-keyring {LOOP_DEV} localvol-crypt-{id}"
