@@ -203,6 +203,7 @@ async fn status_lists_volumes_as_table_and_json() {
         "POD",
         "LAST-RECLAIM",
         "RESIZE",
+        "ENCRYPTION",
     ];
     let starts: Vec<usize> = names
         .iter()

@@ -72,7 +72,7 @@ done <<<"$stage"
 [ "$runs" -ge 2 ] || { echo "runtime-stage: expected the apt and lvm.conf RUNs, ran $runs" >&2; exit 1; }
 chroot "$root" "$entry" --version
 chroot "$root" "$entry" serve --help >/dev/null
-for tool in lvcreate thin_check ndctl mkfs.ext4 mkfs.xfs blkid losetup fstrim mount; do
+for tool in lvcreate thin_check ndctl mkfs.ext4 mkfs.xfs blkid losetup fstrim mount cryptsetup; do
   chroot "$root" /bin/sh -c "command -v $tool" >/dev/null ||
     { echo "runtime-stage: $tool is missing from the image" >&2; exit 1; }
 done

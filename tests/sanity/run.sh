@@ -3,7 +3,7 @@
 # `localvol serve`, for one device class and one access type; prints one result line.
 #
 #   tests/sanity/run.sh --access mount|block --size BYTES --expand-size BYTES
-#       [--class NAME] [--config FILE] [--skip REGEX --why TEXT] [--label TEXT]
+#       [--class NAME] [--config FILE] [--skip REGEX --why TEXT] [--label TEXT] [--encrypt]
 #
 #   --class        the StorageClass parameter localvol.csi.dev/device-class (default: the
 #                  daemon's default class)
@@ -12,6 +12,8 @@
 #                  for required_bytes = limit_bytes in some specs)
 #   --expand-size  --csi.testvolumeexpandsize, the same rule
 #   --skip, --why  a --ginkgo.skip regex and the reason, printed next to the result
+#   --encrypt      volumes with localvol.csi.dev/encryption: luks2, and a node-stage secret
+#                  (--csi.secrets) holding their passphrase (docs/encryption.md)
 #
 # The daemon runs with --kube off, its socket and data under a fresh temporary root, and
 # --kubelet-root-dir THAT_ROOT/kubelet, under which csi-sanity's staging and target
@@ -23,7 +25,7 @@
 # Exit status: 0 when csi-sanity ran, reported its summary and 0 failures; 1 otherwise.
 set -euo pipefail
 
-class='' config='' access='' size='' expand='' skip='' why='' label=''
+class='' config='' access='' size='' expand='' skip='' why='' label='' encrypt=''
 while [ $# -gt 0 ]; do
   case "$1" in
     --class) class=$2; shift 2 ;;
@@ -34,13 +36,14 @@ while [ $# -gt 0 ]; do
     --skip) skip=$2; shift 2 ;;
     --why) why=$2; shift 2 ;;
     --label) label=$2; shift 2 ;;
+    --encrypt) encrypt=1; shift ;;
     *) echo "tests/sanity/run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 case "$access" in mount|block) ;; *) echo "tests/sanity/run.sh: --access mount|block" >&2; exit 2 ;; esac
 [[ "$size" =~ ^[0-9]+$ && "$expand" =~ ^[0-9]+$ ]] || { echo "tests/sanity/run.sh: --size and --expand-size in bytes" >&2; exit 2; }
 [ -z "$skip" ] || [ -n "$why" ] || { echo "tests/sanity/run.sh: --skip needs --why" >&2; exit 2; }
-label=${label:-${class:-default}}
+label=${label:-${class:-default}}${encrypt:++luks2}
 
 bin=${LOCALVOL_BIN:-target/debug/localvol}
 sanity=${CSI_SANITY:-${KUBE_KIT_BIN:-/var/cache/kube-kit/bin}/csi-sanity-master}
@@ -88,6 +91,12 @@ sanity_args=(--csi.endpoint="$root/csi.sock" --csi.mountdir="$root/kubelet/pods/
   --csi.testvolumesize="$size" --csi.testvolumeexpandsize="$expand"
   --csi.testvolumeaccesstype="$access" --ginkgo.no-color --ginkgo.timeout=30m)
 [ -z "$skip" ] || sanity_args+=(--ginkgo.skip="$skip")
+if [ -n "$encrypt" ]; then
+  echo "localvol.csi.dev/encryption: luks2" >>"$params"
+  secrets=$root/secrets.yaml
+  printf 'NodeStageVolumeSecret:\n  passphrase: %s\n' "sanity-$RANDOM-$RANDOM" >"$secrets"
+  sanity_args+=(--csi.secrets="$secrets")
+fi
 
 t0=${EPOCHREALTIME/./}
 rc=0

@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # tests/sanity/vm.sh DISK - csi-sanity on the LVM and PMEM classes, in the tests/vm guest:
 # lvm (thick), lvm-thin, pmem direct and pmem lvm, each as filesystem and raw block
-# (8 runs of tests/sanity/run.sh, one result line each). Run by tests/vm/suite.sh (part
-# sanity), after tests/crash_vm.rs and the reclaim test in the same guest.
+# (8 runs of tests/sanity/run.sh, one result line each), then encrypted volumes
+# (localvol.csi.dev/encryption: luks2 with a node-stage secret) where dm-crypt is needed:
+# lvm, lvm-thin and pmem-lvm as filesystem, lvm-thin and loop as filesystem and block
+# (6 more runs, labelled CLASS+luks2). Run by tests/vm/suite.sh (part sanity), after
+# tests/crash_vm.rs and the reclaim test in the same guest.
 #
 # It makes its own storage, beside whatever the backend suite left: VG sanityvg on DISK
 # (wiped) with the zeroing thin pool sanitypool, and on region0 one fsdax namespace holding
 # VG sanitypmemvg (region0's labels are initialised first when nothing did that yet).
 # Every class's sizes come from the class: whole extents of its VG (vgs vg_extent_size),
 # and for pmem direct the usable sizes of real fsdax namespaces made here and destroyed.
-# Optional CLASS arguments (lvm, lvm-thin, pmem, pmem-lvm) run only those classes' runs;
-# the default is all of them.
+# Optional CLASS arguments (lvm, lvm-thin, pmem, pmem-lvm, loop) run only those classes'
+# runs; the default is all of them. The classes' new LUKS headers use a cheap key
+# derivation (luks: in the config): csi-sanity stages dozens of volumes, and what it
+# checks is the CSI calls, not argon2id's cost (tests/vm_backends.rs runs the default).
 # Exit status: 0 when every run passed; 1 otherwise (each run still runs).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 disk=${1:?usage: tests/sanity/vm.sh DISK [CLASS...]}
 shift
-classes=" ${*:-lvm lvm-thin pmem pmem-lvm} "
+classes=" ${*:-lvm lvm-thin pmem pmem-lvm loop} "
 for c in $classes; do
-  case $c in lvm | lvm-thin | pmem | pmem-lvm) ;; *) echo "tests/sanity/vm.sh: unknown class $c" >&2; exit 2 ;; esac
+  case $c in lvm | lvm-thin | pmem | pmem-lvm | loop) ;; *) echo "tests/sanity/vm.sh: unknown class $c" >&2; exit 2 ;; esac
 done
 [ "${VMTEST_GUEST:-}" = 1 ] || { echo "tests/sanity/vm.sh: only in the tests/vm guest (it wipes $disk)" >&2; exit 1; }
 region=region0 nmem=nmem0
@@ -70,12 +75,15 @@ echo "csi-sanity sizes: lvm, lvm-thin: 16 and 32 extents of $lvm_extent;" \
   "pmem: fsdax namespaces of $((5 * region_align)) and $((10 * region_align)) bytes offer $pmem_size and $pmem_expand"
 
 config=$(mktemp "${TMPDIR:-/tmp}/sanity-classes.XXXXXX.yaml")
+loop_dir=$(mktemp -d "${TMPDIR:-/tmp}/sanity-loop.XXXXXX")
+cheap='luks: {pbkdf-memory-kib: 8192, iter-time-ms: 50}'
 cat >"$config" <<EOF
 device-classes:
-  - {name: lvm, kind: lvm, volume-group: sanityvg, spare-gb: 0, default: true}
-  - {name: lvm-thin, kind: lvm-thin, volume-group: sanityvg, thin-pool: {name: sanitypool, overprovision-ratio: 1.0}}
+  - {name: lvm, kind: lvm, volume-group: sanityvg, spare-gb: 0, default: true, $cheap}
+  - {name: lvm-thin, kind: lvm-thin, volume-group: sanityvg, thin-pool: {name: sanitypool, overprovision-ratio: 1.0}, $cheap}
   - {name: pmem, kind: pmem, mode: direct, region: $region}
-  - {name: pmem-lvm, kind: pmem, mode: lvm, volume-group: sanitypmemvg}
+  - {name: pmem-lvm, kind: pmem, mode: lvm, volume-group: sanitypmemvg, $cheap}
+  - {name: loop, kind: loop, directory: $loop_dir, capacity-gb: 2, $cheap}
 EOF
 echo "csi-sanity setup: $(secs "$t0")s"
 
@@ -108,6 +116,17 @@ for access in mount block; do
     --size "$pmem_size" --expand-size "$pmem_expand" --skip "$pmem_skip|$snap_skip" --why "$pmem_why; $thick_why"
   sanity pmem-lvm --access $access \
     --size $((16 * pmem_lvm_extent)) --expand-size $((32 * pmem_lvm_extent)) --skip "$snap_skip" --why "$thick_why"
+done
+# Encrypted: every class that holds it (pmem direct refuses it at CreateVolume).
+loop_size=$((64 << 20)) loop_expand=$((128 << 20))
+sanity lvm --access mount --encrypt \
+  --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent)) --skip "$snap_skip" --why "$thick_why"
+sanity pmem-lvm --access mount --encrypt \
+  --size $((16 * pmem_lvm_extent)) --expand-size $((32 * pmem_lvm_extent)) --skip "$snap_skip" --why "$thick_why"
+for access in mount block; do
+  sanity lvm-thin --access $access --encrypt \
+    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent))
+  sanity loop --access $access --encrypt --size $loop_size --expand-size $loop_expand
 done
 echo "csi-sanity: $runs runs of classes:$classes"
 echo "csi-sanity guest total: $(secs "$t0")s"

@@ -135,6 +135,8 @@ not_for_class() { # SCENARIO CLASS
     s5_reclaim:lvm|s5_reclaim:pmem-lvm) echo "a thick LV gives no space back to the node: a trim there reaches the disk under the VG, which the VM suite's reclaim test covers" ;;
     s5_reclaim:pmem) echo "an fsdax namespace gives no space back: its size is fixed" ;;
     s9_snapshots:lvm|s9_snapshots:pmem|s9_snapshots:pmem-lvm) echo "snapshots are served on loop and lvm-thin only (CreateSnapshot is not among this class's capabilities)" ;;
+    s13_encryption:lvm|s13_encryption:pmem-lvm) echo "dm-crypt over an LV is the same on every LVM class (tests/vm_backends.rs runs each); s13 runs on lvm-thin" ;;
+    s13_encryption:pmem) echo "pmem direct refuses encryption: its namespaces are for DAX, which dm-crypt cannot carry" ;;
     s12_mixed_node:mixed) return 1 ;;
     *:mixed) echo "the mixed node runs scenario 12; each class's own run covers the rest" ;;
     bench_*:all-classes) return 1 ;;

@@ -9,7 +9,8 @@
 #
 # Scenarios: names or numbers of tests/cluster/scenarios (default: 1 2 3 6 4, the ones
 # parametrised by class, in that order: 4 is the longest; also 5 and 9, ReclaimSpace
-# and snapshots on lvm-thin, 11, the e2e specs, and 12, the mixed node). Classes, in
+# and snapshots on lvm-thin, 11, the e2e specs, 12, the mixed node, and 13, encryption
+# at rest on lvm-thin). Classes, in
 # the order given: lvm-thin, lvm, pmem (direct), pmem-lvm (default: these four), and
 # mixed (tests/cluster/overlays/mixed: loop, pmem and lvm classes in one configuration,
 # scenario 12 only), and all-classes (tests/cluster/overlays/all-classes: every kind of
@@ -20,7 +21,7 @@
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
 # then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
-# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 5 9 6 4 11 12
+# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 5 9 13 6 4 11 12
 # (tests/vm/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,7 +48,7 @@ ALL=(s1_registration s2_volumes s3_ephemeral s6_daemon_restart s4_expansion)
 # give space back and take snapshots), Kubernetes' storage e2e suites (lvm-thin only;
 # S11_GUEST_FOCUS; LOCALVOL_E2E_FOCUS and S11_FSTYPE reach the guest with the rest of
 # the environment), the mixed node.
-EXTRA_SCENARIOS=(s5_reclaim s9_snapshots s11_e2e_storage s12_mixed_node)
+EXTRA_SCENARIOS=(s5_reclaim s9_snapshots s11_e2e_storage s12_mixed_node s13_encryption)
 # LOCALVOL_CLUSTER_EXTRA: a file of more scenarios, relative to the repository, which
 # adds their names to EXTRA_SCENARIOS (bench/cluster/guest.sh's); the guest sources it too.
 # shellcheck disable=SC1090

@@ -16,11 +16,15 @@
 #     grow        tests/vm_grow.rs: lvm-thin restores and clones larger than their
 #                 source, grown at stage (/dev/vdd)
 #   guest B (four 4G disks, a 2G NVDIMM; the fourth unused):
+#     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on lvm, lvm-thin, pmem-lvm,
+#                 filesystem and block, a key rotation, a daemon SIGKILL) on /dev/vda,
+#                 /dev/vdb and the NVDIMM, which it empties again for the parts after it
 #     crash       tests/crash_vm.rs: random SIGKILLs on lvm, lvm-thin, pmem (/dev/vda, NVDIMM)
 #     reclaim     tests/reclaim_privileged.rs lvm_thin on /dev/vdb
 #     hostile-pmem tests/hostile_vm.rs on pmem and pmem-lvm (/dev/vdb, the NVDIMM)
 #     sanity      csi-sanity on lvm, lvm-thin, pmem, pmem-lvm x mount, block (/dev/vdc,
-#                 what is left of the NVDIMM): tests/sanity/vm.sh, 8 result lines
+#                 what is left of the NVDIMM), and 6 runs with encrypted volumes:
+#                 tests/sanity/vm.sh, 14 result lines
 #
 # A part passes only on its own evidence: exit 0 and, for a test binary, a
 # "test result: ok." line with at least one passed test and none FAILED; for sanity, 8
@@ -32,14 +36,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cd "$HERE/../.."
 
 LANE_A=(smoke privileged backends hostile-lvm grow)
-LANE_B=(crash reclaim hostile-pmem sanity)
+LANE_B=(encryption crash reclaim hostile-pmem sanity)
 VERBOSE=()
 parts=() filter=()
 while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
     --) shift; filter=("$@"); break ;;
-    smoke|privileged|backends|hostile-lvm|grow|crash|reclaim|hostile-pmem|sanity) parts+=("$1") ;;
+    smoke|privileged|backends|hostile-lvm|grow|encryption|crash|reclaim|hostile-pmem|sanity) parts+=("$1") ;;
     *) echo "tests/vm/suite.sh: unknown part $1 (${LANE_A[*]} ${LANE_B[*]})" >&2; exit 2 ;;
   esac
   shift
@@ -87,7 +91,9 @@ part_cmd() {
   case $1 in
     smoke) echo "bash $HERE/smoke.sh" ;;
     privileged) echo "bash -c 'mkfs.ext4 -q -F /dev/vdc && mkdir -p /mnt/scratch && mount /dev/vdc /mnt/scratch && rc=0 && { TMPDIR=/mnt/scratch $r/privileged --test-threads=1 || rc=\$?; } && umount /mnt/scratch && exit \$rc'" ;;
-    backends) echo "$r/vm_backends --test-threads=1 --nocapture ${filter[*]:-}" ;;
+    backends) echo "$r/vm_backends --test-threads=1 --nocapture --skip encrypted_ ${filter[*]:-}" ;;
+    # Its storage (vm_backends' VGs and the region's namespace) is removed after it.
+    encryption) echo "bash -c '$r/vm_backends --test-threads=1 --nocapture encrypted_; rc=\$?; bash $HERE/release-storage.sh || rc=1; exit \$rc'" ;;
     hostile-lvm) echo "env LOCALVOL_VM_DISK=/dev/vdc LOCALVOL_HOSTILE_CLASSES=lvm,lvm-thin $r/hostile_vm --test-threads=1 --nocapture" ;;
     grow) echo "env LOCALVOL_VM_DISK=/dev/vdd $r/vm_grow --test-threads=1 --nocapture" ;;
     crash) echo "$r/crash_vm --test-threads=1 --nocapture" ;;
@@ -156,12 +162,12 @@ verdict() {  # verdict PART: PASS when the part's own evidence says so
   set -- $line
   [ "$2" = 0 ] || { echo "exit $2 (${3}s)"; return 1; }
   case $p in
-    privileged|backends|hostile-*|grow|crash|reclaim)
+    privileged|backends|encryption|hostile-*|grow|crash|reclaim)
       if ! grep -q '^test result: ok\. [1-9]' "$log" || grep -q '^test result: FAILED' "$log"; then
         echo "no passing test result (${3}s)"; return 1
       fi ;;
     sanity)
-      [ "$(grep -c '^csi-sanity .*: PASS$' "$log")" = 8 ] || { echo "not 8 passing csi-sanity runs (${3}s)"; return 1; } ;;
+      [ "$(grep -c '^csi-sanity .*: PASS$' "$log")" = 14 ] || { echo "not 14 passing csi-sanity runs (${3}s)"; return 1; } ;;
   esac
   echo "${3}s"
 }

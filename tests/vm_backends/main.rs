@@ -13,13 +13,14 @@
 //!
 //! The tests are listed here, under the names CI knows; their bodies live beside this
 //! file, one file per concern (lifecycle, capacity, restarts, old bytes, half-done
-//! creates, a missing VG). The storage set-up and gate are tests/common/guest.rs, the
+//! creates, a missing VG, encryption). The storage set-up and gate are tests/common/guest.rs, the
 //! CSI client tests/common/csi_client.rs.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod capacity;
+mod encryption;
 mod half_done;
 mod lifecycle;
 mod missing_vg;
@@ -100,6 +101,8 @@ vm_tests! {
     lifecycle::pmem_direct_lifecycle,
     lifecycle::pmem_lvm_lifecycle,
     restarts::restarts_between_and_during_steps,
+    encryption::encrypted_volumes_on_lvm_classes,
+    encryption::encrypted_volumes_survive_a_daemon_kill,
 }
 
 // ------------------------------------------------------------------ storage

@@ -2,26 +2,38 @@
 //! retried as a CO retries it.
 
 use super::*;
-use crate::common::process::{DaemonProcess, Spawn};
+use crate::common::process::{DaemonProcess, Output, Spawn};
 use crate::old_bytes::dirty;
 
 /// The real `localvol` binary (tests/common/process.rs), in its own process group, so
 /// that a kill takes its children (lvcreate, blkdiscard, mkfs) with it, as a
 /// container's death does.
-struct Process {
+pub(super) struct Process {
     process: DaemonProcess,
-    csi: Csi,
+    pub csi: Csi,
 }
 
 impl Process {
-    async fn start(dir: &Path, config: &Path) -> Self {
+    pub async fn start(dir: &Path, config: &Path) -> Self {
+        let spawn = Spawn::new(dir, "vm-node").env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        );
+        Self::spawn(spawn, dir, config).await
+    }
+
+    /// As [`Process::start`], logging everything (`RUST_LOG=debug`) to `log`.
+    pub async fn start_logging(dir: &Path, config: &Path, log: &Path) -> Self {
+        let spawn = Spawn::new(dir, "vm-node")
+            .env("RUST_LOG", "debug")
+            .output(Output::AppendTo(log.to_path_buf()));
+        Self::spawn(spawn, dir, config).await
+    }
+
+    async fn spawn(spawn: Spawn<'_>, dir: &Path, config: &Path) -> Self {
         let started = Instant::now();
-        let mut process = Spawn::new(dir, "vm-node")
+        let mut process = spawn
             .args(["--config".as_ref(), config.as_os_str()])
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
             .own_group()
             .spawn();
         if let Err(e) = process
@@ -36,13 +48,13 @@ impl Process {
     }
 
     /// SIGKILL to the daemon and everything it started.
-    async fn kill(mut self) {
+    pub async fn kill(mut self) {
         self.process.kill().await;
     }
 }
 
 /// A config with only `class` of CONFIG (a restart then opens just that class).
-fn single_class_config(class: &str) -> PathBuf {
+pub(super) fn single_class_config(class: &str) -> PathBuf {
     let start = CONFIG.find(&format!("  - name: {class}\n")).unwrap();
     let rest = &CONFIG[start + 1..];
     let end = rest
