@@ -117,19 +117,19 @@ async fn format_and_open_feed_the_passphrase_on_stdin_without_udev() {
     );
 }
 
+/// What `open` makes of cryptsetup exiting with `code`.
+async fn open_failing_with(code: i32) -> CryptError {
+    let (host, commands, _) = machine();
+    record_inputs(&commands, Some(code));
+    let mapping = Mapping::for_volume("c.v");
+    open(&host, Path::new("/dev/vg/lv"), &mapping, &key(), false)
+        .await
+        .unwrap_err()
+}
+
 #[tokio::test]
 async fn a_wrong_passphrase_is_its_own_error_naming_the_device_only() {
-    let (host, commands, _) = machine();
-    record_inputs(&commands, Some(2));
-    let err = open(
-        &host,
-        Path::new("/dev/vg/lv"),
-        &Mapping::for_volume("c.v"),
-        &key(),
-        false,
-    )
-    .await
-    .unwrap_err();
+    let err = open_failing_with(2).await;
     assert!(matches!(err, CryptError::WrongPassphrase { .. }), "{err:?}");
     assert!(err.is_terminal());
     let text = format!("{err} {err:?}");
@@ -138,17 +138,7 @@ async fn a_wrong_passphrase_is_its_own_error_naming_the_device_only() {
 
 #[tokio::test]
 async fn other_open_failures_keep_cryptsetups_words() {
-    let (host, commands, _) = machine();
-    record_inputs(&commands, Some(1));
-    let err = open(
-        &host,
-        Path::new("/dev/vg/lv"),
-        &Mapping::for_volume("c.v"),
-        &key(),
-        false,
-    )
-    .await
-    .unwrap_err();
+    let err = open_failing_with(1).await;
     assert!(matches!(err, CryptError::Command { op: "open", .. }), "{err:?}");
 }
 

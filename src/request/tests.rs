@@ -151,6 +151,73 @@ fn malformed_create_requests() {
 }
 
 #[test]
+fn encryption_parameters() {
+    let with = |pairs: &[(&str, &str)]| {
+        let req = csi::CreateVolumeRequest {
+            parameters: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..create("v", writer("ext4"), None)
+        };
+        CreateRequest::try_from(&req)
+    };
+    assert_eq!(with(&[]).unwrap().encryption, None);
+    assert_eq!(
+        with(&[(PARAM_ENCRYPTION, "luks2")]).unwrap().encryption,
+        Some(Encryption {
+            allow_discards: false
+        })
+    );
+    assert_eq!(
+        with(&[(PARAM_ENCRYPTION, "luks2"), (PARAM_ENCRYPTION_DISCARDS, "true")])
+            .unwrap()
+            .encryption,
+        Some(Encryption { allow_discards: true })
+    );
+    for (what, pairs) in [
+        ("another format", &[(PARAM_ENCRYPTION, "luks1")][..]),
+        ("empty", &[(PARAM_ENCRYPTION, "")][..]),
+        ("discards alone", &[(PARAM_ENCRYPTION_DISCARDS, "true")][..]),
+        (
+            "discards not a bool",
+            &[(PARAM_ENCRYPTION, "luks2"), (PARAM_ENCRYPTION_DISCARDS, "yes")][..],
+        ),
+    ] {
+        let err = with(pairs).unwrap_err();
+        assert_eq!(code(Err::<(), _>(err.clone())), Code::InvalidArgument, "{what}");
+        assert!(
+            err.to_string().contains("localvol.csi.dev/encryption"),
+            "{what}: {err}"
+        );
+    }
+}
+
+#[test]
+fn the_passphrase_comes_from_the_stage_secret_and_never_shows() {
+    let roots = KubeletRoots::new(vec!["/var/lib/kubelet".into()]);
+    let stage = |secrets: &[(&str, &str)]| csi::NodeStageVolumeRequest {
+        volume_id: "default.v".into(),
+        staging_target_path: "/var/lib/kubelet/plugins/x/globalmount".into(),
+        volume_capability: Some(writer("ext4")),
+        secrets: secrets
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let parsed = StageRequest::parse(&stage(&[("passphrase", "hunter22")]), &roots).unwrap();
+    assert_eq!(parsed.passphrase, crate::crypt::Passphrase::new(b"hunter22"));
+    assert!(!format!("{parsed:?}").contains("hunter22"));
+    for secrets in [&[][..], &[("passphrase", "")][..], &[("password", "x")][..]] {
+        assert_eq!(
+            StageRequest::parse(&stage(secrets), &roots).unwrap().passphrase,
+            None
+        );
+    }
+}
+
+#[test]
 fn malformed_node_paths_and_ids() {
     let stage = |id: &str, path: &str| csi::NodeStageVolumeRequest {
         volume_id: id.to_string(),

@@ -31,6 +31,14 @@ pub(super) fn mapping_of(id: &VolumeId) -> Mapping {
     Mapping::for_volume(&id.to_string())
 }
 
+/// A cryptsetup failure as the volume's error.
+fn crypt_error(id: &VolumeId) -> impl Fn(CryptError) -> VolumeError + '_ {
+    move |source| VolumeError::Crypt {
+        id: id.clone(),
+        source,
+    }
+}
+
 impl Volumes {
     /// Opens the encrypted volume `record` on `device` (its backend's device, attached)
     /// with `passphrase`, making its LUKS2 header first when it has never had one:
@@ -47,18 +55,15 @@ impl Volumes {
     ) -> Result<(PathBuf, Unlocked), VolumeError> {
         let id = &record.id;
         let mapping = mapping_of(id);
-        let crypt_error = |source| VolumeError::Crypt {
-            id: id.clone(),
-            source,
-        };
+        let crypt_error = crypt_error(id);
         let mark = backend.format_mark(&id.token).await?;
         let open = crypt::find(&self.host, &mapping, device)
             .await
-            .map_err(crypt_error)?;
+            .map_err(&crypt_error)?;
         let must_format = match (mark, open) {
             // A header being made is never trusted: whatever opened, it is made again.
             (FormatMark::Unfinished, Some(_)) => {
-                crypt::close(&self.host, &mapping).await.map_err(crypt_error)?;
+                crypt::close(&self.host, &mapping).await.map_err(&crypt_error)?;
                 true
             }
             (FormatMark::Unfinished, None) => true,
@@ -85,7 +90,7 @@ impl Volumes {
             let pbkdf = self.pbkdf.get(&id.class).copied().unwrap_or_default();
             crypt::format(&self.host, device, passphrase, pbkdf)
                 .await
-                .map_err(crypt_error)?;
+                .map_err(&crypt_error)?;
         }
         let path = crypt::open(
             &self.host,
@@ -95,7 +100,7 @@ impl Volumes {
             encryption.allow_discards,
         )
         .await
-        .map_err(crypt_error)?;
+        .map_err(&crypt_error)?;
         info!(volume.id = %id, mapping = %path.display(), "opened");
         Ok((
             path,
@@ -111,16 +116,13 @@ impl Volumes {
     /// anything else is refused and left open.
     pub(super) async fn lock(&self, id: &VolumeId, device: &Path) -> Result<(), VolumeError> {
         let mapping = mapping_of(id);
-        let crypt_error = |source| VolumeError::Crypt {
-            id: id.clone(),
-            source,
-        };
+        let crypt_error = crypt_error(id);
         if crypt::find(&self.host, &mapping, device)
             .await
-            .map_err(crypt_error)?
+            .map_err(&crypt_error)?
             .is_some()
         {
-            crypt::close(&self.host, &mapping).await.map_err(crypt_error)?;
+            crypt::close(&self.host, &mapping).await.map_err(&crypt_error)?;
             info!(volume.id = %id, %mapping, "closed");
         }
         Ok(())
@@ -159,31 +161,22 @@ impl Volumes {
         }
         crypt::find(&self.host, &mapping_of(&record.id), &device)
             .await
-            .map_err(|source| VolumeError::Crypt {
-                id: record.id.clone(),
-                source,
-            })
+            .map_err(crypt_error(&record.id))
     }
 
     /// Grows the volume's open mapping to its device (after the device grew).
     pub(super) async fn grow_mapping(&self, id: &VolumeId, device: &Path) -> Result<PathBuf, VolumeError> {
         let mapping = mapping_of(id);
-        let crypt_error = |source| VolumeError::Crypt {
-            id: id.clone(),
-            source,
-        };
+        let crypt_error = crypt_error(id);
         match crypt::find(&self.host, &mapping, device)
             .await
-            .map_err(crypt_error)?
+            .map_err(&crypt_error)?
         {
             Some(path) => {
-                crypt::resize(&self.host, &mapping).await.map_err(crypt_error)?;
+                crypt::resize(&self.host, &mapping).await.map_err(&crypt_error)?;
                 Ok(path)
             }
-            None => Err(VolumeError::Crypt {
-                id: id.clone(),
-                source: CryptError::NotOpen { mapping },
-            }),
+            None => Err(crypt_error(CryptError::NotOpen { mapping })),
         }
     }
 }

@@ -2,9 +2,8 @@
 # tests/sanity/vm.sh DISK - csi-sanity on the LVM and PMEM classes, in the tests/vm guest:
 # lvm (thick), lvm-thin, pmem direct and pmem lvm, each as filesystem and raw block
 # (8 runs of tests/sanity/run.sh, one result line each), then encrypted volumes
-# (localvol.csi.dev/encryption: luks2 with a node-stage secret) where dm-crypt is needed:
-# lvm, lvm-thin and pmem-lvm as filesystem, lvm-thin and loop as filesystem and block
-# (6 more runs, labelled CLASS+luks2). Run by tests/vm/suite.sh (part sanity), after
+# (localvol.csi.dev/encryption: luks2 with a node-stage secret), which need dm-crypt:
+# lvm-thin as filesystem and loop as block (2 more runs, labelled CLASS+luks2). Run by tests/vm/suite.sh (part sanity), after
 # tests/crash_vm.rs and the reclaim test in the same guest.
 #
 # It makes its own storage, beside whatever the backend suite left: VG sanityvg on DISK
@@ -117,17 +116,14 @@ for access in mount block; do
   sanity pmem-lvm --access $access \
     --size $((16 * pmem_lvm_extent)) --expand-size $((32 * pmem_lvm_extent)) --skip "$snap_skip" --why "$thick_why"
 done
-# Encrypted: every class that holds it (pmem direct refuses it at CreateVolume).
+# Encrypted (pmem direct refuses it at CreateVolume): one run on the LVM stack and one on
+# loop, filesystem and block. The same calls on lvm and pmem-lvm differ only below the
+# mapping, which tests/vm_backends.rs covers on every class; their runs passed
+# (tests/vm/README.md) and are left out of CI for its time.
 loop_size=$((64 << 20)) loop_expand=$((128 << 20))
-sanity lvm --access mount --encrypt \
-  --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent)) --skip "$snap_skip" --why "$thick_why"
-sanity pmem-lvm --access mount --encrypt \
-  --size $((16 * pmem_lvm_extent)) --expand-size $((32 * pmem_lvm_extent)) --skip "$snap_skip" --why "$thick_why"
-for access in mount block; do
-  sanity lvm-thin --access $access --encrypt \
-    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent))
-  sanity loop --access $access --encrypt --size $loop_size --expand-size $loop_expand
-done
+sanity lvm-thin --access mount --encrypt \
+  --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent))
+sanity loop --access block --encrypt --size $loop_size --expand-size $loop_expand
 echo "csi-sanity: $runs runs of classes:$classes"
 echo "csi-sanity guest total: $(secs "$t0")s"
 exit $failed

@@ -21,7 +21,7 @@
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
 # then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
-# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 5 9 13 6 4 11 12
+# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 5 9 6 4 11 12
 # (tests/vm/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -3,7 +3,8 @@
 # templated per claim (${pvc.name}-luks): the claim's pod runs on the dm-crypt mapping
 # (its mount is the mapping's, the LV holds a LUKS header and no plaintext), and its
 # data is intact in a second pod after the first is deleted (unstage closed the
-# mapping, the new stage opened it with the Secret again). A claim whose Secret has no
+# mapping, the new stage opened it with the Secret again), and it grows online. A
+# claim whose Secret has no
 # `passphrase` key never mounts, and localvol's Warning is on that claim. Needs
 # device-mapper: the guest's lvm-thin class (tests/vm/cluster.sh).
 s13_encryption() {
@@ -22,6 +23,7 @@ parameters:
   csi.storage.k8s.io/node-stage-secret-namespace: \${pvc.namespace}
 reclaimPolicy: Delete
 volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
 YAML
   k -n $ns create secret generic sealed-luks --from-literal=passphrase="s13-$RANDOM-$RANDOM" >/dev/null
   # A Secret with the key misnamed: kubelet passes it, localvol finds no passphrase.
@@ -47,6 +49,11 @@ YAML
   apply_pod $ns reader fs sealed >/dev/null
   wait_until 120 "a second pod on the encrypted claim Running" pod_phase_is $ns reader Running
   [ "$(k -n $ns exec reader -- cat /data/f)" = $marker ] || fail "data after the pod was replaced"
+  # Online growth through the resizer the overlay runs: the LV, the mapping, then ext4.
+  local before; before=$(s13_fs_kib $ns reader)
+  k -n $ns patch pvc sealed -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}' >/dev/null
+  wait_until 180 "the encrypted filesystem grown in the pod" s13_grown $ns reader $((before + 48 * 1024))
+  note "NOTE s13: ext4 on the mapping grew online from $before to $(s13_fs_kib $ns reader) KiB"
 
   wait_until 90 "localvol's Warning on the claim whose Secret has no passphrase" encryption_warned $ns unkeyed
   pod_phase_is $ns nokey Pending || fail "the pod without a passphrase left Pending"
@@ -64,3 +71,5 @@ encryption_warned() { # NAMESPACE CLAIM
   k -n "$1" get events --field-selector "involvedObject.name=$2,reason=EncryptedVolumeNotOpened,type=Warning" \
     -o jsonpath='{.items[*].message}{.items[*].note}' | grep -q passphrase
 }
+s13_fs_kib() { k -n "$1" exec "$2" -- df -Pk /data | awk 'NR == 2 {print $2}'; }
+s13_grown() { [ "$(s13_fs_kib "$1" "$2")" -ge "$3" ]; }
