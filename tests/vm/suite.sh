@@ -16,15 +16,18 @@
 #     grow        tests/vm_grow.rs: lvm-thin restores and clones larger than their
 #                 source, grown at stage (/dev/vdd)
 #   guest B (four 4G disks, a 2G NVDIMM; the fourth unused):
-#     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on lvm, lvm-thin, pmem-lvm,
-#                 filesystem and block, a key rotation, a daemon SIGKILL) on /dev/vda,
-#                 /dev/vdb and the NVDIMM, which it empties again for the parts after it
 #     crash       tests/crash_vm.rs: random SIGKILLs on lvm, lvm-thin, pmem (/dev/vda, NVDIMM)
 #     reclaim     tests/reclaim_privileged.rs lvm_thin on /dev/vdb
 #     hostile-pmem tests/hostile_vm.rs on pmem and pmem-lvm (/dev/vdb, the NVDIMM)
 #     sanity      csi-sanity on lvm, lvm-thin, pmem, pmem-lvm x mount, block (/dev/vdc,
-#                 what is left of the NVDIMM), and 2 runs with encrypted volumes:
-#                 tests/sanity/vm.sh, 10 result lines
+#                 what is left of the NVDIMM): tests/sanity/vm.sh, 8 result lines
+#   only when named (not in CI yet: guest B would run beside the guest cluster for
+#   about 11 more minutes, which slows its node four-fold; issue 34), in guest B:
+#     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on every class that holds
+#                 it, filesystem and block, a key rotation, copies, a daemon SIGKILL) on
+#                 /dev/vda, /dev/vdb and the NVDIMM, emptied again by release-storage.sh,
+#                 then csi-sanity on encrypted lvm-thin (filesystem) and loop (block)
+#                 volumes on /dev/vdc (tests/sanity/vm.sh --encrypted, 2 result lines)
 #
 # A part passes only on its own evidence: exit 0 and, for a test binary, a
 # "test result: ok." line with at least one passed test and none FAILED; for sanity, 8
@@ -37,6 +40,7 @@ cd "$HERE/../.."
 
 LANE_A=(smoke privileged backends hostile-lvm grow)
 LANE_B=(encryption crash reclaim hostile-pmem sanity)
+DEFAULT_PARTS=(smoke privileged backends hostile-lvm grow crash reclaim hostile-pmem sanity)
 VERBOSE=()
 parts=() filter=()
 while [ $# -gt 0 ]; do
@@ -48,7 +52,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ ${#parts[@]} -gt 0 ] || parts=("${LANE_A[@]}" "${LANE_B[@]}")
+[ ${#parts[@]} -gt 0 ] || parts=("${DEFAULT_PARTS[@]}")
 selected() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 t0=${EPOCHREALTIME/./}
@@ -93,7 +97,7 @@ part_cmd() {
     privileged) echo "bash -c 'mkfs.ext4 -q -F /dev/vdc && mkdir -p /mnt/scratch && mount /dev/vdc /mnt/scratch && rc=0 && { TMPDIR=/mnt/scratch $r/privileged --test-threads=1 || rc=\$?; } && umount /mnt/scratch && exit \$rc'" ;;
     backends) echo "$r/vm_backends --test-threads=1 --nocapture --skip encrypted_ ${filter[*]:-}" ;;
     # Its storage (vm_backends' VGs and the region's namespace) is removed after it.
-    encryption) echo "bash -c '$r/vm_backends --test-threads=1 --nocapture encrypted_; rc=\$?; bash $HERE/release-storage.sh || rc=1; exit \$rc'" ;;
+    encryption) echo "bash -c '$r/vm_backends --test-threads=1 --nocapture encrypted_; rc=\$?; bash $HERE/release-storage.sh || rc=1; bash $HERE/../sanity/vm.sh --encrypted /dev/vdc || rc=1; bash $HERE/release-storage.sh || rc=1; exit \$rc'" ;;
     hostile-lvm) echo "env LOCALVOL_VM_DISK=/dev/vdc LOCALVOL_HOSTILE_CLASSES=lvm,lvm-thin $r/hostile_vm --test-threads=1 --nocapture" ;;
     grow) echo "env LOCALVOL_VM_DISK=/dev/vdd $r/vm_grow --test-threads=1 --nocapture" ;;
     crash) echo "$r/crash_vm --test-threads=1 --nocapture" ;;
@@ -162,12 +166,17 @@ verdict() {  # verdict PART: PASS when the part's own evidence says so
   set -- $line
   [ "$2" = 0 ] || { echo "exit $2 (${3}s)"; return 1; }
   case $p in
-    privileged|backends|encryption|hostile-*|grow|crash|reclaim)
+    privileged|backends|hostile-*|grow|crash|reclaim)
       if ! grep -q '^test result: ok\. [1-9]' "$log" || grep -q '^test result: FAILED' "$log"; then
         echo "no passing test result (${3}s)"; return 1
       fi ;;
     sanity)
-      [ "$(grep -c '^csi-sanity .*: PASS$' "$log")" = 10 ] || { echo "not 10 passing csi-sanity runs (${3}s)"; return 1; } ;;
+      [ "$(grep -c '^csi-sanity .*: PASS$' "$log")" = 8 ] || { echo "not 8 passing csi-sanity runs (${3}s)"; return 1; } ;;
+    encryption)
+      if ! grep -q '^test result: ok\. [1-9]' "$log" || grep -q '^test result: FAILED' "$log" ||
+         [ "$(grep -c '^csi-sanity .*+luks2 .*: PASS$' "$log")" != 2 ]; then
+        echo "no passing test result, or not 2 passing encrypted csi-sanity runs (${3}s)"; return 1
+      fi ;;
   esac
   echo "${3}s"
 }
