@@ -38,15 +38,18 @@ select_scenarios() {
 note() { printf '  [%s] %s\n' "$(date +%T)" "$*"; }
 k() { kubectl "$@"; }
 
-# wait_until SECONDS WHAT COMMAND...: polls COMMAND every half second. WAIT_SCALE
-# (default 1) multiplies every limit: tests/vm/cluster-guest.sh's emulated guest is slower.
+# wait_until SECONDS WHAT COMMAND...: polls COMMAND every POLL_INTERVAL seconds (default
+# half a second). WAIT_SCALE (default 1) multiplies every limit: tests/vm/cluster-guest.sh's
+# emulated guest is slower, and polls less often there: a poll is mostly a kubectl process,
+# which under TCG costs about 2 s of CPU (its code is translated anew in each process), so
+# half-second polls kept one of the guest's two vCPUs busy with the harness itself.
 wait_until() {
   local limit=$(( $1 * ${WAIT_SCALE:-1} )) what=$2; shift 2
   local end=$((SECONDS + limit))
   until "$@" >/dev/null 2>&1; do
     # Once more with its output, which may say what is missing.
     [ "$SECONDS" -lt "$end" ] || { "$@" || true; fail "timed out after ${limit}s waiting for: $what"; }
-    sleep 0.5
+    sleep "${POLL_INTERVAL:-0.5}"
   done
   note "$what"
 }

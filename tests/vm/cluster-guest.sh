@@ -37,6 +37,7 @@ export KUBE_KIT_CRI_SOCK=/run/containerd/containerd.sock
 export KUBECONFIG=$KUBE_KIT_STATE/kubeconfig
 export PATH=$KUBE_KIT_BIN:$PATH
 export WAIT_SCALE=${WAIT_SCALE:-3}   # lib.sh's wait_until limits, under TCG
+export POLL_INTERVAL=${POLL_INTERVAL:-4}   # and its polls (a kubectl process each)
 REGISTRATION=builtin
 read -r UP0 _ </proc/uptime
 T0=$SECONDS
@@ -297,12 +298,12 @@ undeploy() {
     kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1
   done
   local end=$((SECONDS + 300))
-  while [ $SECONDS -lt $end ] && { kubectl get ns -o name | grep -q lvtest- || [ -n "$(kubectl get pv -o name)" ]; }; do sleep 2; done
+  while [ $SECONDS -lt $end ] && { kubectl get ns -o name | grep -q lvtest- || [ -n "$(kubectl get pv -o name)" ]; }; do sleep "$POLL_INTERVAL"; done
   local ok=0
   [ -z "$(kubectl get pv -o name)" ] || { echo "cleanup: volumes left: $(kubectl get pv -o name | tr '\n' ' ')"; ok=1; }
   kubectl delete -k "$OVERLAY" --wait=false >/dev/null 2>&1
   end=$((SECONDS + 300))
-  while [ $SECONDS -lt $end ] && kubectl get ns "$SYSTEM_NS" >/dev/null 2>&1; do sleep 2; done
+  while [ $SECONDS -lt $end ] && kubectl get ns "$SYSTEM_NS" >/dev/null 2>&1; do sleep "$POLL_INTERVAL"; done
   kubectl get ns "$SYSTEM_NS" >/dev/null 2>&1 && { echo "cleanup: namespace $SYSTEM_NS not deleted"; ok=1; }
   return $ok
 }
