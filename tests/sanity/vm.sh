@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/sanity/vm.sh [--encrypted] DISK - csi-sanity on the LVM and PMEM classes, in the
 # tests/vm guest: lvm (thick), lvm-thin, pmem direct and pmem lvm, each as filesystem and
-# raw block (8 runs of tests/sanity/run.sh, one result line each). With --encrypted,
+# raw block (up to 8 runs of tests/sanity/run.sh, one result line each). With --encrypted,
 # instead: encrypted volumes (localvol.csi.dev/encryption: luks2 with a node-stage
 # secret), which need dm-crypt, on lvm-thin as filesystem and loop as block (2 runs,
 # labelled CLASS+luks2; tests/vm/suite.sh's part encryption). Run by tests/vm/suite.sh (part sanity), after
@@ -103,9 +103,14 @@ snap_skip='CreateSnapshot .*(maximum-length name|already existing name)|DeleteSn
 thick_why='lvm and pmem make no snapshots or clones (only a full copy could): CreateSnapshot and CreateVolume from a source are INVALID_ARGUMENT'
 failed=0
 runs=0
+# Unencrypted raw block only on the classes in LOCALVOL_SANITY_BLOCK_CLASSES (default:
+# all four; tests/vm/suite.sh names lvm-thin and pmem, one device of each backend, unless
+# LOCALVOL_FULL=1).
+block_classes=" ${LOCALVOL_SANITY_BLOCK_CLASSES:-lvm lvm-thin pmem pmem-lvm} "
 sanity() {  # sanity CLASS ARGS...: one run of tests/sanity/run.sh, if CLASS was asked for
   local class=$1; shift
   [[ $classes == *" $class "* ]] || return 0
+  [[ $encrypted = 1 || " $* " != *" --access block "* || $block_classes == *" $class "* ]] || return 0
   runs=$((runs + 1))
   "$HERE/run.sh" --config "$config" --class "$class" "$@" || failed=1
 }
