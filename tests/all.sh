@@ -37,10 +37,19 @@ cargo fmt --all -- --check
 # optimised build (each can also be set on its own: LOCALVOL_CRASH_ROUNDS,
 # LOCALVOL_CRASH_VM_ROUNDS, LOCALVOL_FUZZ_SECONDS, LOCALVOL_FUZZ_RELEASE).
 if [ "${LOCALVOL_SOAK:-0}" = 1 ]; then
+  export LOCALVOL_FULL=${LOCALVOL_FULL:-1}
   export LOCALVOL_CRASH_ROUNDS=${LOCALVOL_CRASH_ROUNDS:-500}
   LOCALVOL_FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-600}
   export LOCALVOL_FUZZ_RELEASE=${LOCALVOL_FUZZ_RELEASE:-1}
 fi
+# Full mode, on demand (and in soak mode): LOCALVOL_FULL=1 bash tests/all.sh adds what CI
+# leaves out for time on a 2-core machine that emulates its guests: the guest cluster's
+# whole table (every LVM and PMEM class and the mixed node, every scenario that applies),
+# csi-sanity as raw block on all four VM classes, and the VM backends' step-by-step kills
+# on all four. What is left out is repetition of a class of the same backend, or costs a
+# Kubernetes node under TCG minutes per scenario (tests/vm/README.md); each run says
+# what it did not run.
+export LOCALVOL_FULL=${LOCALVOL_FULL:-0}
 
 # What runs beside the host steps. The machine has two cores, and the longest part of
 # the run is CPU-bound emulation (the VM guests); so everything that does not need the
@@ -178,13 +187,17 @@ cluster_suite() {
   [ "$rc" = 0 ] || { echo "tests/all.sh: the cluster suite failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le 1500 ] || { echo "tests/all.sh: the cluster suite took over 25 minutes" >&2; return 1; }
 }
-# The same harness under a kubelet in a QEMU guest, on the lvm-thin, lvm, pmem and
-# pmem-lvm overlays as users apply them (device-mapper LVs, fsdax namespaces mounted with
-# dax): registration, ext4, xfs and raw block claims, an ephemeral volume and its
-# intruder, the daemon SIGKILLed with volumes published, online growth (its refusal on
-# pmem direct), cleanup, on lvm-thin the e2e specs the host cannot run, and a mixed
-# node (tests/vm/README.md). Scenario 13 (encryption) is not in this list yet: it has
-# not passed a guest run (tests/vm/README.md). It starts
+# The same harness under a kubelet in a QEMU guest, on the shipped overlays as users
+# apply them (device-mapper LVs, fsdax namespaces mounted with dax). In CI: lvm-thin and
+# pmem direct, one class of each backend, with registration and scenario 2 (ext4, xfs and
+# raw block claims in pods, each pod's mount the class's device, data read back, cleanup),
+# and a host's udev on lvm-thin. On the 2-core machines CI has run on, the node under TCG
+# is Ready after 6 to 8 minutes and a class's scenario 2 takes 5 to 7; the whole table
+# (LOCALVOL_FULL=1: also lvm, pmem-lvm and a mixed node; an ephemeral volume and its
+# intruder, the daemon SIGKILLed with volumes published, online growth and its refusal on
+# pmem direct, ReclaimSpace, snapshots and the e2e specs the host cannot run on lvm-thin)
+# would take well over an hour alone there (tests/vm/README.md). Scenario 13 (encryption)
+# is in neither list yet: it has not passed a guest run. It starts
 # once one of the VM suite's two guests is done (a third emulated guest beside both
 # would share two cores three ways, and its timing-bound kubelet and API waits with
 # them; its node's boot, which leaves half the CPU idle, then overlaps the other guest's
@@ -192,24 +205,32 @@ cluster_suite() {
 # which both install (its "node" phase; or its end). Beside the rest of the host suite:
 # that one mostly waits. (Measured: the host's scenario 11 and a guest cluster side by
 # side both passed.)
+if [ "$LOCALVOL_FULL" = 1 ]; then
+  GUEST_CLASSES=lvm-thin,lvm,pmem,pmem-lvm,mixed GUEST_SCENARIOS=(1 2 3 5 9 6 4 11 12) GUEST_BUDGET=6000
+else
+  GUEST_CLASSES=lvm-thin,pmem GUEST_SCENARIOS=(1 2) GUEST_BUDGET=2700
+fi
 guest_cluster() {
   local rc=0
   have_kit "the guest cluster" || { rc=$?; [ $rc = 2 ] && return 0; return $rc; }
+  [ "$LOCALVOL_FULL" = 1 ] ||
+    echo "guest cluster: NOT RUN here (LOCALVOL_FULL=1 runs them): classes lvm, pmem-lvm and the mixed node; scenarios 3 5 9 6 4 11 on lvm-thin and pmem"
   local start=$SECONDS
   until { [ -e "$JOB_LOGS/vm.exit" ] || grep -q '^tests/vm/suite.sh: guest . exited' "$JOB_LOGS/vm.log"; } &&
     { [ -e "$JOB_LOGS/cluster.exit" ] || grep -q '^==== cluster: node ' "$JOB_LOGS/cluster.log"; }; do sleep 5; done
   echo "guest cluster: waited $((SECONDS - start))s for a VM suite guest and the host node's packages"
   start=$SECONDS
-  # Scenario 11 (Kubernetes' storage e2e suites) on lvm-thin only: ext4 online growth and
-  # the PID 1 specs, which the host cannot run (tests/cluster/scenarios/s11_e2e_storage.sh).
-  # Then the mixed node (scenario 12): loop, pmem and lvm classes in one configuration,
-  # the lvm class's volume group missing until the scenario makes it.
-  tests/vm/cluster.sh --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 5 9 6 4 11 12 || rc=$?
-  echo "guest cluster (lvm-thin, lvm, pmem, pmem-lvm, mixed): $((SECONDS - start))s (budget 3000s)"
+  # Full mode: scenario 11 (Kubernetes' storage e2e suites) on lvm-thin only: ext4 online
+  # growth and the PID 1 specs, which the host cannot run
+  # (tests/cluster/scenarios/s11_e2e_storage.sh). Then the mixed node (scenario 12): loop,
+  # pmem and lvm classes in one configuration, the lvm class's volume group missing until
+  # the scenario makes it.
+  tests/vm/cluster.sh --classes "$GUEST_CLASSES" "${GUEST_SCENARIOS[@]}" || rc=$?
+  echo "guest cluster ($GUEST_CLASSES x ${GUEST_SCENARIOS[*]}): $((SECONDS - start))s (budget ${GUEST_BUDGET}s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the guest cluster failed (exit $rc)" >&2; return "$rc"; }
-  [ $((SECONDS - start)) -le 3000 ] || { echo "tests/all.sh: the guest cluster took over 50 minutes" >&2; return 1; }
+  [ $((SECONDS - start)) -le "$GUEST_BUDGET" ] || { echo "tests/all.sh: the guest cluster took over ${GUEST_BUDGET}s" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on lvm-thin, lvm, pmem, pmem-lvm and a mixed node, once a VM suite guest is done), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on $GUEST_CLASSES, once a VM suite guest is done), then fuzz (nice 10, ${LOCALVOL_FUZZ_SECONDS:-30}s per target) once its build is done"
 background cluster 0 cluster_suite
 background guest-cluster 10 guest_cluster
 finish fuzz-build
