@@ -347,6 +347,11 @@ for CLASS in "${CLASSES[@]}"; do
         result "FAIL $s $CLASS $((SECONDS - start))s"
         failed=1
         echo "---- $s on $CLASS failed; its log:"; sed 's/^/    /' "$LOGS/$s-$CLASS.log" | tail -40
+        # CI keeps the output only: what the daemon and kubelet said about the driver.
+        echo "---- the daemon's log (its last 30 lines):"
+        kubectl -n "$SYSTEM_NS" logs ds/localvol-node -c localvol --tail=30 2>&1 | sed 's/^/    /'
+        echo "---- kubelet on the driver (its last 20 lines naming it or plugin registration):"
+        grep -E "$DRIVER|plugin_watcher|RegisterPlugin|csi_plugin" "$KUBE_KIT_STATE/logs/kubelet.log" 2>/dev/null | tail -n 20 | cut -c1-400 | sed 's/^/    /'
       fi
     done
   else
