@@ -104,8 +104,7 @@ thick_why='lvm and pmem make no snapshots or clones (only a full copy could): Cr
 failed=0
 runs=0
 # Unencrypted raw block only on the classes in LOCALVOL_SANITY_BLOCK_CLASSES (default:
-# all four; tests/vm/suite.sh names lvm-thin and pmem, one device of each backend, unless
-# LOCALVOL_FULL=1).
+# all four; tests/vm/suite.sh decides: in CI, one device of each backend).
 block_classes=" ${LOCALVOL_SANITY_BLOCK_CLASSES:-lvm lvm-thin pmem pmem-lvm} "
 sanity() {  # sanity CLASS ARGS...: one run of tests/sanity/run.sh, if CLASS was asked for
   local class=$1; shift

@@ -25,8 +25,8 @@
 #     sanity      csi-sanity on lvm, lvm-thin, pmem, pmem-lvm as filesystems, and as raw
 #                 block on lvm-thin and pmem direct, one device of each backend (all four
 #                 with LOCALVOL_FULL=1: lvm's and pmem-lvm's are LVs as lvm-thin's are)
-#                 (/dev/vdc, what is left of the NVDIMM): tests/sanity/vm.sh, 6 result
-#                 lines (8)
+#                 (/dev/vdc, what is left of the NVDIMM): tests/sanity/vm.sh, a result
+#                 line per run (6; 8 with LOCALVOL_FULL=1)
 #   only when named (not in CI yet: guest B would run beside the guest cluster for
 #   about 11 more minutes, which slows its node four-fold; issue 34), in guest B:
 #     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on every class that holds
@@ -37,7 +37,7 @@
 #
 # A part passes only on its own evidence: exit 0 and, for a test binary, a
 # "test result: ok." line with at least one passed test and none FAILED; for sanity, one
-# PASS line per run (6; 8 with LOCALVOL_FULL=1). Exits non-zero when any selected part did not pass, or did not run.
+# PASS line per run. Exits non-zero when any selected part did not pass, or did not run.
 # LOCALVOL_VM_NICE (default 0) runs the guests at that nice level (tests/all.sh runs
 # them beside the cluster suite).
 set -euo pipefail
@@ -46,12 +46,13 @@ cd "$HERE/../.."
 
 LANE_A=(smoke privileged backends hostile-lvm)
 LANE_B=(encryption crash reclaim hostile-pmem grow sanity)
-# What LOCALVOL_FULL=1 adds (tests/all.sh): the repetitions CI leaves out for time.
-if [ "${LOCALVOL_FULL:-0}" = 1 ]; then
-  export LOCALVOL_VM_RESTART_CLASSES=${LOCALVOL_VM_RESTART_CLASSES:-thick,thin,pmem,pmem-lvm}
-  export LOCALVOL_SANITY_BLOCK_CLASSES=${LOCALVOL_SANITY_BLOCK_CLASSES:-lvm lvm-thin pmem pmem-lvm}
-fi
-export LOCALVOL_SANITY_BLOCK_CLASSES=${LOCALVOL_SANITY_BLOCK_CLASSES:-lvm-thin pmem}
+# The classes of the step-by-step kills and of csi-sanity's raw block runs: one of each
+# backend, or all four with LOCALVOL_FULL=1 (tests/all.sh), the repetitions CI leaves out
+# for time. The tests' own default, run alone, is all four.
+if [ "${LOCALVOL_FULL:-0}" = 1 ]; then restart=thick,thin,pmem,pmem-lvm block="lvm lvm-thin pmem pmem-lvm"
+else restart=thin,pmem block="lvm-thin pmem"; fi
+export LOCALVOL_VM_RESTART_CLASSES=${LOCALVOL_VM_RESTART_CLASSES:-$restart}
+export LOCALVOL_SANITY_BLOCK_CLASSES=${LOCALVOL_SANITY_BLOCK_CLASSES:-$block}
 sanity_runs=$((4 + $(wc -w <<<"$LOCALVOL_SANITY_BLOCK_CLASSES")))
 DEFAULT_PARTS=(smoke privileged backends hostile-lvm grow crash reclaim hostile-pmem sanity)
 VERBOSE=()

@@ -265,13 +265,16 @@ async fn killed_during_create(class: &str) {
     }
 }
 
-/// The classes whose whole lifecycle is killed and retried step by step:
-/// `LOCALVOL_VM_RESTART_CLASSES` (comma-separated), by default lvm-thin and pmem direct,
-/// one class of each backend. thick and pmem-lvm are the LVM backend's steps again on
-/// another kind of LV or volume group (tests/vm/suite.sh names all four when
-/// `LOCALVOL_FULL=1`); the random kills of tests/crash_vm.rs reach thick as well.
+/// The classes of CONFIG whose whole lifecycle can be killed and retried step by step.
+const RESTART_CLASSES: [&str; 4] = ["thick", "thin", "pmem", "pmem-lvm"];
+
+/// The classes to kill step by step: `LOCALVOL_VM_RESTART_CLASSES` (comma-separated), or
+/// all of [`RESTART_CLASSES`]. tests/vm/suite.sh decides which (CI: one class of each
+/// backend).
 fn restart_classes() -> Vec<String> {
-    let list = std::env::var("LOCALVOL_VM_RESTART_CLASSES").unwrap_or_else(|_| "thin,pmem".to_string());
+    let Ok(list) = std::env::var("LOCALVOL_VM_RESTART_CLASSES") else {
+        return RESTART_CLASSES.map(String::from).to_vec();
+    };
     let classes: Vec<String> = list
         .split(',')
         .map(str::trim)
@@ -280,7 +283,7 @@ fn restart_classes() -> Vec<String> {
         .collect();
     for class in &classes {
         assert!(
-            ["thick", "thin", "pmem", "pmem-lvm"].contains(&class.as_str()),
+            RESTART_CLASSES.contains(&class.as_str()),
             "LOCALVOL_VM_RESTART_CLASSES: unknown class {class:?}"
         );
     }
