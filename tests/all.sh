@@ -205,8 +205,9 @@ cluster_suite() {
 # which both install (its "node" phase; or its end). Beside the rest of the host suite:
 # that one mostly waits. (Measured: the host's scenario 11 and a guest cluster side by
 # side both passed.)
+FULL_GUEST_CLASSES=lvm-thin,lvm,pmem,pmem-lvm,mixed FULL_GUEST_SCENARIOS=(1 2 3 5 9 6 4 11 12)
 if [ "$LOCALVOL_FULL" = 1 ]; then
-  GUEST_CLASSES=lvm-thin,lvm,pmem,pmem-lvm,mixed GUEST_SCENARIOS=(1 2 3 5 9 6 4 11 12) GUEST_BUDGET=6000
+  GUEST_CLASSES=$FULL_GUEST_CLASSES GUEST_SCENARIOS=("${FULL_GUEST_SCENARIOS[@]}") GUEST_BUDGET=6000
 else
   GUEST_CLASSES=lvm-thin,pmem GUEST_SCENARIOS=(1 2) GUEST_BUDGET=2700
 fi
@@ -214,7 +215,7 @@ guest_cluster() {
   local rc=0
   have_kit "the guest cluster" || { rc=$?; [ $rc = 2 ] && return 0; return $rc; }
   [ "$LOCALVOL_FULL" = 1 ] ||
-    echo "guest cluster: NOT RUN here (LOCALVOL_FULL=1 runs them): classes lvm, pmem-lvm and the mixed node; scenarios 3 5 9 6 4 11 on lvm-thin and pmem"
+    echo "guest cluster: NOT RUN here: the whole table, $FULL_GUEST_CLASSES x ${FULL_GUEST_SCENARIOS[*]} (LOCALVOL_FULL=1); this run: $GUEST_CLASSES x ${GUEST_SCENARIOS[*]}"
   local start=$SECONDS
   until { [ -e "$JOB_LOGS/vm.exit" ] || grep -q '^tests/vm/suite.sh: guest . exited' "$JOB_LOGS/vm.log"; } &&
     { [ -e "$JOB_LOGS/cluster.exit" ] || grep -q '^==== cluster: node ' "$JOB_LOGS/cluster.log"; }; do sleep 5; done
