@@ -13,8 +13,9 @@
 #   --timeout SECS    stop the guest after SECS and exit 124 (default 3600)
 #   A boot that has not started COMMAND after LOCALVOL_VM_BOOT_TIMEOUT seconds (300)
 #   is killed and booted again, LOCALVOL_VM_BOOT_TRIES times in all (3).
-#   LOCALVOL_VM_TB_SIZE: TCG's translated-code cache in MiB (default 256); a guest that
-#   runs many large programs (a Kubernetes node: tests/vm/cluster.sh) wants more.
+#   LOCALVOL_VM_TB_SIZE: TCG's translated-code cache in MiB (default 256), emptied whole
+#   when full; a guest that runs many large programs (a Kubernetes node:
+#   tests/vm/cluster.sh) wants more.
 #   --share DIR       share DIR read-write at the same path (repeatable)
 #   -v                progress and the live guest console on stderr
 #
@@ -295,8 +296,6 @@ fi
 
 # Accelerator: KVM only if the CPU shows vmx/svm (a PVM-style /dev/kvm cannot
 # run a stock kernel: it hangs), else TCG. LOCALVOL_VM_ACCEL=kvm|tcg overrides.
-# Under TCG every guest program's code is translated into a cache of LOCALVOL_VM_TB_SIZE
-# MiB, which is emptied whole when it fills.
 ACCEL=${LOCALVOL_VM_ACCEL:-}
 if [ -z "$ACCEL" ]; then
   ACCEL=tcg; [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo && ACCEL=kvm
