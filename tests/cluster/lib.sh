@@ -437,8 +437,12 @@ image_rootfs() { # CACHE_DIR LOG_DIR
 NODE_PACKAGES=(containerd runc containernetworking-plugins busybox-static etcd-server
   curl openssl iproute2 iptables python3 xz-utils)
 install_node_packages() { # LOG_DIR
-  local missing=() p
-  for p in "${NODE_PACKAGES[@]}"; do
+  install_packages "$1" "${NODE_PACKAGES[@]}"
+}
+install_packages() { # LOG_DIR PACKAGE...: the Debian packages missing here, no service started
+  local log=$1 missing=() p
+  shift
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
   done
   [ ${#missing[@]} -gt 0 ] || return 0
@@ -447,9 +451,9 @@ install_node_packages() { # LOG_DIR
   [ -e /usr/sbin/policy-rc.d ] || { printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; no_start=1; }
   { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; }
-  } >"$1/apt.log" 2>&1 || rc=$?
+  } >"$log/apt.log" 2>&1 || rc=$?
   [ $no_start = 0 ] || rm -f /usr/sbin/policy-rc.d
-  [ $rc = 0 ] || { tail -20 "$1/apt.log" >&2; return 1; }
+  [ $rc = 0 ] || { tail -20 "$log/apt.log" >&2; return 1; }
 }
 
 # The image archives a node needs: localvol's (ROOTFS plus BINARY, stripped of its debug

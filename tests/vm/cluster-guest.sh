@@ -37,7 +37,7 @@ export KUBE_KIT_CRI_SOCK=/run/containerd/containerd.sock
 export KUBECONFIG=$KUBE_KIT_STATE/kubeconfig
 export PATH=$KUBE_KIT_BIN:$PATH
 export WAIT_SCALE=${WAIT_SCALE:-3}   # lib.sh's wait_until limits, under TCG
-export POLL_INTERVAL=${POLL_INTERVAL:-4}   # and its polls (a kubectl process each)
+export POLL_INTERVAL=${POLL_INTERVAL:-1}   # and its polls (a kubectl call relayed to the host each)
 REGISTRATION=builtin
 read -r UP0 _ </proc/uptime
 T0=$SECONDS
@@ -56,6 +56,10 @@ if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then
   # shellcheck disable=SC1090
   source "$REPO/$LOCALVOL_CLUSTER_EXTRA"
 fi
+# The harness's kubectl runs on the host, beside the API server.
+# shellcheck source=tests/vm/kubectl-relay.sh
+source "$REPO/tests/vm/kubectl-relay.sh"
+relay_client "${LOCALVOL_VM_KUBECTL_RELAY:?tests/vm/cluster.sh sets it}" || { echo "FATAL: no kubectl relay" >&2; exit 1; }
 for s in "${SCENARIOS[@]}"; do
   declare -F "$s" >/dev/null || { echo "cluster-guest.sh: no scenario $s in $HERE/scenarios" >&2; exit 2; }
 done
@@ -66,6 +70,23 @@ MODS=/var/cache/localvol-vm/cluster-modules-$(uname -r)
 [ -f "$MODS/.complete" ] || { echo "FATAL: no $MODS (tests/vm/cluster.sh makes it)" >&2; exit 1; }
 mount --bind "$MODS" "/lib/modules/$(uname -r)" || { echo "FATAL: cannot mount $MODS" >&2; exit 1; }
 modprobe dm_thin_pool; modprobe dm_snapshot
+# The control plane runs on the host (tests/vm/cluster.sh), reached over the tap device's
+# virtio NIC. The kit's kubeconfigs, its certificate and the address pods are told to use
+# are 127.0.0.1:6443: a forwarder here makes that the host's API server.
+phase "network: the host's control plane"
+[ -n "${LOCALVOL_VM_CP_STATE:-}" ] || { echo "FATAL: no LOCALVOL_VM_CP_STATE (tests/vm/cluster.sh sets it)" >&2; exit 1; }
+modprobe virtio_net
+nic=""
+for _ in $(seq 100); do
+  nic=$(ls /sys/bus/virtio/drivers/virtio_net/*/net 2>/dev/null | head -n 1)
+  [ -n "$nic" ] && break; sleep 0.1
+done
+[ -n "$nic" ] || { echo "FATAL: no virtio NIC (run.sh --tap)" >&2; exit 1; }
+ip addr add "$LOCALVOL_VM_TAP_GUEST/24" dev "$nic" && ip link set "$nic" up &&
+  ip route add default via "$LOCALVOL_VM_TAP_HOST" dev "$nic" || { echo "FATAL: cannot address $nic" >&2; exit 1; }
+socat TCP-LISTEN:6443,bind=127.0.0.1,fork,reuseaddr "TCP:$LOCALVOL_VM_TAP_HOST:6443" 2>"$LOGS/api-forwarder.log" &
+for _ in $(seq 100); do curl -sk -o /dev/null https://127.0.0.1:6443/healthz && break; sleep 0.2; done
+curl -sk -o /dev/null https://127.0.0.1:6443/healthz || { echo "FATAL: the host's API server is not reachable from the guest" >&2; exit 1; }
 phase "guest-prep.sh /dev/vda"
 "$KIT/recipe/guest-prep.sh" /dev/vda >"$LOGS/guest-prep.log" 2>&1 || { cat "$LOGS/guest-prep.log"; exit 1; }
 # This guest's / is the host's, read-only under an overlay, and the host's cluster suite
@@ -82,8 +103,11 @@ for d in /var/log/pods /var/log/containers /var/lib/localvol /usr/libexec/kubern
 done
 mkdir -p "$KUBE_KIT_STATE/images"
 cp "$RUN"/images/*.tar "$KUBE_KIT_STATE/images/"
-phase "start-node.sh"
-if ! "$KIT/recipe/start-node.sh" >"$LOGS/start-node.log" 2>&1; then
+# The control plane's PKI and admin kubeconfig: start-node.sh makes the node's
+# certificate with that CA.
+cp -a "$LOCALVOL_VM_CP_STATE/pki" "$LOCALVOL_VM_CP_STATE/kubeconfig" "$KUBE_KIT_STATE/"
+phase "start-node.sh --no-control-plane"
+if ! "$KIT/recipe/start-node.sh" --no-control-plane >"$LOGS/start-node.log" 2>&1; then
   tail -30 "$LOGS/start-node.log"
   cp "$KUBE_KIT_STATE"/logs/*.log "$LOGS/" 2>/dev/null
   exit 1

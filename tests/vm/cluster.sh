@@ -68,9 +68,20 @@ RUN=$(mktemp -d "$target/vm-cluster.XXXXXX")
 LOGS=$RUN/logs
 mkdir -p "$LOGS" "$RUN/images"
 keep=0
+# The node's control plane runs here, on the host (below), and the guest reaches it
+# through a tap device: CP_STATE is its kube-kit state, CP_PROXY the forwarder on the tap.
+# RELAY_PID serves the guest harness's kubectl calls (tests/vm/kubectl-relay.sh).
+CP_STATE=/var/lib/localvol-vm-kube CP_PROXY="" RELAY_PID="" TAP=lvvm0 TAP_HOST=10.204.0.1 TAP_GUEST=10.204.0.2
 cleanup() {
   local rc=$?
   rm -rf "$RUN/images"
+  [ -z "$RELAY_PID" ] || kill "$RELAY_PID" 2>/dev/null || true
+  [ -z "$CP_PROXY" ] || kill "$CP_PROXY" 2>/dev/null || true
+  if [ -d "$CP_STATE" ]; then
+    cp "$CP_STATE"/logs/*.log "$LOGS/" 2>/dev/null || true
+    KUBE_KIT_STATE=$CP_STATE "$KIT/recipe/stop-kube.sh" --purge >>"$LOGS/control-plane.log" 2>&1 || true
+  fi
+  ip link del "$TAP" 2>/dev/null || true
   if [ $rc = 0 ] && [ $keep = 0 ]; then rm -rf "$RUN"; else echo "vm-cluster: logs kept in $LOGS"; fi
   exit $rc
 }
@@ -144,6 +155,37 @@ if [ -n "$UDEV_CLASSES" ]; then
   export LOCALVOL_VM_UDEV_CLASSES=$UDEV_CLASSES
 fi
 
+# The control plane (etcd, kube-apiserver, kube-controller-manager) on the host, where
+# it runs natively: under TCG in the guest, beside the node, it took most of the guest's
+# CPU (tests/vm/README.md). The guest's kubelet, its pods and the harness's kubectl reach
+# it as a node's would reach an API server: over the network, here a tap device to the
+# host, where CP_PROXY forwards the API's port to the loopback address it listens on;
+# the guest forwards its own 127.0.0.1:6443, the address in the kit's kubeconfigs and
+# certificate, to the host's (cluster-guest.sh). The kit's ports are fixed: the host's
+# cluster suite (tests/cluster/run.sh) must not run beside this.
+phase "control plane on the host, tap $TAP"
+command -v socat >/dev/null || install_packages "$LOGS" socat   # lib.sh
+rm -rf "$CP_STATE"
+KUBE_KIT_STATE=$CP_STATE "$KIT/recipe/start-kube.sh" --kcm -- \
+  --kubelet-client-certificate="$CP_STATE/pki/admin.crt" --kubelet-client-key="$CP_STATE/pki/admin.key" \
+  --kubelet-preferred-address-types=InternalIP,Hostname >"$LOGS/control-plane.log" 2>&1 ||
+  { cat "$LOGS/control-plane.log"; exit 1; }
+ip link del "$TAP" 2>/dev/null || true
+ip tuntap add dev "$TAP" mode tap && ip addr add "$TAP_HOST/24" dev "$TAP" && ip link set "$TAP" up
+socat "TCP-LISTEN:6443,bind=$TAP_HOST,fork,reuseaddr" TCP:127.0.0.1:6443 2>>"$LOGS/control-plane.log" &
+CP_PROXY=$!
+for _ in $(seq 300); do
+  KUBECONFIG=$CP_STATE/kubeconfig "$KUBE_KIT_BIN/kubectl" -n default get serviceaccount default >/dev/null 2>&1 && break
+  sleep 0.1
+done
+# shellcheck source=tests/vm/kubectl-relay.sh
+source tests/vm/kubectl-relay.sh
+mkdir -p "$RUN/kubectl-relay"
+KUBECONFIG=$CP_STATE/kubeconfig relay_serve "$RUN/kubectl-relay" "$KUBE_KIT_BIN/kubectl" &
+RELAY_PID=$!
+export LOCALVOL_VM_CP_STATE=$CP_STATE LOCALVOL_VM_TAP_HOST=$TAP_HOST LOCALVOL_VM_TAP_GUEST=$TAP_GUEST
+export LOCALVOL_VM_KUBECTL_RELAY=$RUN/kubectl-relay
+
 # ---------------------------------------------------------------- in the guest
 phase "guest: ${class_list[*]} x ${selected[*]}"
 pmem=0
@@ -154,7 +196,7 @@ guest_start=$SECONDS
 # plugins): a TCG code cache of 1 GiB, not run.sh's 256 MiB, which such a guest can fill
 # (one run each, on lvm-thin: scenario 2 took 285 s against 431 s; node start the same).
 LOCALVOL_VM_TB_SIZE=${LOCALVOL_VM_TB_SIZE:-1024} \
-  tests/vm/run.sh "${VERBOSE[@]}" --disks 2 --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
+  tests/vm/run.sh "${VERBOSE[@]}" --tap "$TAP" --disks 2 --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
   -- bash "$REPO/tests/vm/cluster-guest.sh" "$RUN" "$CLASSES" "${selected[@]}" 2>&1 | tee "$LOGS/guest.log" || rc=${PIPESTATUS[0]}
 guest_took=$((SECONDS - guest_start))
 

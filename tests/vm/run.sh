@@ -17,6 +17,8 @@
 #   when full; a guest that runs many large programs (a Kubernetes node:
 #   tests/vm/cluster.sh) wants more.
 #   --share DIR       share DIR read-write at the same path (repeatable)
+#   --tap IFNAME      a virtio NIC on the host's tap device IFNAME (made and addressed
+#                     by the caller; the guest loads virtio_net and addresses it)
 #   -v                progress and the live guest console on stderr
 #
 # The guest's / is the host's / (read-only, tmpfs overlay). The project, the
@@ -35,7 +37,7 @@ PKGS=(qemu-system-x86 busybox-static lvm2 thin-provisioning-tools ndctl xfsprogs
 MODULES="virtio_pci virtio_blk virtio_console virtio_rng 9pnet_virtio 9p overlay loop
          dm_mod dm_thin_pool dm_crypt xts algif_skcipher nfit nd_pmem"
 
-PMEM_SIZE=1G DISK_SIZE=4G DISKS=1 MEM=1G TIMEOUT=3600 VERBOSE=0 SHARES=()
+PMEM_SIZE=1G DISK_SIZE=4G DISKS=1 MEM=1G TIMEOUT=3600 VERBOSE=0 SHARES=() TAP=
 T0=${EPOCHREALTIME/./}
 log() {
   [ "$VERBOSE" = 1 ] || return 0
@@ -43,7 +45,7 @@ log() {
   printf 'run.sh [%3d.%02ds] %s\n' $((t / 100)) $((t % 100)) "$*" >&2
 }
 die() { echo "tests/vm/run.sh: ERROR: $*" >&2; exit 125; }
-usage() { sed -n '7,16s/^# \{0,1\}//p' "$0" >&2; exit 125; }
+usage() { sed -n '7,21s/^# \{0,1\}//p' "$0" >&2; exit 125; }
 bytes() { numfmt --from=iec "${1%[bB]}" 2>/dev/null || die "bad size: $1"; }
 
 while [ $# -gt 0 ]; do
@@ -54,6 +56,7 @@ while [ $# -gt 0 ]; do
     --mem) MEM=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
     --share) SHARES+=("$2"); shift 2 ;;
+    --tap) TAP=$2; shift 2 ;;
     -v) VERBOSE=1; shift ;;
     --) shift; break ;;
     *) echo "tests/vm/run.sh: unknown option '$1'" >&2; usage ;;
@@ -260,6 +263,10 @@ else
   DEV_ARGS+=(-machine pc -m "${mem_mib}M")
 fi
 echo "$waitfor" >"$RUN/vm/waitfor"
+if [ -n "$TAP" ]; then
+  [ -e "/sys/class/net/$TAP/tun_flags" ] || die "--tap $TAP: no such tap device"
+  DEV_ARGS+=(-netdev "tap,id=net0,ifname=$TAP,script=no,downscript=no" -device virtio-net-pci,netdev=net0)
+fi
 
 # Stage 2, PID 1 after switch_root (the host's bash): run COMMAND, record its
 # exit status in the run share, power off.
