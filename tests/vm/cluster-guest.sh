@@ -5,10 +5,11 @@
 #
 #   cluster-guest.sh RUN_DIR CLASSES SCENARIO...
 #
-# RUN_DIR (shared with the host) holds images/*.tar (localvol and the sidecars, built on
-# the host). /var/cache/localvol-vm/cluster-modules-KVER (made by cluster.sh) is the guest
-# kernel's whole module tree: the bridge, veth, netfilter and dummy modules the node
-# needs are not in run.sh's.
+# RUN_DIR (shared with the host) holds containerd-root.tar, the node's containerd root
+# with localvol's and the sidecars' images imported (made on the host), and the kubectl
+# relay's directory. /var/cache/localvol-vm/cluster-modules-KVER (made by cluster.sh) is
+# the guest kernel's whole module tree: the bridge, veth, netfilter and dummy modules the
+# node needs are not in run.sh's.
 # Disks: /dev/vda for guest-prep.sh (the node's state, kubelet's root), /dev/vdb for the
 # volume group `localvol` of the lvm classes (the name deploy/overlays/lvm*/config.yaml
 # expects); the NVDIMM's region0 for the pmem classes (deploy/overlays/pmem/config.yaml;
@@ -101,8 +102,11 @@ for d in /var/log/pods /var/log/containers /var/lib/localvol /usr/libexec/kubern
   mkdir -p "$OWN$d" "$d" && mount --bind "$OWN$d" "$d" ||
     { echo "FATAL: cannot make $d the guest's own" >&2; exit 1; }
 done
-mkdir -p "$KUBE_KIT_STATE/images"
-cp "$RUN"/images/*.tar "$KUBE_KIT_STATE/images/"
+# The node's containerd root with the images imported (tests/vm/cluster.sh made it).
+mkdir -p "$KUBE_KIT_STATE/containerd/root"
+tar --xattrs --xattrs-include='*' -C "$KUBE_KIT_STATE/containerd/root" -xf "$RUN/containerd-root.tar" ||
+  { echo "FATAL: cannot unpack the node's image store" >&2; exit 1; }
+phase "image store unpacked"
 # The control plane's PKI and admin kubeconfig: start-node.sh makes the node's
 # certificate with that CA.
 cp -a "$LOCALVOL_VM_CP_STATE/pki" "$LOCALVOL_VM_CP_STATE/kubeconfig" "$KUBE_KIT_STATE/"

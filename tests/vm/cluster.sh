@@ -74,7 +74,7 @@ keep=0
 CP_STATE=/var/lib/localvol-vm-kube CP_PROXY="" RELAY_PID="" TAP=lvvm0 TAP_HOST=10.204.0.1 TAP_GUEST=10.204.0.2
 cleanup() {
   local rc=$?
-  rm -rf "$RUN/images"
+  rm -rf "$RUN/images" "$RUN/containerd-root.tar"
   [ -z "$RELAY_PID" ] || kill "$RELAY_PID" 2>/dev/null || true
   [ -z "$CP_PROXY" ] || kill "$CP_PROXY" 2>/dev/null || true
   if [ -d "$CP_STATE" ]; then
@@ -101,6 +101,31 @@ install_node_packages "$LOGS"        # lib.sh
 rootfs=$(image_rootfs "$IMAGE_CACHE" "$LOGS")
 phase "image archives"
 build_image_archives "$RUN/images" "$BINARY" "$rootfs" "$KIT/recipe"   # lib.sh
+
+# containerd's image store for the guest's node, made here: importing the archives there,
+# under TCG, took 180 s of the node's start (hashing and unpacking 250 MB, emulated). A
+# containerd of the node's version imports them into a store of its own, with the
+# snapshotter the node uses (overlayfs); the guest unpacks that store as its node's
+# containerd root (cluster-guest.sh), and start-node.sh then finds the images there.
+# The store keeps no absolute path: its directory may differ from the node's.
+phase "containerd image store"
+make_image_store() { # ARCHIVE_DIR OUT_TAR
+  local store rc=0 pid f
+  store=$(mktemp -d /var/tmp/localvol-vm-store.XXXXXX)
+  printf 'version = 2\nroot = "%s/root"\nstate = "%s/state"\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "%s/sock"\n' \
+    "$store" "$store" "$store" >"$store/config.toml"
+  containerd --config "$store/config.toml" >"$LOGS/image-store.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do ctr --address "$store/sock" version >/dev/null 2>&1 && break; sleep 0.1; done
+  for f in "$1"/*.tar; do
+    ctr --address "$store/sock" -n k8s.io images import --snapshotter overlayfs "$f" >>"$LOGS/image-store.log" 2>&1 || { rc=1; break; }
+  done
+  kill "$pid"; wait "$pid" 2>/dev/null
+  [ $rc = 0 ] && tar --xattrs --xattrs-include='*' -C "$store/root" -cf "$2" . || rc=1
+  rm -rf "$store"
+  [ $rc = 0 ] || { tail -n 20 "$LOGS/image-store.log"; return 1; }
+}
+make_image_store "$RUN/images" "$RUN/containerd-root.tar"
 
 # The guest kernel's whole module tree: run.sh unpacks only the storage modules, and the
 # node needs bridge, veth, dummy, br_netfilter, nf_conntrack and nf_tables as well.
