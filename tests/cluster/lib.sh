@@ -35,7 +35,7 @@ select_scenarios() {
   done
   [ ${#selected[@]} -gt 0 ] || selected=("${ALL[@]}")
 }
-note() { printf '  [%s] %s\n' "$(date +%T)" "$*"; }
+note() { printf '  [%(%T)T] %s\n' -1 "$*"; }
 k() { kubectl "$@"; }
 
 # wait_until SECONDS WHAT COMMAND...: polls COMMAND every POLL_INTERVAL seconds (default
@@ -49,17 +49,25 @@ wait_until() {
   until "$@" >/dev/null 2>&1; do
     # Once more with its output, which may say what is missing.
     [ "$SECONDS" -lt "$end" ] || { "$@" || true; fail "timed out after ${limit}s waiting for: $what"; }
-    sleep "${POLL_INTERVAL:-0.5}"
+    pause "${POLL_INTERVAL:-0.5}"
   done
   note "$what"
 }
+# pause SECONDS: a sleep in the shell itself, a read with a timeout on a FIFO that
+# nobody writes to: the emulated guest pays about 0.1 s of CPU for each process it
+# starts, a sleep's too (tests/vm/README.md).
+exec {PAUSE_FD}<> <(:)
+pause() { read -r -t "$1" -u "$PAUSE_FD" _ || true; }
 
 pod_phase_is() { [ "$(k -n "$1" get pod "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
-# pods_running NAMESPACE POD...: every one of them Running, in one read of the API (a
-# poll is a kubectl process, which costs most on the emulated guest).
+# pods_running NAMESPACE POD...: every one of them Running, in one read of the API and
+# no other process (polls cost most on the emulated guest).
 pods_running() {
-  local ns=$1; shift
-  [ "$(k -n "$ns" get pod "$@" -o custom-columns=PHASE:.status.phase --no-headers | grep -cx Running)" = $# ]
+  local ns=$1 phase n=0; shift
+  for phase in $(k -n "$ns" get pod "$@" -o custom-columns=PHASE:.status.phase --no-headers); do
+    [ "$phase" != Running ] || n=$((n + 1))
+  done
+  [ $n = $# ]
 }
 claim_phase_is() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
 gone() { ! k get "$@" -o name >/dev/null 2>&1; }
@@ -179,8 +187,9 @@ mounts_count() { mounts_of "$@" | wc -l; }
 
 # A busybox pod (the kit's image, no pulls) that sleeps, or runs SCRIPT (sh) until
 # stopped, with CLAIM's volume at PATH, or an emptyDir there (KIND emptydir, CLAIM "").
+# Its sleep is one process an hour, not one a second: each costs the emulated guest.
 apply_pod() { # NAMESPACE NAME KIND(fs|block|emptydir) CLAIM [PATH] [SCRIPT]
-  local ns=$1 name=$2 kind=$3 claim=$4 path=${5:-/data} script=${6:-"while true; do sleep 1; done"}
+  local ns=$1 name=$2 kind=$3 claim=$4 path=${5:-/data} script=${6:-'while true; do sleep 3600 & wait $!; done'}
   local mount source="persistentVolumeClaim: {claimName: $claim}"
   case $kind in
     fs) mount="volumeMounts: [{name: vol, mountPath: $path}]" ;;
@@ -334,11 +343,14 @@ delete_namespace() { # NAMESPACE
 # One daemon pod of the DaemonSet, Ready.
 daemon_pod() { k -n "$SYSTEM_NS" get pod -l app.kubernetes.io/component=node -o jsonpath='{.items[0].metadata.name}'; }
 daemon_ready() {
-  local ds ready desired updated
+  local ds ready desired updated pods
   ds=$(k -n "$SYSTEM_NS" get ds localvol-node -o jsonpath='{.status.numberReady} {.status.desiredNumberScheduled} {.status.updatedNumberScheduled} {.status.observedGeneration} {.metadata.generation}') || return 1
   read -r ready desired updated observed generation <<<"$ds"
-  [ "$desired" -ge 1 ] && [ "$ready" = "$desired" ] && [ "$updated" = "$desired" ] && [ "$observed" = "$generation" ] &&
-    [ "$(k -n "$SYSTEM_NS" get pod -l app.kubernetes.io/component=node -o name | wc -l)" = "$desired" ]
+  [ "$desired" -ge 1 ] && [ "$ready" = "$desired" ] && [ "$updated" = "$desired" ] && [ "$observed" = "$generation" ] ||
+    return 1
+  pods=$(k -n "$SYSTEM_NS" get pod -l app.kubernetes.io/component=node -o name) || return 1
+  read -r -a pods -d '' <<<"$pods" || true
+  [ "${#pods[@]}" = "$desired" ]
 }
 
 # The overlay of the other registration (s1_registration switches to it and back):
@@ -352,7 +364,7 @@ other_registration_overlay() {
 
 # The CSINode of this node lists localvol with its topology key.
 registered() {
-  k get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name=='$DRIVER')].topologyKeys}" | grep -q 'topology.localvol.csi.dev/node'
+  [[ "$(k get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name=='$DRIVER')].topologyKeys}")" == *topology.localvol.csi.dev/node* ]]
 }
 
 # The host PID of a container of a pod (containerd task).
@@ -454,6 +466,22 @@ install_packages() { # LOG_DIR PACKAGE...: the Debian packages missing here, no 
   } >"$log/apt.log" 2>&1 || rc=$?
   [ $no_start = 0 ] || rm -f /usr/sbin/policy-rc.d
   [ $rc = 0 ] || { tail -20 "$log/apt.log" >&2; return 1; }
+}
+
+# The VolumeSnapshot CRDs and the snapshot-controller (scenarios 9 and 11), on the host
+# like the rest of the control plane, with the flag node-local drivers need
+# (deploy/components/csi-snapshotter). KUBECONFIG is the cluster's admin one; sets
+# SNAPSHOT_CONTROLLER_PID.
+start_snapshot_controller() { # KIT_RECIPE_DIR LOG_DIR
+  local crd
+  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
+    kubectl apply -f "$1/snapshot-crds/snapshot.storage.k8s.io_$crd.yaml" >>"$2/apply.log" &&
+      kubectl wait --for=condition=established --timeout=60s "crd/$crd.snapshot.storage.k8s.io" >/dev/null ||
+      { echo "the snapshot CRD $crd was not established" >&2; return 1; }
+  done
+  snapshot-controller --kubeconfig="$KUBECONFIG" --leader-election=false --enable-distributed-snapshotting \
+    >"$2/snapshot-controller.log" 2>&1 &
+  SNAPSHOT_CONTROLLER_PID=$!
 }
 
 # The image archives a node needs: localvol's (ROOTFS plus BINARY, stripped of its debug

@@ -192,17 +192,10 @@ kubectl -n csi-addons-system create configmap csi-addons-config --from-literal=c
 kubectl apply -k "$OVERLAY" >"$LOGS/apply.log"
 wait_until 120 "DaemonSet localvol-node Ready" daemon_ready
 
-# Scenarios 9 and 11: the VolumeSnapshot CRDs and snapshot-controller, on the host like the rest
-# of the control plane, with the flag node-local drivers need (deploy/components/csi-snapshotter).
+# Scenarios 9 and 11: the VolumeSnapshot CRDs and snapshot-controller.
 if [[ " ${selected[*]} " == *" s9_snapshots "* || " ${selected[*]} " == *" s11_e2e_storage "* ]]; then
   phase "snapshot CRDs and snapshot-controller"
-  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
-    kubectl apply -f "$KIT/recipe/snapshot-crds/snapshot.storage.k8s.io_$crd.yaml" >>"$LOGS/apply.log"
-    kubectl wait --for=condition=established --timeout=30s "crd/$crd.snapshot.storage.k8s.io" >/dev/null
-  done
-  snapshot-controller --kubeconfig="$KUBECONFIG" --leader-election=false --enable-distributed-snapshotting \
-    >"$LOGS/snapshot-controller.log" 2>&1 &
-  SNAPSHOT_CONTROLLER_PID=$!
+  start_snapshot_controller "$KIT/recipe" "$LOGS"   # lib.sh
 fi
 
 phase "scenarios"

@@ -5,17 +5,19 @@
 #
 #   cluster-guest.sh RUN_DIR CLASSES SCENARIO...
 #
-# RUN_DIR (shared with the host) holds containerd-root.tar, the node's containerd root
-# with localvol's and the sidecars' images imported (made on the host), and the kubectl
-# relay's directory. /var/cache/localvol-vm/cluster-modules-KVER (made by cluster.sh) is
-# the guest kernel's whole module tree: the bridge, veth, netfilter and dummy modules the
-# node needs are not in run.sh's.
-# Disks: /dev/vda for guest-prep.sh (the node's state, kubelet's root), /dev/vdb for the
+# RUN_DIR (shared with the host) holds the kubectl relay's directory (the harness's
+# kubectl runs on the host, as the control plane does: tests/vm/cluster.sh).
+# /var/cache/localvol-vm/cluster-modules-KVER (made by cluster.sh) is the guest kernel's
+# whole module tree: the bridge, veth, netfilter and dummy modules the node needs are not
+# in run.sh's.
+# Disks: /dev/vda for guest-prep.sh (the node's state, kubelet's root); /dev/vdb for the
 # volume group `localvol` of the lvm classes (the name deploy/overlays/lvm*/config.yaml
-# expects); the NVDIMM's region0 for the pmem classes (deploy/overlays/pmem/config.yaml;
-# for pmem-lvm, deploy/overlays/pmem-lvm/config.yaml's VG `localvol-pmem` on its one
-# fsdax namespace), labelled here as new hardware would be. Writes RUN_DIR/results ("PASS|FAIL|SKIP
-# SCENARIO CLASS SECONDS" lines, then "PASS|FAIL final-state") and RUN_DIR/logs/.
+# expects); /dev/vdc the node's containerd root, localvol's and the sidecars' images
+# imported (made on the host); the NVDIMM's region0 for the pmem classes
+# (deploy/overlays/pmem/config.yaml; for pmem-lvm, deploy/overlays/pmem-lvm/config.yaml's
+# VG `localvol-pmem` on its one fsdax namespace), labelled here as new hardware would be.
+# Writes RUN_DIR/results ("PASS|FAIL|SKIP SCENARIO CLASS SECONDS" lines, then
+# "PASS|FAIL final-state") and RUN_DIR/logs/.
 # Exits 0 only if no line is a FAIL.
 set -uo pipefail
 RUN=${1:?usage: cluster-guest.sh RUN_DIR CLASSES SCENARIO...}
@@ -102,11 +104,9 @@ for d in /var/log/pods /var/log/containers /var/lib/localvol /usr/libexec/kubern
   mkdir -p "$OWN$d" "$d" && mount --bind "$OWN$d" "$d" ||
     { echo "FATAL: cannot make $d the guest's own" >&2; exit 1; }
 done
-# The node's containerd root with the images imported (tests/vm/cluster.sh made it).
-mkdir -p "$KUBE_KIT_STATE/containerd/root"
-tar --xattrs --xattrs-include='*' -C "$KUBE_KIT_STATE/containerd/root" -xf "$RUN/containerd-root.tar" ||
-  { echo "FATAL: cannot unpack the node's image store" >&2; exit 1; }
-phase "image store unpacked"
+# The node's containerd root with the images imported: /dev/vdc (tests/vm/cluster.sh).
+mkdir -p "$KUBE_KIT_STATE/containerd/root" && mount /dev/vdc "$KUBE_KIT_STATE/containerd/root" ||
+  { echo "FATAL: cannot mount the node's image store" >&2; exit 1; }
 # The control plane's PKI and admin kubeconfig: start-node.sh makes the node's
 # certificate with that CA.
 cp -a "$LOCALVOL_VM_CP_STATE/pki" "$LOCALVOL_VM_CP_STATE/kubeconfig" "$KUBE_KIT_STATE/"
@@ -173,21 +173,6 @@ not_for_class() { # SCENARIO CLASS
     s12_mixed_node:*) echo "a configuration of its own: the mixed run's" ;;
     *) return 1 ;;
   esac
-}
-
-# Scenarios 9 and 11: the VolumeSnapshot CRDs and the snapshot-controller with the flag
-# node-local drivers need, as run.sh starts them on the host. Before any class deploys:
-# the lvm-thin overlay carries the csi-snapshotter component (tests/cluster/overlays/lvm-thin).
-SNAPSHOT_CONTROLLER_PID=""
-start_snapshot_controller() {
-  local crd
-  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
-    kubectl apply -f "$KIT/recipe/snapshot-crds/snapshot.storage.k8s.io_$crd.yaml" || return 1
-    kubectl wait --for=condition=established --timeout=60s "crd/$crd.snapshot.storage.k8s.io" || return 1
-  done
-  snapshot-controller --kubeconfig="$KUBECONFIG" --leader-election=false --enable-distributed-snapshotting \
-    >"$LOGS/snapshot-controller.log" 2>&1 &
-  SNAPSHOT_CONTROLLER_PID=$!
 }
 
 # A production host's udev for the classes in LOCALVOL_VM_UDEV_CLASSES (issue 32): the
@@ -326,20 +311,17 @@ undeploy() {
     kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1
   done
   local end=$((SECONDS + 300))
-  while [ $SECONDS -lt $end ] && { kubectl get ns -o name | grep -q lvtest- || [ -n "$(kubectl get pv -o name)" ]; }; do sleep "$POLL_INTERVAL"; done
+  test_objects_left() { local left; left=$(kubectl get ns -o name; kubectl get pv -o name); [[ $left == *lvtest-* || $left == *persistentvolume/* ]]; }
+  while [ $SECONDS -lt $end ] && test_objects_left; do pause "$POLL_INTERVAL"; done
   local ok=0
   [ -z "$(kubectl get pv -o name)" ] || { echo "cleanup: volumes left: $(kubectl get pv -o name | tr '\n' ' ')"; ok=1; }
   kubectl delete -k "$OVERLAY" --wait=false >/dev/null 2>&1
   end=$((SECONDS + 300))
-  while [ $SECONDS -lt $end ] && kubectl get ns "$SYSTEM_NS" >/dev/null 2>&1; do sleep "$POLL_INTERVAL"; done
+  while [ $SECONDS -lt $end ] && kubectl get ns "$SYSTEM_NS" >/dev/null 2>&1; do pause "$POLL_INTERVAL"; done
   kubectl get ns "$SYSTEM_NS" >/dev/null 2>&1 && { echo "cleanup: namespace $SYSTEM_NS not deleted"; ok=1; }
   return $ok
 }
 
-if [[ ",${CLASSES[*]}," == *lvm-thin* ]]; then
-  phase "snapshot CRDs and snapshot-controller"
-  start_snapshot_controller >"$LOGS/snapshot-crds.log" 2>&1 || { cat "$LOGS/snapshot-crds.log"; exit 1; }
-fi
 
 failed=0
 for CLASS in "${CLASSES[@]}"; do
@@ -406,7 +388,6 @@ for CLASS in "${CLASSES[@]}"; do
   if [ $cok = 0 ]; then result "PASS cleanup $CLASS $((SECONDS - start))s"; else result "FAIL cleanup $CLASS $((SECONDS - start))s"; failed=1; fi
 done
 
-[ -z "$SNAPSHOT_CONTROLLER_PID" ] || { kill "$SNAPSHOT_CONTROLLER_PID"; wait "$SNAPSHOT_CONTROLLER_PID"; }
 phase "stop-node.sh --purge"
 cp "$KUBE_KIT_STATE"/logs/*.log "$LOGS/" 2>/dev/null
 start=$SECONDS

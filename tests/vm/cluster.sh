@@ -70,16 +70,21 @@ mkdir -p "$LOGS" "$RUN/images"
 keep=0
 # The node's control plane runs here, on the host (below), and the guest reaches it
 # through a tap device: CP_STATE is its kube-kit state, CP_PROXY the forwarder on the tap.
-# RELAY_PID serves the guest harness's kubectl calls (tests/vm/kubectl-relay.sh).
-CP_STATE=/var/lib/localvol-vm-kube CP_PROXY="" RELAY_PID="" TAP=lvvm0 TAP_HOST=10.204.0.1 TAP_GUEST=10.204.0.2
+# RELAY_PID serves the guest harness's kubectl calls (tests/vm/kubectl-relay.sh);
+# SNAPSHOT_CONTROLLER_PID is the cluster's snapshot-controller, which runs here too.
+CP_STATE=/var/lib/localvol-vm-kube CP_PROXY="" RELAY_PID="" SNAPSHOT_CONTROLLER_PID=""
+TAP=lvvm0 TAP_HOST=10.204.0.1 TAP_GUEST=10.204.0.2
 cleanup() {
   local rc=$?
-  rm -rf "$RUN/images" "$RUN/containerd-root.tar"
-  [ -z "$RELAY_PID" ] || kill "$RELAY_PID" 2>/dev/null || true
-  [ -z "$CP_PROXY" ] || kill "$CP_PROXY" 2>/dev/null || true
+  rm -rf "$RUN/images" "$RUN/containerd-root.img"
+  [ -z "$SNAPSHOT_CONTROLLER_PID" ] || kill "$SNAPSHOT_CONTROLLER_PID" 2>/dev/null || true
+  [ -z "$RELAY_PID" ] || { pkill -P "$RELAY_PID"; kill "$RELAY_PID"; } 2>/dev/null || true
+  # socat serves each connection in a child of its own.
+  [ -z "$CP_PROXY" ] || { pkill -P "$CP_PROXY"; kill "$CP_PROXY"; } 2>/dev/null || true
   if [ -d "$CP_STATE" ]; then
     cp "$CP_STATE"/logs/*.log "$LOGS/" 2>/dev/null || true
     KUBE_KIT_STATE=$CP_STATE "$KIT/recipe/stop-kube.sh" --purge >>"$LOGS/control-plane.log" 2>&1 || true
+    rm -rf "$CP_STATE"
   fi
   ip link del "$TAP" 2>/dev/null || true
   if [ $rc = 0 ] && [ $keep = 0 ]; then rm -rf "$RUN"; else echo "vm-cluster: logs kept in $LOGS"; fi
@@ -103,13 +108,14 @@ phase "image archives"
 build_image_archives "$RUN/images" "$BINARY" "$rootfs" "$KIT/recipe"   # lib.sh
 
 # containerd's image store for the guest's node, made here: importing the archives there,
-# under TCG, took 180 s of the node's start (hashing and unpacking 250 MB, emulated). A
-# containerd of the node's version imports them into a store of its own, with the
-# snapshotter the node uses (overlayfs); the guest unpacks that store as its node's
-# containerd root (cluster-guest.sh), and start-node.sh then finds the images there.
-# The store keeps no absolute path: its directory may differ from the node's.
+# under TCG, took 180 s of the node's start (hashing and unpacking 250 MB, emulated), and
+# unpacking a tar of the store 45 s. A containerd of the node's version imports them into
+# a store of its own, with the snapshotter the node uses (overlayfs), written into an ext4
+# image (mkfs.ext4 -d) that the guest mounts as its node's containerd root
+# (cluster-guest.sh); start-node.sh then finds the images there. The store keeps no
+# absolute path: its directory may differ from the node's.
 phase "containerd image store"
-make_image_store() { # ARCHIVE_DIR OUT_TAR
+make_image_store() { # ARCHIVE_DIR OUT_IMAGE
   local store rc=0 pid f
   store=$(mktemp -d /var/tmp/localvol-vm-store.XXXXXX)
   printf 'version = 2\nroot = "%s/root"\nstate = "%s/state"\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "%s/sock"\n' \
@@ -121,11 +127,12 @@ make_image_store() { # ARCHIVE_DIR OUT_TAR
     ctr --address "$store/sock" -n k8s.io images import --snapshotter overlayfs "$f" >>"$LOGS/image-store.log" 2>&1 || { rc=1; break; }
   done
   kill "$pid"; wait "$pid" 2>/dev/null
-  [ $rc = 0 ] && tar --xattrs --xattrs-include='*' -C "$store/root" -cf "$2" . || rc=1
+  # Room for what the node adds: its pods' containers and logs stay on its own disk.
+  [ $rc = 0 ] && truncate -s 4G "$2" && mkfs.ext4 -q -F -d "$store/root" "$2" >>"$LOGS/image-store.log" 2>&1 || rc=1
   rm -rf "$store"
   [ $rc = 0 ] || { tail -n 20 "$LOGS/image-store.log"; return 1; }
 }
-make_image_store "$RUN/images" "$RUN/containerd-root.tar"
+make_image_store "$RUN/images" "$RUN/containerd-root.img"
 
 # The guest kernel's whole module tree: run.sh unpacks only the storage modules, and the
 # node needs bridge, veth, dummy, br_netfilter, nf_conntrack and nf_tables as well.
@@ -203,6 +210,9 @@ for _ in $(seq 300); do
   KUBECONFIG=$CP_STATE/kubeconfig "$KUBE_KIT_BIN/kubectl" -n default get serviceaccount default >/dev/null 2>&1 && break
   sleep 0.1
 done
+# Scenarios 9 and 11: the VolumeSnapshot CRDs and the snapshot-controller, before any
+# class deploys (the lvm-thin overlay carries the csi-snapshotter component).
+KUBECONFIG=$CP_STATE/kubeconfig PATH=$KUBE_KIT_BIN:$PATH start_snapshot_controller "$KIT/recipe" "$LOGS"   # lib.sh
 # shellcheck source=tests/vm/kubectl-relay.sh
 source tests/vm/kubectl-relay.sh
 mkdir -p "$RUN/kubectl-relay"
@@ -221,7 +231,7 @@ guest_start=$SECONDS
 # plugins): a TCG code cache of 1 GiB, not run.sh's 256 MiB, which such a guest can fill
 # (one run each, on lvm-thin: scenario 2 took 285 s against 431 s; node start the same).
 LOCALVOL_VM_TB_SIZE=${LOCALVOL_VM_TB_SIZE:-1024} \
-  tests/vm/run.sh "${VERBOSE[@]}" --tap "$TAP" --disks 2 --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
+  tests/vm/run.sh "${VERBOSE[@]}" --tap "$TAP" --disks 2 --attach "$RUN/containerd-root.img" --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
   -- bash "$REPO/tests/vm/cluster-guest.sh" "$RUN" "$CLASSES" "${selected[@]}" 2>&1 | tee "$LOGS/guest.log" || rc=${PIPESTATUS[0]}
 guest_took=$((SECONDS - guest_start))
 

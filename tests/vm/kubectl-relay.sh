@@ -2,62 +2,81 @@
 # tests/vm/kubectl-relay.sh - the guest cluster's kubectl, run on the host (sourced by
 # tests/vm/cluster.sh, which serves, and tests/vm/cluster-guest.sh, which asks).
 #
-# Under TCG a kubectl process costs the guest about 2 s of CPU (a large Go program's
-# start and its TLS handshake, emulated), and the harness's polls and checks run
-# hundreds. The API server runs on the host (cluster.sh), so the guest's harness hands
-# each call to the host instead, through a directory both see (RELAY, in the run's
-# shared directory): a request is a directory REQ.req holding `argv` (NUL-separated)
-# and, for `-f -`, `stdin`; the host renames it REQ.run, runs kubectl with the control
-# plane's admin kubeconfig in the project's directory (the harness names files by
-# absolute paths in the project and the kit, which the host sees at the same paths),
-# and writes `out`, `err` and, last, `rc`. Output comes back when the call ends: the
-# harness never follows a stream.
+# Under TCG every process costs the guest: a kubectl about 1.5 s of CPU (a large Go
+# program's start and its TLS handshake, emulated), even a `cat` or `mkdir` about 0.1 s
+# (process accounting in the guest, tests/vm/README.md). The API server runs on the host
+# (cluster.sh), so the guest's harness hands each call to the host, through a directory
+# both see (RELAY, in the run's shared directory), and starts no process to do it: the
+# shell's own redirections and reads only. A request REQ is REQ.argv (the arguments,
+# NUL-separated), REQ.stdin for `-f -`, then REQ.ready; the host runs kubectl with the
+# control plane's admin kubeconfig in the project's directory (the harness names files
+# by absolute paths in the project and the kit, which the host sees at the same paths)
+# and writes REQ.out, REQ.err and, last, REQ.rc; the guest reads them and writes
+# REQ.done, and the host removes the request's files later. Output comes back when the call
+# ends: the harness never follows a stream.
 
-# The host side: serves RELAY until killed. KUBECONFIG is the control plane's.
+# The host side: serves RELAY until killed. KUBECONFIG is the control plane's. A file the
+# guest has just made is left alone until the request is done: QEMU's 9p server finds a
+# file by its path, and the guest's kernel may still look at it after making it (a
+# request file removed at once failed in the guest with "No such file or directory").
+# So are the request's files once done, for 10 s.
 relay_serve() { # RELAY KUBECTL
-  local relay=$1 kubectl=$2 req
+  local relay=$1 kubectl=$2 f req
+  local -A taken=() done_at=()
   while :; do
-    for req in "$relay"/*.req; do
-      [ -d "$req" ] && mv "$req" "${req%.req}.run" 2>/dev/null || continue
-      relay_run "${req%.req}.run" "$kubectl" &
+    for f in "$relay"/*.ready; do
+      req=${f%.ready}
+      [ -f "$f" ] && [ -z "${taken[$req]:-}" ] || continue
+      taken[$req]=1
+      relay_run "$req" "$kubectl" &
+    done
+    for f in "$relay"/*.done; do
+      req=${f%.done}
+      [ -f "$f" ] || continue
+      : "${done_at[$req]:=$SECONDS}"
+      [ $((SECONDS - done_at[$req])) -ge 10 ] || continue
+      rm -f "$req".*
+      unset "taken[$req]" "done_at[$req]"
     done
     sleep 0.05
   done
 }
-relay_run() { # DIR KUBECTL
-  local dir=$1 argv=() rc=0 in=/dev/null
-  mapfile -d '' argv <"$dir/argv"
-  [ ! -f "$dir/stdin" ] || in=$dir/stdin
-  timeout -k 5 900 "$2" "${argv[@]}" <"$in" >"$dir/out" 2>"$dir/err" || rc=$?
-  echo "$rc" >"$dir/rc.new" && mv "$dir/rc.new" "$dir/rc"
+relay_run() { # REQ KUBECTL
+  local req=$1 argv=() rc=0 in=/dev/null
+  mapfile -d '' argv <"$req.argv"
+  [ ! -f "$req.stdin" ] || in=$req.stdin
+  timeout -k 5 900 "$2" "${argv[@]}" <"$in" >"$req.out" 2>"$req.err" || rc=$?
+  echo "$rc" >"$req.rc.new" && mv "$req.rc.new" "$req.rc"
 }
 
 # The guest side: kubectl, as a function, so that the harness's `k` and its own
-# `kubectl` calls take it. Waits up to 960 s for the host (exit 124 then).
+# `kubectl` calls take it. Waits up to 960 s for the host (exit 124 then). Needs
+# tests/cluster/lib.sh's pause.
 relay_client() { # RELAY: from now on, kubectl is relayed to the host
   KUBECTL_RELAY=$1
-  # A sleep without a process: read with a timeout on a FIFO nobody writes to.
-  mkfifo "/tmp/kubectl-relay.$$" && exec {KUBECTL_RELAY_SLEEP}<>"/tmp/kubectl-relay.$$" &&
-    rm "/tmp/kubectl-relay.$$"
+  [ -d "$KUBECTL_RELAY" ]
 }
 kubectl() {
-  local req a prev="" stdin=0 waited=0 rc
+  local req a prev="" stdin=0 waited=0 text="" rc=""
   req=$KUBECTL_RELAY/${EPOCHREALTIME/./}-$BASHPID-$RANDOM
   for a in "$@"; do
     case $prev:$a in -f:-|--filename:-|*:--filename=-|*:-f=-) stdin=1 ;; esac
     prev=$a
   done
-  mkdir "$req.new" || return 1
-  printf '%s\0' "$@" >"$req.new/argv"
-  [ $stdin = 0 ] || cat >"$req.new/stdin"
-  mv "$req.new" "$req.req"
-  until [ -f "$req.run/rc" ]; do
-    read -r -t 0.05 -u "$KUBECTL_RELAY_SLEEP" _ || true   # the callers may run under errexit
+  if [ $stdin = 1 ]; then
+    IFS= read -r -d '' text || true
+    printf '%s' "$text" >"$req.stdin"
+  fi
+  printf '%s\0' "$@" >"$req.argv"
+  : >"$req.ready"
+  until [ -f "$req.rc" ]; do
+    pause 0.05
     waited=$((waited + 1))
     [ $waited -lt 19200 ] || { echo "kubectl (relayed): no answer from the host in 960 s" >&2; return 124; }
   done
-  cat "$req.run/out"; cat "$req.run/err" >&2
-  rc=$(cat "$req.run/rc")
-  rm -rf "$req.run"
-  return "$rc"
+  text=""; IFS= read -r -d '' text <"$req.out" || true; printf '%s' "$text"
+  text=""; IFS= read -r -d '' text <"$req.err" || true; printf '%s' "$text" >&2
+  read -r rc <"$req.rc" || true
+  : >"$req.done"
+  return "${rc:-1}"
 }

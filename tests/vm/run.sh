@@ -17,6 +17,7 @@
 #   when full; a guest that runs many large programs (a Kubernetes node:
 #   tests/vm/cluster.sh) wants more.
 #   --share DIR       share DIR read-write at the same path (repeatable)
+#   --attach FILE     FILE as one more disk after the scratch disks (written in place)
 #   --tap IFNAME      a virtio NIC on the host's tap device IFNAME (made and addressed
 #                     by the caller; the guest loads virtio_net and addresses it)
 #   -v                progress and the live guest console on stderr
@@ -37,7 +38,7 @@ PKGS=(qemu-system-x86 busybox-static lvm2 thin-provisioning-tools ndctl xfsprogs
 MODULES="virtio_pci virtio_blk virtio_console virtio_rng 9pnet_virtio 9p overlay loop
          dm_mod dm_thin_pool dm_crypt xts algif_skcipher nfit nd_pmem"
 
-PMEM_SIZE=1G DISK_SIZE=4G DISKS=1 MEM=1G TIMEOUT=3600 VERBOSE=0 SHARES=() TAP=
+PMEM_SIZE=1G DISK_SIZE=4G DISKS=1 MEM=1G TIMEOUT=3600 VERBOSE=0 SHARES=() ATTACH=() TAP=
 T0=${EPOCHREALTIME/./}
 log() {
   [ "$VERBOSE" = 1 ] || return 0
@@ -45,7 +46,7 @@ log() {
   printf 'run.sh [%3d.%02ds] %s\n' $((t / 100)) $((t % 100)) "$*" >&2
 }
 die() { echo "tests/vm/run.sh: ERROR: $*" >&2; exit 125; }
-usage() { sed -n '7,21s/^# \{0,1\}//p' "$0" >&2; exit 125; }
+usage() { sed -n '7,22s/^# \{0,1\}//p' "$0" >&2; exit 125; }
 bytes() { numfmt --from=iec "${1%[bB]}" 2>/dev/null || die "bad size: $1"; }
 
 while [ $# -gt 0 ]; do
@@ -57,6 +58,7 @@ while [ $# -gt 0 ]; do
     --timeout) TIMEOUT=$2; shift 2 ;;
     --share) SHARES+=("$2"); shift 2 ;;
     --tap) TAP=$2; shift 2 ;;
+    --attach) ATTACH+=("$2"); shift 2 ;;
     -v) VERBOSE=1; shift ;;
     --) shift; break ;;
     *) echo "tests/vm/run.sh: unknown option '$1'" >&2; usage ;;
@@ -249,6 +251,14 @@ for ((d = 0; d < DISKS; d++)); do
   DEV_ARGS+=(-drive "file=$RUN/disk$d.img,if=none,id=disk$d,format=raw,discard=unmap,cache=unsafe"
              -device "virtio-blk-pci,drive=disk$d,serial=localvol-disk$d")
   waitfor+=" /dev/vd${LETTERS:d:1}"
+done
+for f in "${ATTACH[@]}"; do
+  [ -f "$f" ] && [[ ! "$f" =~ [,[:space:]] ]] || die "--attach $f: not a file, or a path with ',' or whitespace"
+  [ "$d" -lt 26 ] || die "too many disks"
+  DEV_ARGS+=(-drive "file=$f,if=none,id=disk$d,format=raw,cache=unsafe"
+             -device "virtio-blk-pci,drive=disk$d,serial=localvol-disk$d")
+  waitfor+=" /dev/vd${LETTERS:d:1}"
+  d=$((d + 1))
 done
 mem_mib=$(( $(bytes "$MEM") / 1048576 ))
 pmem=$(bytes "$PMEM_SIZE")
