@@ -40,9 +40,8 @@ k() { kubectl "$@"; }
 
 # wait_until SECONDS WHAT COMMAND...: polls COMMAND every POLL_INTERVAL seconds (default
 # half a second). WAIT_SCALE (default 1) multiplies every limit: tests/vm/cluster-guest.sh's
-# emulated guest is slower, and polls less often there: a poll is mostly a kubectl process,
-# which under TCG costs about 2 s of CPU (its code is translated anew in each process), so
-# half-second polls kept one of the guest's two vCPUs busy with the harness itself.
+# emulated guest is slower, and polls every second there (its kubectl calls run on the
+# host: tests/vm/kubectl-relay.sh).
 wait_until() {
   local limit=$(( $1 * ${WAIT_SCALE:-1} )) what=$2; shift 2
   local end=$((SECONDS + limit))
