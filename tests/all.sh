@@ -197,7 +197,8 @@ cluster_suite() {
 # harness's kubectl run on the host (tests/vm/cluster.sh), so the emulated guest runs
 # the node only. LOCALVOL_FULL=1 adds scenario 11 on lvm-thin, Kubernetes' storage e2e
 # specs the host cannot run (its driver's other specs run on the host). Scenario 13
-# (encryption) is in neither list yet: it has not passed a guest run. It starts once one
+# (encryption) is in neither list yet: it has passed a guest run alone, not yet a CI
+# rehearsal (tests/vm/README.md). It starts once one
 # of the VM suite's two guests is done (a third emulated guest beside both would share
 # two cores three ways, and its timing-bound kubelet and API waits with them) and once
 # the host cluster suite has ended (the guest's control plane takes the kit's ports).
