@@ -245,20 +245,20 @@ touch "$RUN/vm/shares"
 # Devices: sparse files. QEMU keeps the NVDIMM label area (128K, room for
 # namespace labels) at the end of the backing file, so add it on top: region0
 # is then exactly --pmem-size.
-DEV_ARGS=() waitfor='' LETTERS=abcdefghijklmnopqrstuvwxyz
+DEV_ARGS=() waitfor='' LETTERS=abcdefghijklmnopqrstuvwxyz disk_files=()
 for ((d = 0; d < DISKS; d++)); do
   truncate -s "$(bytes "$DISK_SIZE")" "$RUN/disk$d.img"
-  DEV_ARGS+=(-drive "file=$RUN/disk$d.img,if=none,id=disk$d,format=raw,discard=unmap,cache=unsafe"
-             -device "virtio-blk-pci,drive=disk$d,serial=localvol-disk$d")
-  waitfor+=" /dev/vd${LETTERS:d:1}"
+  disk_files+=("$RUN/disk$d.img")
 done
 for f in "${ATTACH[@]}"; do
   [ -f "$f" ] && [[ ! "$f" =~ [,[:space:]] ]] || die "--attach $f: not a file, or a path with ',' or whitespace"
-  [ "$d" -lt 26 ] || die "too many disks"
-  DEV_ARGS+=(-drive "file=$f,if=none,id=disk$d,format=raw,cache=unsafe"
+  disk_files+=("$f")
+done
+[ ${#disk_files[@]} -le 26 ] || die "more than 26 disks"
+for d in "${!disk_files[@]}"; do
+  DEV_ARGS+=(-drive "file=${disk_files[d]},if=none,id=disk$d,format=raw,discard=unmap,cache=unsafe"
              -device "virtio-blk-pci,drive=disk$d,serial=localvol-disk$d")
   waitfor+=" /dev/vd${LETTERS:d:1}"
-  d=$((d + 1))
 done
 mem_mib=$(( $(bytes "$MEM") / 1048576 ))
 pmem=$(bytes "$PMEM_SIZE")
