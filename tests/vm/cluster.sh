@@ -133,6 +133,7 @@ make_image_store() { # ARCHIVE_DIR OUT_IMAGE
   [ $rc = 0 ] || { tail -n 20 "$LOGS/image-store.log"; return 1; }
 }
 make_image_store "$RUN/images" "$RUN/containerd-root.img"
+rm -rf "$RUN/images"   # in the store now
 
 # The guest kernel's whole module tree: run.sh unpacks only the storage modules, and the
 # node needs bridge, veth, dummy, br_netfilter, nf_conntrack and nf_tables as well.
@@ -206,17 +207,20 @@ ip link del "$TAP" 2>/dev/null || true
 ip tuntap add dev "$TAP" mode tap && ip addr add "$TAP_HOST/24" dev "$TAP" && ip link set "$TAP" up
 socat "TCP-LISTEN:6443,bind=$TAP_HOST,fork,reuseaddr" TCP:127.0.0.1:6443 2>>"$LOGS/control-plane.log" &
 CP_PROXY=$!
+# From here on the host's kubectl, the snapshot-controller and the relay talk to this
+# control plane (the guest sets its own KUBECONFIG).
+export KUBECONFIG=$CP_STATE/kubeconfig PATH=$KUBE_KIT_BIN:$PATH
 for _ in $(seq 300); do
-  KUBECONFIG=$CP_STATE/kubeconfig "$KUBE_KIT_BIN/kubectl" -n default get serviceaccount default >/dev/null 2>&1 && break
+  kubectl -n default get serviceaccount default >/dev/null 2>&1 && break
   sleep 0.1
 done
 # Scenarios 9 and 11: the VolumeSnapshot CRDs and the snapshot-controller, before any
 # class deploys (the lvm-thin overlay carries the csi-snapshotter component).
-KUBECONFIG=$CP_STATE/kubeconfig PATH=$KUBE_KIT_BIN:$PATH start_snapshot_controller "$KIT/recipe" "$LOGS"   # lib.sh
+start_snapshot_controller "$KIT/recipe" "$LOGS"   # lib.sh
 # shellcheck source=tests/vm/kubectl-relay.sh
 source tests/vm/kubectl-relay.sh
 mkdir -p "$RUN/kubectl-relay"
-KUBECONFIG=$CP_STATE/kubeconfig relay_serve "$RUN/kubectl-relay" "$KUBE_KIT_BIN/kubectl" &
+relay_serve "$RUN/kubectl-relay" "$KUBE_KIT_BIN/kubectl" &
 RELAY_PID=$!
 export LOCALVOL_VM_CP_STATE=$CP_STATE LOCALVOL_VM_TAP_HOST=$TAP_HOST LOCALVOL_VM_TAP_GUEST=$TAP_GUEST
 export LOCALVOL_VM_KUBECTL_RELAY=$RUN/kubectl-relay
