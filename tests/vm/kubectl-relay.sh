@@ -51,12 +51,14 @@ relay_run() { # REQ KUBECTL
 
 # The guest side: kubectl, as a function, so that the harness's `k` and its own
 # `kubectl` calls take it. Waits up to 960 s for the host (exit 124 then). Needs
-# tests/cluster/lib.sh's pause.
+# tests/cluster/lib.sh's pause. Defined by relay_client only: the host, which sources
+# this file to serve, keeps its own kubectl.
 relay_client() { # RELAY: from now on, kubectl is relayed to the host
   KUBECTL_RELAY=$1
-  [ -d "$KUBECTL_RELAY" ]
+  [ -d "$KUBECTL_RELAY" ] || return 1
+  kubectl() { relay_kubectl "$@"; }
 }
-kubectl() {
+relay_kubectl() {
   local req a prev="" stdin=0 waited=0 text="" rc=""
   req=$KUBECTL_RELAY/${EPOCHREALTIME/./}-$BASHPID-$RANDOM
   for a in "$@"; do
