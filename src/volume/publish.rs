@@ -11,7 +11,7 @@ use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below
 use super::placed::Role;
 use super::targets::{create_dir, create_file, remove_target};
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
-use crate::backend::Backend;
+use crate::backend::{Backend, VolumeRecord};
 use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, AccessType, ValidationError};
 use crate::mount::{self, MountEntry, MountTable};
@@ -77,9 +77,12 @@ impl Volumes {
                     && shown_staged(i)
                     && req.capability.mode != AccessMode::SingleNodeSingleWriter =>
             {
-                self.source_of(backend, req).await?
+                self.source_of(backend, req, &record).await?
             }
-            _ => match self.prove_publish_by_table(backend, req, identity).await? {
+            _ => match self
+                .prove_publish_by_table(backend, req, &record, identity)
+                .await?
+            {
                 Some(source) => source,
                 None => return Ok(()),
             },
@@ -165,20 +168,19 @@ impl Volumes {
     }
 
     /// What a publish binds at its target: the staging mount, or the volume's own device
-    /// node; NOT_STAGED without one.
+    /// node (`record` is the volume's, as the publish read it); NOT_STAGED without one.
     pub(super) async fn source_of(
         &self,
         backend: &Backend,
         req: &PublishRequest,
+        record: &VolumeRecord,
     ) -> Result<PathBuf, VolumeError> {
         match &req.capability.access {
             AccessType::Mount { .. } => Ok(req.staging_path.as_path().to_path_buf()),
-            AccessType::Block => {
-                let (_, record) = self.record(&req.id).await?;
-                self.data_device(backend, &record)
-                    .await?
-                    .ok_or_else(|| not_staged(req))
-            }
+            AccessType::Block => self
+                .data_device(backend, record)
+                .await?
+                .ok_or_else(|| not_staged(req)),
         }
     }
 
@@ -188,6 +190,7 @@ impl Volumes {
         &self,
         backend: &Backend,
         req: &PublishRequest,
+        record: &VolumeRecord,
         identity: Option<Identity>,
     ) -> Result<Option<PathBuf>, VolumeError> {
         let target = req.target_path.as_path();
@@ -207,7 +210,7 @@ impl Volumes {
                 }
                 Holding::Nothing => return Err(not_staged(req)),
             },
-            AccessType::Block => self.source_of(backend, req).await?,
+            AccessType::Block => self.source_of(backend, req, record).await?,
         };
         let identity = identity.ok_or_else(|| not_staged(req))?;
         let is_publication = |e: &MountEntry| match req.capability.access {
