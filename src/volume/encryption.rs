@@ -27,6 +27,26 @@ pub(super) enum Unlocked {
     Existing,
 }
 
+/// What a volume's data is read and written through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DataPath {
+    /// The backend's device itself: a volume that is not encrypted.
+    Device,
+    /// The dm-crypt mapping open on the backend's device: an encrypted volume. It reads
+    /// ciphertext decrypted (never zeros) and carries no DAX.
+    Mapping,
+}
+
+impl DataPath {
+    /// As the volume's record says: encrypted or not.
+    pub fn of(record: &VolumeRecord) -> Self {
+        match record.encryption {
+            Some(_) => DataPath::Mapping,
+            None => DataPath::Device,
+        }
+    }
+}
+
 pub(super) fn mapping_of(id: &VolumeId) -> Mapping {
     Mapping::for_volume(&id.to_string())
 }

@@ -3,7 +3,7 @@
 
 use tracing::{info, warn};
 
-use super::encryption::Unlocked;
+use super::encryption::{DataPath, Unlocked};
 use super::grow::GrowAfterMount;
 use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below, refuse_other};
 use super::placed::Role;
@@ -142,8 +142,8 @@ impl Volumes {
         let fs_type = fs_type
             .or(record.fs_type)
             .unwrap_or_else(|| self.default_fs(&req.id.class));
-        let encrypted = unlock_with.is_some();
-        let options = self.stage_options(backend, req, fs_type, mount_flags, encrypted)?;
+        let data_path = DataPath::of(&record);
+        let options = self.stage_options(backend, req, fs_type, mount_flags, data_path)?;
         let device = attach().await?;
         // An encrypted volume's filesystem is on its mapping, made now if need be; the
         // format mark then tells of the filesystem as it does on any volume (a new
@@ -200,10 +200,9 @@ impl Volumes {
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
                 backend.begin_format(&req.id.token).await?;
                 // A mapping reads ciphertext decrypted, never zeros, and carries no DAX.
-                let options = if encrypted {
-                    FormatOptions::default()
-                } else {
-                    backend.format_options(&req.id.token).await?
+                let options = match data_path {
+                    DataPath::Mapping => FormatOptions::default(),
+                    DataPath::Device => backend.format_options(&req.id.token).await?,
                 };
                 fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;
@@ -288,7 +287,7 @@ impl Volumes {
         req: &StageRequest,
         fs_type: FsType,
         mount_flags: &[String],
-        encrypted: bool,
+        data_path: DataPath,
     ) -> Result<MountOptions, VolumeError> {
         let class_options = self
             .mount_options
@@ -298,7 +297,7 @@ impl Volumes {
             MountOptions::parse(&[class_options, mount_flags].concat()).map_err(VolumeError::Mount)?;
         // dm-crypt cannot carry DAX: an encrypted volume of a PMEM class is served
         // through the page cache (docs/encryption.md).
-        if !encrypted {
+        if data_path == DataPath::Device {
             for data in backend.mount_data() {
                 options = options.with_data(data);
             }
