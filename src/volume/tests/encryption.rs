@@ -206,3 +206,46 @@ async fn the_key_shows_in_no_argv_or_error() {
         assert!(!shown.contains(key), "{key} in the error: {shown}");
     }
 }
+
+#[tokio::test]
+async fn a_plain_volume_is_its_device_whatever_mapping_has_its_name() {
+    let f = Fixture::new();
+    let id = f.create("pvc-plain", ext4()).await;
+    let stage = f.stage_req(&id, ext4());
+    f.stage(&stage).await.unwrap();
+    // A mapping of this volume's name, open on another device: wherever it is looked
+    // at, it is refused as not this volume's. Stage, publish and stats read the record,
+    // which says the volume is not encrypted, and never look.
+    f.syscalls.add_device("/dev/other", 7, 99, 64 << 20);
+    f.syscalls
+        .add_mapping(mapping(&id), 253, 41, 62 << 20, Path::new("/dev/other"));
+    f.stage(&stage).await.unwrap();
+    f.publish(&f.publish_req(&id, "target", ext4(), false))
+        .await
+        .unwrap();
+    let stats = crate::request::StatsRequest {
+        id: id.clone(),
+        volume_path: Some(f.host_path("target")),
+    };
+    let answer = f.volumes.stats(&stats).await.unwrap();
+    assert!(matches!(answer, VolumeStats::Filesystem { .. }), "{answer:?}");
+    assert_eq!(f.syscalls.mount_points(), vec![f.path("stage"), f.path("target")]);
+    // Unpublish reads no record (it also cleans up after one is gone): it asks the
+    // kernel, which shows the mapping.
+    let req = UnpublishRequest {
+        id: id.clone(),
+        target_path: f.host_path("target"),
+    };
+    let guard = f.locks.try_lock(&id.token, "unpublish").unwrap();
+    let err = f.volumes.unpublish(&guard, &req).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            VolumeError::Crypt {
+                source: crate::crypt::CryptError::MappingElsewhere { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
