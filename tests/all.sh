@@ -117,13 +117,10 @@ image_stage() {  # quiet unless it fails: apt's output is long
 }
 background image 10 image_stage
 
-# The fuzzer's instrumented build is its own target directory and needs nothing else.
-fuzz_build() {
-  command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
-  fuzz/run.sh --build-only
-}
+# The fuzzer's instrumented build is its own target directory and needs nothing else
+# (cargo and the fuzz targets' own lock file; no cargo-fuzz).
 step "background: the fuzz targets' instrumented build (nice 10)"
-background fuzz-build 10 fuzz_build
+background fuzz-build 10 fuzz/run.sh --build-only
 
 step "lints"
 cargo clippy --locked --all-targets -- -D warnings
