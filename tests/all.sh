@@ -128,9 +128,11 @@ cargo clippy --locked --all-targets -- -D warnings
 step "build the tests"
 cargo test --locked --no-run
 
-# The VM suite: LVM (thick, thin) and PMEM (direct, lvm) backends, csi-sanity on them, the
-# random SIGKILL crash test (tests/crash_vm.rs prints its seed), ReclaimSpace on lvm-thin,
-# and the VM harness's own smoke test. Its test binaries were just built.
+# The VM suite: LVM (thick, thin) and PMEM (direct, lvm) backends, csi-sanity on them,
+# encryption at rest (LUKS2 on every class that holds it, and csi-sanity on encrypted
+# volumes), the random SIGKILL crash test (tests/crash_vm.rs prints its seed), ReclaimSpace
+# on lvm-thin, hostile node calls, and the VM harness's own smoke test. Its test binaries
+# were just built.
 step "background: the VM suite (tests/vm/suite.sh, two guests, nice 10)"
 background vm 10 tests/vm/suite.sh
 
@@ -193,18 +195,18 @@ cluster_suite() {
 # (tests/vm/cluster-guest.sh's not_for_class). The node's control plane and the
 # harness's kubectl run on the host (tests/vm/cluster.sh), so the emulated guest runs
 # the node only. LOCALVOL_FULL=1 adds scenario 11 on lvm-thin, Kubernetes' storage e2e
-# specs the host cannot run (its driver's other specs run on the host). Scenario 13
-# (encryption) is in neither list yet: it has passed a guest run alone, not yet a CI
-# rehearsal (tests/vm/README.md). It starts once one
+# specs the host cannot run (its driver's other specs run on the host). Scenario 13,
+# encryption at rest (an encrypted class with a per-claim Secret), runs on lvm-thin: it
+# needs dm-crypt, which the host lacks. It starts once one
 # of the VM suite's two guests is done (a third emulated guest beside both would share
 # two cores three ways, and its timing-bound kubelet and API waits with them) and once
 # the host cluster suite has ended (the guest's control plane takes the kit's ports).
-FULL_GUEST_CLASSES=lvm-thin,lvm,pmem,pmem-lvm,mixed FULL_GUEST_SCENARIOS=(1 2 3 5 9 6 4 11 12)
+FULL_GUEST_CLASSES=lvm-thin,lvm,pmem,pmem-lvm,mixed FULL_GUEST_SCENARIOS=(1 2 3 5 9 13 6 4 11 12)
 GUEST_CLASSES=$FULL_GUEST_CLASSES
 if [ "$LOCALVOL_FULL" = 1 ]; then
   GUEST_SCENARIOS=("${FULL_GUEST_SCENARIOS[@]}") GUEST_BUDGET=4500
 else
-  GUEST_SCENARIOS=(1 2 3 5 9 6 4 12) GUEST_BUDGET=3600
+  GUEST_SCENARIOS=(1 2 3 5 9 13 6 4 12) GUEST_BUDGET=3600
 fi
 guest_cluster() {
   local rc=0

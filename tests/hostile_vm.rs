@@ -12,9 +12,8 @@
 //! region, as the guest boots). Each class runs in its own sandboxed child with one
 //! daemon serving only that class.
 //!
-//! In CI, `tests/vm/suite.sh` runs it as two parts, one per guest:
-//! `hostile-lvm` (`LOCALVOL_HOSTILE_CLASSES=lvm,lvm-thin`, `/dev/vdc`) and `hostile-pmem`
-//! (`pmem,pmem-lvm`, `/dev/vdb`). Alone: `tests/vm/suite.sh hostile-lvm hostile-pmem`.
+//! In CI, `tests/vm/suite.sh` runs it as the part `hostile` (all four classes on
+//! `/dev/vdb`, one storage set-up). Alone: `tests/vm/suite.sh hostile`.
 //!
 //! On the host it reports that it did not run and passes, unless `LOCALVOL_VM_SUITE=1`
 //! says it must run (then it fails outside the guest).
@@ -251,7 +250,7 @@ fn node_calls_act_only_on_what_belongs_to_the_volume_on_lvm_and_pmem() {
         return;
     }
     let started = Instant::now();
-    // `LOCALVOL_HOSTILE_CLASSES=pmem,pmem-lvm` runs a subset (for a second guest lane).
+    // `LOCALVOL_HOSTILE_CLASSES=pmem,pmem-lvm` runs a subset (to rerun one class's cases).
     let only = std::env::var("LOCALVOL_HOSTILE_CLASSES").unwrap_or_default();
     let classes: Vec<&str> = CLASSES
         .iter()

@@ -15,11 +15,17 @@
 #     backends    tests/vm_backends.rs on /dev/vda, /dev/vdb and the NVDIMM; its
 #                 step-by-step kills on lvm-thin and pmem direct, one class of each
 #                 backend (LOCALVOL_VM_RESTART_CLASSES; all four with LOCALVOL_FULL=1)
-#     hostile-lvm tests/hostile_vm.rs on lvm and lvm-thin (/dev/vdc)
-#   guest B (four 4G disks, a 2G NVDIMM):
+#   guest B (four 4G disks, a 2G NVDIMM), the longer: it runs beside the guest cluster,
+#   which starts after guest A:
+#     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on every class that holds
+#                 it, filesystem and block, a key rotation, copies, a daemon SIGKILL) on
+#                 /dev/vda, /dev/vdb and the NVDIMM, emptied again by release-storage.sh,
+#                 then csi-sanity on encrypted lvm-thin (filesystem) and loop (block)
+#                 volumes on /dev/vdc (tests/sanity/vm.sh --encrypted, 2 result lines)
 #     crash       tests/crash_vm.rs: random SIGKILLs on lvm, lvm-thin, pmem (/dev/vda, NVDIMM)
 #     reclaim     tests/reclaim_privileged.rs lvm_thin on /dev/vdb
-#     hostile-pmem tests/hostile_vm.rs on pmem and pmem-lvm (/dev/vdb, the NVDIMM)
+#     hostile     tests/hostile_vm.rs on lvm, lvm-thin, pmem and pmem-lvm (/dev/vdb, the
+#                 NVDIMM): one storage set-up for the four classes
 #     grow        tests/vm_grow.rs: lvm-thin restores and clones larger than their
 #                 source, grown at stage (/dev/vdd)
 #     sanity      csi-sanity on lvm, lvm-thin, pmem, pmem-lvm as filesystems, and as raw
@@ -27,13 +33,8 @@
 #                 with LOCALVOL_FULL=1: lvm's and pmem-lvm's are LVs as lvm-thin's are)
 #                 (/dev/vdc, what is left of the NVDIMM): tests/sanity/vm.sh, a result
 #                 line per run (6; 8 with LOCALVOL_FULL=1)
-#   only when named (not in CI yet: guest B would run beside the guest cluster for
-#   about 11 more minutes, which slows its node four-fold; issue 34), in guest B:
-#     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on every class that holds
-#                 it, filesystem and block, a key rotation, copies, a daemon SIGKILL) on
-#                 /dev/vda, /dev/vdb and the NVDIMM, emptied again by release-storage.sh,
-#                 then csi-sanity on encrypted lvm-thin (filesystem) and loop (block)
-#                 volumes on /dev/vdc (tests/sanity/vm.sh --encrypted, 2 result lines)
+#   The lanes are balanced for tests/all.sh, where guest A is followed by the guest
+#   cluster on the core it frees: A about 1100 s, B about 2500 s (tests/vm/README.md).
 #
 # A part passes only on its own evidence: exit 0 and, for a test binary, a
 # "test result: ok." line with at least one passed test and none FAILED; for sanity, one
@@ -44,8 +45,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cd "$HERE/../.."
 
-LANE_A=(smoke privileged backends hostile-lvm)
-LANE_B=(encryption crash reclaim hostile-pmem grow sanity)
+LANE_A=(smoke privileged backends)
+LANE_B=(encryption crash reclaim hostile grow sanity)
 # The classes of the step-by-step kills and of csi-sanity's raw block runs: one of each
 # backend, or all four with LOCALVOL_FULL=1 (tests/all.sh), the repetitions CI leaves out
 # for time. The tests' own default, run alone, is all four.
@@ -54,14 +55,14 @@ else restart=thin,pmem block="lvm-thin pmem"; fi
 export LOCALVOL_VM_RESTART_CLASSES=${LOCALVOL_VM_RESTART_CLASSES:-$restart}
 export LOCALVOL_SANITY_BLOCK_CLASSES=${LOCALVOL_SANITY_BLOCK_CLASSES:-$block}
 sanity_runs=$((4 + $(wc -w <<<"$LOCALVOL_SANITY_BLOCK_CLASSES")))
-DEFAULT_PARTS=(smoke privileged backends hostile-lvm grow crash reclaim hostile-pmem sanity)
+DEFAULT_PARTS=("${LANE_A[@]}" "${LANE_B[@]}")
 VERBOSE=()
 parts=() filter=()
 while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
     --) shift; filter=("$@"); break ;;
-    smoke|privileged|backends|hostile-lvm|grow|encryption|crash|reclaim|hostile-pmem|sanity) parts+=("$1") ;;
+    smoke|privileged|backends|hostile|grow|encryption|crash|reclaim|sanity) parts+=("$1") ;;
     *) echo "tests/vm/suite.sh: unknown part $1 (${LANE_A[*]} ${LANE_B[*]})" >&2; exit 2 ;;
   esac
   shift
@@ -96,10 +97,12 @@ done
 echo "tests/vm/suite.sh: built the test binaries ($(elapsed)s)"
 
 sanity_ok=1
-if selected sanity; then
+# The parts that run csi-sanity: sanity, and encryption's encrypted runs.
+needs_sanity() { [ "$1" = sanity ] || [ "$1" = encryption ]; }
+if selected sanity || selected encryption; then
   # shellcheck source=tests/sanity/kit.sh
   . "$HERE/../sanity/kit.sh"
-  sanity_kit "csi-sanity (VM: lvm, lvm-thin, pmem, pmem-lvm)" || sanity_ok=0
+  sanity_kit "csi-sanity (VM: lvm, lvm-thin, pmem, pmem-lvm; encrypted lvm-thin, loop)" || sanity_ok=0
 fi
 
 # ---------------------------------------------------------------- the parts, in a guest
@@ -112,10 +115,9 @@ part_cmd() {
     backends) echo "$r/vm_backends --test-threads=1 --nocapture --skip encrypted_ ${filter[*]:-}" ;;
     # Its storage (vm_backends' VGs and the region's namespace) is removed after it.
     encryption) echo "bash -c '$r/vm_backends --test-threads=1 --nocapture encrypted_; rc=\$?; bash $HERE/release-storage.sh || rc=1; bash $HERE/../sanity/vm.sh --encrypted /dev/vdc || rc=1; bash $HERE/release-storage.sh || rc=1; exit \$rc'" ;;
-    hostile-lvm) echo "env LOCALVOL_VM_DISK=/dev/vdc LOCALVOL_HOSTILE_CLASSES=lvm,lvm-thin $r/hostile_vm --test-threads=1 --nocapture" ;;
+    hostile) echo "env LOCALVOL_VM_DISK=/dev/vdb $r/hostile_vm --test-threads=1 --nocapture" ;;
     grow) echo "env LOCALVOL_VM_DISK=/dev/vdd $r/vm_grow --test-threads=1 --nocapture" ;;
     crash) echo "$r/crash_vm --test-threads=1 --nocapture" ;;
-    hostile-pmem) echo "env LOCALVOL_VM_DISK=/dev/vdb LOCALVOL_HOSTILE_CLASSES=pmem,pmem-lvm $r/hostile_vm --test-threads=1 --nocapture" ;;
     reclaim) echo "env LOCALVOL_VM_DISK=/dev/vdb $r/reclaim_privileged lvm_thin --test-threads=1" ;;
     sanity) echo "bash $HERE/../sanity/vm.sh /dev/vdc" ;;
   esac
@@ -141,7 +143,7 @@ for lane in A B; do
   declare -n members=LANE_$lane
   chosen=()
   for p in "${members[@]}"; do
-    selected "$p" && { [ "$p" != sanity ] || [ "$sanity_ok" = 1 ]; } && chosen+=("$p")
+    selected "$p" && { ! needs_sanity "$p" || [ "$sanity_ok" = 1 ]; } && chosen+=("$p")
   done
   if [ ${#chosen[@]} -gt 0 ]; then write_lane "$lane" "${chosen[@]}"; lanes+=("$lane"); fi
   unset -n members
@@ -161,7 +163,7 @@ for lane in "${lanes[@]}"; do
     rc=0
     LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} \
       nice -n "${LOCALVOL_VM_NICE:-0}" "$HERE/run.sh" "${VERBOSE[@]}" \
-      --disks 4 --disk-size 4G --pmem-size 2G --mem 1G --timeout 3600 \
+      --disks 4 --disk-size 4G --pmem-size 2G --mem 1G --timeout 4800 \
       -- bash "$run_dir/$lane.sh" > >(sed -u "s/^/[guest $lane] /") 2>&1 || rc=$?
     echo "tests/vm/suite.sh: guest $lane exited $rc ($(elapsed)s)"
     exit "$rc"
@@ -180,7 +182,7 @@ verdict() {  # verdict PART: PASS when the part's own evidence says so
   set -- $line
   [ "$2" = 0 ] || { echo "exit $2 (${3}s)"; return 1; }
   case $p in
-    privileged|backends|hostile-*|grow|crash|reclaim)
+    privileged|backends|hostile|grow|crash|reclaim)
       if ! grep -q '^test result: ok\. [1-9]' "$log" || grep -q '^test result: FAILED' "$log"; then
         echo "no passing test result (${3}s)"; return 1
       fi ;;
@@ -204,7 +206,7 @@ if selected sanity && [ -f "$run_dir/sanity.log" ]; then
 fi
 echo "==== tests/vm/suite.sh: parts"
 for p in "${parts[@]}"; do
-  if [ "$p" = sanity ] && [ "$sanity_ok" = 0 ]; then
+  if needs_sanity "$p" && [ "$sanity_ok" = 0 ]; then
     printf '%-13s FAIL  no csi-sanity (kube-kit)\n' "$p"; failed=1; continue
   fi
   if v=$(verdict "$p"); then printf '%-13s PASS  %s\n' "$p" "$v"
