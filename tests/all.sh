@@ -44,10 +44,11 @@ if [ "${LOCALVOL_SOAK:-0}" = 1 ]; then
 fi
 # Full mode, on demand (and in soak mode): LOCALVOL_FULL=1 bash tests/all.sh adds what CI
 # leaves out for time on a 2-core machine that emulates its guests: the guest cluster's
-# scenario 11 (Kubernetes' storage e2e specs on lvm-thin), csi-sanity as raw block on all
-# four VM classes, and the VM backends' step-by-step kills on all four. What is left out
-# is repetition of a class of the same backend, or specs beyond what issue 32 names
-# (tests/vm/README.md); each run says what it did not run.
+# scenario 11 (Kubernetes' storage e2e specs on lvm-thin), csi-sanity on all four VM
+# classes as filesystems and raw block and on every encrypted class, the hostile node
+# calls and the VM backends' step-by-step kills on all four. What is left out is
+# repetition of a class of the same backend, or specs beyond what issue 32 names
+# (tests/vm/suite.sh, tests/vm/README.md); each run says what it did not run.
 export LOCALVOL_FULL=${LOCALVOL_FULL:-0}
 
 # What runs beside the host steps. The machine has two cores, and the longest part of

@@ -3,8 +3,8 @@
 # tests/vm guest: lvm (thick), lvm-thin, pmem direct and pmem lvm, each as filesystem and
 # raw block (up to 8 runs of tests/sanity/run.sh, one result line each). With --encrypted,
 # instead: encrypted volumes (localvol.csi.dev/encryption: luks2 with a node-stage
-# secret), which need dm-crypt, on lvm-thin as filesystem and loop as block (2 runs,
-# labelled CLASS+luks2; tests/vm/suite.sh's part encryption). Run by tests/vm/suite.sh (part sanity), after
+# secret), which need dm-crypt, on lvm as filesystem and on loop, lvm-thin and pmem-lvm
+# as block (up to 4 runs, labelled CLASS+luks2; tests/vm/suite.sh's part encryption). Run by tests/vm/suite.sh (part sanity), after
 # tests/crash_vm.rs and the reclaim test in the same guest.
 #
 # It makes its own storage, beside whatever the backend suite left: VG sanityvg on DISK
@@ -103,37 +103,42 @@ snap_skip='CreateSnapshot .*(maximum-length name|already existing name)|DeleteSn
 thick_why='lvm and pmem make no snapshots or clones (only a full copy could): CreateSnapshot and CreateVolume from a source are INVALID_ARGUMENT'
 failed=0
 runs=0
-# Unencrypted raw block only on the classes in LOCALVOL_SANITY_BLOCK_CLASSES (default:
-# all four; tests/vm/suite.sh decides: in CI, one device of each backend).
-block_classes=" ${LOCALVOL_SANITY_BLOCK_CLASSES:-lvm lvm-thin pmem pmem-lvm} "
-sanity() {  # sanity CLASS ARGS...: one run of tests/sanity/run.sh, if CLASS was asked for
-  local class=$1; shift
-  [[ $classes == *" $class "* ]] || return 0
-  [[ $encrypted = 1 || " $* " != *" --access block "* || $block_classes == *" $class "* ]] || return 0
-  runs=$((runs + 1))
-  "$HERE/run.sh" --config "$config" --class "$class" "$@" || failed=1
-}
-for access in mount block; do
-  [ $encrypted = 0 ] || break
-  sanity lvm --access $access \
-    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent)) --skip "$snap_skip" --why "$thick_why"
-  sanity lvm-thin --access $access \
-    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent))
-  sanity pmem --access $access \
-    --size "$pmem_size" --expand-size "$pmem_expand" --skip "$pmem_skip|$snap_skip" --why "$pmem_why; $thick_why"
-  sanity pmem-lvm --access $access \
-    --size $((16 * pmem_lvm_extent)) --expand-size $((32 * pmem_lvm_extent)) --skip "$snap_skip" --why "$thick_why"
-done
-# Encrypted (pmem direct refuses it at CreateVolume): one run on the LVM stack and one on
-# loop, filesystem and block. The same calls on lvm and pmem-lvm differ only below the
-# mapping, which tests/vm_backends.rs covers on every class; their runs passed too
-# (tests/vm/README.md).
+# Which runs (tests/vm/suite.sh decides; alone, the defaults run every one): plain
+# volumes of the classes in LOCALVOL_SANITY_FS_CLASSES (filesystem) and
+# LOCALVOL_SANITY_BLOCK_CLASSES (raw block), all four each by default; with
+# --encrypted, LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES (default lvm) and
+# LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES (default loop lvm-thin pmem-lvm): every
+# class that holds encryption (pmem direct refuses it at CreateVolume) once.
 loop_size=$((64 << 20)) loop_expand=$((128 << 20))
 if [ $encrypted = 1 ]; then
-  sanity lvm-thin --access mount --encrypt \
-    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent))
-  sanity loop --access block --encrypt --size $loop_size --expand-size $loop_expand
+  fs_classes=" ${LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES-lvm} "
+  block_classes=" ${LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES-loop lvm-thin pmem-lvm} "
+  encrypt=(--encrypt)
+else
+  fs_classes=" ${LOCALVOL_SANITY_FS_CLASSES-lvm lvm-thin pmem pmem-lvm} "
+  block_classes=" ${LOCALVOL_SANITY_BLOCK_CLASSES-lvm lvm-thin pmem pmem-lvm} "
+  encrypt=()
 fi
+sanity() {  # sanity CLASS ACCESS ARGS...: one run of tests/sanity/run.sh, if it was asked for
+  local class=$1 access=$2 wanted
+  shift 2
+  wanted=$fs_classes
+  [ "$access" = mount ] || wanted=$block_classes
+  [[ $classes == *" $class "* && $wanted == *" $class "* ]] || return 0
+  runs=$((runs + 1))
+  "$HERE/run.sh" --config "$config" --class "$class" --access "$access" "${encrypt[@]}" "$@" || failed=1
+}
+for access in mount block; do
+  sanity lvm $access \
+    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent)) --skip "$snap_skip" --why "$thick_why"
+  sanity lvm-thin $access \
+    --size $((16 * lvm_extent)) --expand-size $((32 * lvm_extent))
+  [ $encrypted = 1 ] || sanity pmem $access \
+    --size "$pmem_size" --expand-size "$pmem_expand" --skip "$pmem_skip|$snap_skip" --why "$pmem_why; $thick_why"
+  sanity pmem-lvm $access \
+    --size $((16 * pmem_lvm_extent)) --expand-size $((32 * pmem_lvm_extent)) --skip "$snap_skip" --why "$thick_why"
+  [ $encrypted = 0 ] || sanity loop $access --size $loop_size --expand-size $loop_expand
+done
 echo "csi-sanity: $runs runs of classes:$classes"
 echo "csi-sanity guest total: $(secs "$t0")s"
 exit $failed
