@@ -136,6 +136,11 @@ cargo test --locked --no-run
 # were just built.
 step "background: the VM suite (tests/vm/suite.sh, two guests, nice 10)"
 background vm 10 tests/vm/suite.sh
+# Its cargo call (the binaries were just built: well under a second) must come before
+# the host tests' `cargo test`, which holds the target directory's lock while the tests
+# run: a rehearsal's guests started 107 s late, waiting for it.
+until grep -q '^tests/vm/suite.sh: \(built the test binaries\|FAIL\)' "$JOB_LOGS/vm.log" 2>/dev/null ||
+  [ -e "$JOB_LOGS/vm.exit" ]; do sleep 0.2; done
 
 step "unit, privileged, crash, load, fault and hostile-input tests (host)"
 # tests/crash.rs prints its seed first: LOCALVOL_CRASH_SEED=<hex> reproduces a failure.
