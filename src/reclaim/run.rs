@@ -231,7 +231,7 @@ impl Runner {
         // Every path the caller names must hold this volume, whatever its mode.
         let mut named = Vec::with_capacity(paths.len());
         for path in paths {
-            named.push(self.volumes.mount_at(backend, &record, path).await?);
+            named.push(self.volumes.mount_at(backend, id, path).await?);
         }
         if record.mode == VolumeMode::Block {
             info!("raw block volume: not discarded");

@@ -101,13 +101,8 @@ impl Volumes {
         let held_by = held_by?;
         let identity = match &held_by {
             Some(device) => {
-                self.identity_of_held(
-                    backend,
-                    &req.id.token,
-                    device.clone(),
-                    Some(DataPath::of(&record)),
-                )
-                .await?
+                self.identity_of_held(backend, &req.id.token, device.clone())
+                    .await?
             }
             None => None,
         };
@@ -388,11 +383,9 @@ impl Volumes {
         super::controller::refuse_limit_below(&record, &req.capacity)?;
         // Nothing grows until the path is proven to hold this volume.
         let (table, mounted) = self
-            .mounted_at(backend, &record, req.volume_path.as_ref())
+            .mounted_at(backend, &req.id, req.volume_path.as_ref())
             .await?;
-        let identity = self
-            .identity(backend, &req.id.token, Some(DataPath::of(&record)))
-            .await?;
+        let identity = self.identity(backend, &req.id.token).await?;
         if req.capacity.required > record.size_bytes {
             let size = backend.size_for(&req.capacity)?;
             backend.expand(&req.id.token, size).await?;
@@ -422,7 +415,7 @@ impl Volumes {
     pub async fn stats(&self, req: &StatsRequest) -> Result<VolumeStats, VolumeError> {
         let (backend, record) = self.record(&req.id).await?;
         let mount_point = self
-            .mount_point_of(backend, &record, req.volume_path.as_ref())
+            .mount_point_of(backend, &req.id, req.volume_path.as_ref())
             .await?;
         let path = mount_point.as_path();
         let condition = condition_of(backend, &req.id).await?;

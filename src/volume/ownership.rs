@@ -8,10 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::encryption::DataPath;
 use super::targets::nothing_below;
 use super::{VolumeError, Volumes, check_no_symlinks, io_error};
-use crate::backend::{Backend, VolumeRecord};
+use crate::backend::Backend;
 use crate::host::MountedAt;
 use crate::model::{Token, VolumeId};
 use crate::mount::{MountEntry, MountTable};
@@ -122,37 +121,27 @@ pub(super) fn refuse_mounts_below(table: &MountTable, path: &Path) -> Result<(),
 
 impl Volumes {
     /// The volume's identity in the mount table; `None` when it has no device now.
-    /// `data_path` as in [`identity_of_held`](Self::identity_of_held).
     pub(super) async fn identity(
         &self,
         backend: &Backend,
         token: &Token,
-        data_path: Option<DataPath>,
     ) -> Result<Option<Identity>, VolumeError> {
         let Some(device) = backend.holding_device(token).await? else {
             return Ok(None);
         };
-        self.identity_of_held(backend, token, device, data_path).await
+        self.identity_of_held(backend, token, device).await
     }
 
     /// The identity of the volume that `device` (its [`Backend::holding_device`])
     /// holds: for an encrypted volume whose mapping is open, the mapping's, which is
-    /// what its mounts and binds are made of. `data_path` is what the volume's record
-    /// says, when the caller read it: a volume that is not encrypted is its device's,
-    /// and its mapping is never looked for. Without it (`None`: no record read, or
-    /// none left, as when an unpublish cleans up after a deleted loop image) the
-    /// kernel is asked whether a mapping is open on the device.
+    /// what its mounts and binds are made of.
     pub(super) async fn identity_of_held(
         &self,
         backend: &Backend,
         token: &Token,
         device: PathBuf,
-        data_path: Option<DataPath>,
     ) -> Result<Option<Identity>, VolumeError> {
-        let device = match data_path {
-            Some(DataPath::Device) => device,
-            Some(DataPath::Mapping) | None => self.through_mapping(backend, token, device).await?,
-        };
+        let device = self.through_mapping(backend, token, device).await?;
         self.identity_of(&device).await
     }
 
@@ -173,8 +162,7 @@ impl Volumes {
 
     /// What an unpublish or unstage starts from: `path` checked for symbolic links, the
     /// volume's identity and the mount table, read at once (each is a trip to the
-    /// blocking pool, unless the call has its own thread); errors in that order. The
-    /// record is not read: the identity asks the kernel for a mapping.
+    /// blocking pool, unless the call has its own thread); errors in that order.
     pub(super) async fn look_at(
         &self,
         backend: &Backend,
@@ -183,7 +171,7 @@ impl Volumes {
     ) -> Result<(Option<Identity>, MountTable), VolumeError> {
         let (links, identity, table) = tokio::join!(
             check_no_symlinks(path),
-            self.identity(backend, token, None),
+            self.identity(backend, token),
             MountTable::read(&self.host)
         );
         links?;
@@ -201,17 +189,16 @@ impl Volumes {
         }
     }
 
-    /// The mount of the volume of `record` at `path` (its filesystem, or a bind of its
-    /// raw device node), proven as for NodeGetVolumeStats: a symlink on the way,
-    /// nothing or anything else mounted there is NOT_FOUND. (ReclaimSpace checks its
-    /// paths so.)
+    /// The mount of this volume at `path` (its filesystem, or a bind of its raw device
+    /// node), proven as for NodeGetVolumeStats: a symlink on the way, nothing or
+    /// anything else mounted there is NOT_FOUND. (ReclaimSpace checks its paths so.)
     pub async fn mount_at(
         &self,
         backend: &Backend,
-        record: &VolumeRecord,
+        id: &VolumeId,
         path: &HostPath,
     ) -> Result<MountEntry, VolumeError> {
-        Ok(self.mounted_at(backend, record, Some(path)).await?.1)
+        Ok(self.mounted_at(backend, id, Some(path)).await?.1)
     }
 
     /// `path`, proven to be a mount of this volume, as [`mounted_at`](Self::mounted_at)
@@ -223,15 +210,14 @@ impl Volumes {
     pub(super) async fn mount_point_of(
         &self,
         backend: &Backend,
-        record: &VolumeRecord,
+        id: &VolumeId,
         path: Option<&HostPath>,
     ) -> Result<PathBuf, VolumeError> {
-        let id = &record.id;
         let path = inside_roots(id, path)?;
         let (links, mounted, identity) = tokio::join!(
             check_no_symlinks(path),
             self.host.syscalls.mount_at(path),
-            self.identity(backend, &id.token, Some(DataPath::of(record)))
+            self.identity(backend, &id.token)
         );
         if links.is_err() {
             return Err(not_at(id, path));
@@ -247,24 +233,20 @@ impl Volumes {
         Ok(held_at(&table, id, path, identity.as_ref())?.mount_point)
     }
 
-    /// The mount of the volume of `record` at `path` (its staging mount, a bind of it,
-    /// or a bind of its device node); anything else, a symlink on the way or no path, is
-    /// NOT_FOUND.
+    /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of
+    /// its device node); anything else, a symlink on the way or no path, is NOT_FOUND.
     pub(super) async fn mounted_at(
         &self,
         backend: &Backend,
-        record: &VolumeRecord,
+        id: &VolumeId,
         path: Option<&HostPath>,
     ) -> Result<(MountTable, MountEntry), VolumeError> {
-        let id = &record.id;
         let path = inside_roots(id, path)?;
         if check_no_symlinks(path).await.is_err() {
             return Err(not_at(id, path));
         }
         let table = MountTable::read(&self.host).await?;
-        let identity = self
-            .identity(backend, &id.token, Some(DataPath::of(record)))
-            .await?;
+        let identity = self.identity(backend, &id.token).await?;
         let entry = held_at(&table, id, path, identity.as_ref())?;
         Ok((table, entry))
     }

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use tracing::info;
 
-use super::encryption::DataPath;
 use super::node::check_access;
 use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below};
 use super::placed::Role;
@@ -28,7 +27,7 @@ impl Volumes {
         // Independent reads, at once; their errors are taken in the order the checks
         // mean. The kernel is asked about the two paths themselves; the whole table is
         // read only where that cannot prove the publish (below).
-        let (record, target_links, staging_links, held_by, staging_mount, target_clear) = tokio::join!(
+        let (record, target_links, staging_links, identity, staging_mount, target_clear) = tokio::join!(
             self.record(&req.id),
             check_no_symlinks(target),
             async {
@@ -38,7 +37,7 @@ impl Volumes {
                     Ok(())
                 }
             },
-            backend.holding_device(&req.id.token),
+            self.identity(backend, &req.id.token),
             async {
                 if is_mount {
                     self.host.syscalls.mount_at(staging).await.ok().flatten()
@@ -49,16 +48,6 @@ impl Volumes {
             self.clear_at_and_below(target)
         );
         let (_, record) = record?;
-        // The identity waits for the record, which says whether the volume is encrypted:
-        // a plain volume's mapping is never looked for. Its error is taken in its turn.
-        let identity = match held_by {
-            Ok(Some(device)) => {
-                self.identity_of_held(backend, &req.id.token, device, Some(DataPath::of(&record)))
-                    .await
-            }
-            Ok(None) => Ok(None),
-            Err(e) => Err(e.into()),
-        };
         check_access(&record, &req.capability)?;
         if target == staging || target.starts_with(staging) || staging.starts_with(target) {
             return Err(VolumeError::Invalid(ValidationError::Invalid {
@@ -128,8 +117,7 @@ impl Volumes {
         let backend = self.backend_of(&req.id)?;
         let (links, identity, mut shown) = tokio::join!(
             check_no_symlinks(target),
-            // The record is not read: the identity asks the kernel for a mapping.
-            self.identity(backend, &req.id.token, None),
+            self.identity(backend, &req.id.token),
             self.host.syscalls.mount_at(target)
         );
         links?;
