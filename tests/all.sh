@@ -110,7 +110,10 @@ echo "image build with docker/BuildKit: NOT RUN (no container engine or image re
 image_stage() {  # quiet unless it fails: apt's output is long
   local log rc=0
   log=$(mktemp)
+  # The binary is the test build's (below), once that is done.
   LOCALVOL_IMAGE_EXPORT=$(tests/image/runtime-stage.sh --export-path) \
+    LOCALVOL_IMAGE_BINARY=${CARGO_TARGET_DIR:-target}/debug/localvol \
+    LOCALVOL_IMAGE_BINARY_READY=$JOB_LOGS/tests-built \
     tests/image/runtime-stage.sh >"$log" 2>&1 || rc=$?
   if [ "$rc" = 0 ]; then tail -n 3 "$log"; else cat "$log"; fi
   rm -f "$log"
@@ -128,6 +131,7 @@ cargo clippy --locked --all-targets -- -D warnings
 
 step "build the tests"
 cargo test --locked --no-run
+touch "$JOB_LOGS/tests-built"
 
 # The VM suite: LVM (thick, thin) and PMEM (direct, lvm) backends, csi-sanity on them,
 # encryption at rest (LUKS2 on every class that holds it, and csi-sanity on encrypted
@@ -136,11 +140,6 @@ cargo test --locked --no-run
 # were just built.
 step "background: the VM suite (tests/vm/suite.sh, two guests, nice 10)"
 background vm 10 tests/vm/suite.sh
-# Its cargo call (the binaries were just built: well under a second) must come before
-# the host tests' `cargo test`, which holds the target directory's lock while the tests
-# run: a rehearsal's guests started 107 s late, waiting for it.
-until grep -q '^tests/vm/suite.sh: \(built the test binaries\|FAIL\)' "$JOB_LOGS/vm.log" 2>/dev/null ||
-  [ -e "$JOB_LOGS/vm.exit" ]; do sleep 0.2; done
 
 step "unit, privileged, crash, load, fault and hostile-input tests (host)"
 # tests/crash.rs prints its seed first: LOCALVOL_CRASH_SEED=<hex> reproduces a failure.

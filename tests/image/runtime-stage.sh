@@ -4,9 +4,13 @@
 # Debian bookworm minbase root filesystem from the apt mirror (what
 # debian:bookworm-slim is built from), then every RUN instruction of the
 # Dockerfile's last stage in a chroot of it, as written there, then the COPY of
-# the binary (built here with `cargo build --locked`: a debug build links the same
-# system libraries as the builder stage's release build, and CI has it already)
-# and the ENTRYPOINT with --version and `serve --help`.
+# the binary (a debug build links the same system libraries as the builder stage's
+# release build) and the ENTRYPOINT with --version and `serve --help`. The binary is
+# built here with `cargo build --locked`, or it is LOCALVOL_IMAGE_BINARY, taken once
+# the file LOCALVOL_IMAGE_BINARY_READY exists (tests/all.sh: its test build's binary,
+# once that build is done; `cargo build` resolves features without the
+# dev-dependencies' and compiled most of the dependency graph a second time, over
+# three minutes that held the target directory's lock in a CI rehearsal).
 #
 # What this proves: the runtime packages install, the lvm.conf edit applies
 # (the RUN's own lvmconfig check), and the binary runs on that image's
@@ -62,9 +66,15 @@ while IFS= read -r line; do
       runs=$((runs + 1)) ;;
     COPY\ --from=builder\ /out/localvol\ *)
       dest=${line##* }
-      # Built here, after the RUNs: tests/all.sh runs this beside the host's test build.
-      cargo build --locked --bin localvol
-      install -D -m 0755 "${CARGO_TARGET_DIR:-target}/debug/localvol" "$root$dest"
+      binary=${LOCALVOL_IMAGE_BINARY:-}
+      if [ -n "$binary" ]; then
+        [ -z "${LOCALVOL_IMAGE_BINARY_READY:-}" ] ||
+          until [ -e "$LOCALVOL_IMAGE_BINARY_READY" ]; do sleep 1; done
+      else
+        cargo build --locked --bin localvol
+        binary=${CARGO_TARGET_DIR:-target}/debug/localvol
+      fi
+      install -D -m 0755 "$binary" "$root$dest"
       entry=$dest ;;
     COPY\ *) echo "runtime-stage: unknown COPY: $line" >&2; exit 1 ;;
   esac
