@@ -9,8 +9,11 @@ cd "$HERE/../.."
 # shellcheck source=tests/sanity/kit.sh
 . tests/sanity/kit.sh
 sanity_kit "csi-sanity (host, loop)" || exit 0
-cargo build --locked --bin localvol 2>&1 | tail -n 1
-export LOCALVOL_BIN=${CARGO_TARGET_DIR:-target}/debug/localvol
+# LOCALVOL_BIN: a built localvol (tests/all.sh: its test build's), else built here.
+if [ -z "${LOCALVOL_BIN:-}" ]; then
+  cargo build --locked --bin localvol 2>&1 | tail -n 1
+  export LOCALVOL_BIN=${CARGO_TARGET_DIR:-target}/debug/localvol
+fi
 
 # The loop class allocates whole MiB (src/backend/loopdev.rs ALIGNMENT): 64 and 128 of them.
 granule=$((1 << 20))
