@@ -107,12 +107,16 @@ trap stop_jobs EXIT
 # tests/cluster finds it in the cache.
 step "background: the image's runtime stage in a bookworm chroot (nice 10)"
 echo "image build with docker/BuildKit: NOT RUN (no container engine or image registry)"
+# The localvol binary every step runs: the test build's (below). Their own `cargo build
+# --bin localvol` would compile most of the dependency graph again: it resolves features
+# without the dev-dependencies' (3.5 minutes of CPU in a CI rehearsal).
+TEST_BUILD_BINARY=$(realpath "${CARGO_TARGET_DIR:-target}")/debug/localvol
 image_stage() {  # quiet unless it fails: apt's output is long
   local log rc=0
   log=$(mktemp)
-  # The binary is the test build's (below), once that is done.
+  # The binary once the test build is done.
   LOCALVOL_IMAGE_EXPORT=$(tests/image/runtime-stage.sh --export-path) \
-    LOCALVOL_IMAGE_BINARY=${CARGO_TARGET_DIR:-target}/debug/localvol \
+    LOCALVOL_IMAGE_BINARY=$TEST_BUILD_BINARY \
     LOCALVOL_IMAGE_BINARY_READY=$JOB_LOGS/tests-built \
     tests/image/runtime-stage.sh >"$log" 2>&1 || rc=$?
   if [ "$rc" = 0 ]; then tail -n 3 "$log"; else cat "$log"; fi
@@ -146,10 +150,6 @@ step "unit, privileged, crash, load, fault and hostile-input tests (host)"
 cargo test --locked -- --test-threads=2
 
 step "csi-sanity on the host: loop class, filesystem and raw block (tests/sanity/host.sh)"
-# Every step below runs the test build's binary. Their own `cargo build --bin localvol`
-# would compile most of the dependency graph again: it resolves features without the
-# dev-dependencies' (3.5 minutes of CPU in a CI rehearsal).
-TEST_BUILD_BINARY=$(realpath "${CARGO_TARGET_DIR:-target}")/debug/localvol
 LOCALVOL_BIN=$TEST_BUILD_BINARY tests/sanity/host.sh
 
 step "deploy manifests"
