@@ -118,7 +118,7 @@ needs_sanity() { [ "$1" = sanity ] || [ "$1" = encryption ]; }
 if selected sanity || selected encryption; then
   # shellcheck source=tests/sanity/kit.sh
   . "$HERE/../sanity/kit.sh"
-  sanity_kit "csi-sanity (VM: lvm, lvm-thin, pmem, pmem-lvm; encrypted lvm-thin, loop)" || sanity_ok=0
+  sanity_kit "csi-sanity (VM: lvm, lvm-thin, pmem, pmem-lvm, plain and encrypted; encrypted loop)" || sanity_ok=0
 fi
 
 # ---------------------------------------------------------------- the parts, in a guest
