@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use crate::host::{CommandError, CommandSpec, Host};
 
+pub mod fuzz;
+
 /// The filesystems localvol makes and grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -10,6 +10,8 @@ use nix::mount::MsFlags;
 
 use crate::host::{Host, MountCall, SyscallError};
 
+pub mod fuzz;
+
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     #[error("cannot parse mountinfo line {line:?}")]

@@ -12,6 +12,7 @@ use crate::model::{
 use crate::proto::csi::v1 as csi;
 
 mod confine;
+pub mod fuzz;
 mod limits;
 mod snapshot;
 

@@ -2,6 +2,7 @@
 //! they were read from (the command line in `cli`, the file whose schema is in [`file`]).
 
 mod file;
+pub mod fuzz;
 mod resize;
 
 use std::net::SocketAddr;

@@ -21,6 +21,7 @@
 //! those extents). Thin: the pool must zero new blocks (`lvchange -Zy`), else block
 //! volumes are refused.
 
+pub mod fuzz;
 mod provision;
 pub mod report;
 mod snapshots;

@@ -29,6 +29,7 @@
 //! apply the namespace they made or removed to it; the free sizes they changed are
 //! left to ndctl (capacity lists again; a create lets ndctl refuse).
 
+pub mod fuzz;
 pub mod ndctl;
 mod provision;
 #[cfg(test)]
