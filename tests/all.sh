@@ -11,7 +11,7 @@ step() { printf '\n==== %s (%s)\n' "$1" "$(date +%T)"; }
 
 step "host packages"
 need=()
-for tool in mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount blkid:util-linux fstrim:util-linux jq:jq; do
+for tool in mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs losetup:mount blkid:util-linux fstrim:util-linux jq:jq shellcheck:shellcheck; do
   command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -31,6 +31,11 @@ free_gib=$(( $(df --output=avail -k . | tail -n 1) / 1024 / 1024 ))
 
 step "format"
 cargo fmt --all -- --check
+
+step "shellcheck"
+# Every shell file the project runs or sources, at warning level (Debian's shellcheck).
+git ls-files -z '*.sh' bench/run .ci/run | xargs -0 shellcheck -S warning
+echo "shellcheck: $(git ls-files '*.sh' bench/run .ci/run | wc -l) files, no finding at warning level"
 
 # Soak mode, on demand: LOCALVOL_SOAK=1 bash tests/all.sh runs 500 crash lifecycles,
 # 40 per class in the VM crash test, and fuzzes each target for 10 minutes with an

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # bench/cluster/guest-scenario.sh - pod start per class in the VM guest's cluster, as a
 # scenario of tests/vm/cluster.sh (sourced through LOCALVOL_CLUSTER_EXTRA by
 # bench/cluster/guest.sh, on the all-classes configuration: loop, lvm, lvm-thin, pmem

@@ -1,7 +1,9 @@
+# shellcheck shell=bash  # sourced, never run
 # bench/cluster/scenario.sh - the cluster benchmark as a scenario of tests/cluster/run.sh
 # (sourced through LOCALVOL_CLUSTER_EXTRA by bench/cluster/run.sh): deploys the peer
 # (peer/), runs the benchmark client (benches/cluster) against both drivers, then
 # removes the benchmark's volumes while both drivers still run, and the peer.
+# shellcheck disable=SC2034  # read by tests/cluster/run.sh, which sources this file
 EXTRA_SCENARIOS=(bench_cluster)
 PEER_NS=localvol-bench-peer
 PEER_DRIVER=hostpath.csi.k8s.io
@@ -14,7 +16,7 @@ bench_cluster() {
   work=$(mktemp -d /tmp/localvol-bench-image.XXXXXX)
   # hostpathplugin calls mount(8): the same Debian root filesystem as localvol's image.
   python3 "$RECIPE/mkimage.py" --name localhost/hostpathplugin:bench --out "$work/hostpath.tar" \
-    --base-tar "$rootfs" --add "$KUBE_KIT_BIN/hostpathplugin:/hostpathplugin" --entrypoint '["/hostpathplugin"]' >/dev/null
+    --base-tar "${rootfs:?tests/cluster/run.sh sets it}" --add "$KUBE_KIT_BIN/hostpathplugin:/hostpathplugin" --entrypoint '["/hostpathplugin"]' >/dev/null
   ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images import "$work/hostpath.tar" >/dev/null
   rm -rf "$work"
   k apply -k "$REPO/bench/cluster/peer" >/dev/null

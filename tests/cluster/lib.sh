@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # tests/cluster/lib.sh - helpers the scenarios share; sourced by run.sh.
 # Every assertion fails the scenario with a message saying what was expected.
 
@@ -261,7 +262,7 @@ volume_facts() { # NAMESPACE PVC
   [ "$(k get pv "$PV" -o jsonpath='{.spec.csi.driver}')" = "$DRIVER" ] || fail "PV $PV is not $DRIVER's"
   HANDLE=$(handle_of "$PV"); BACKING=$(backing_for "$HANDLE")
   backing_present "$BACKING" || fail "$(describe_backing "$BACKING") of $HANDLE missing on the host"
-  DEV=$(device_of "$BACKING"); LOOP=$DEV
+  DEV=$(device_of "$BACKING")
 }
 
 # The volume is the device this class makes: a loop device, or a device-mapper LV (its
@@ -480,6 +481,7 @@ start_snapshot_controller() { # KIT_RECIPE_DIR LOG_DIR
   done
   snapshot-controller --kubeconfig="$KUBECONFIG" --leader-election=false --enable-distributed-snapshotting \
     >"$2/snapshot-controller.log" 2>&1 &
+  # shellcheck disable=SC2034  # the caller stops it (tests/cluster/run.sh, tests/vm/cluster.sh)
   SNAPSHOT_CONTROLLER_PID=$!
 }
 

@@ -34,11 +34,17 @@ case $REGISTRATION in
   *) echo "LOCALVOL_CLUSTER_REGISTRATION must be builtin or sidecar" >&2; exit 2 ;;
 esac
 source "$HERE/lib.sh"
+# shellcheck source=/dev/null  # every scenario file, by a glob
 for f in "$HERE"/scenarios/*.sh; do source "$f"; done
+# EXTRA_SCENARIOS and ALL are select_scenarios's (lib.sh).
+# shellcheck disable=SC2034
 EXTRA_SCENARIOS=()
+# shellcheck source=/dev/null  # a file of more scenarios, named by the caller
 if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi   # sets EXTRA_SCENARIOS
 
+# shellcheck disable=SC2034
 ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s s11_e2e_storage)
+selected=()   # select_scenarios (lib.sh) fills it
 select_scenarios "$@"
 
 [ "$(id -u)" = 0 ] || { echo "tests/cluster/run.sh: run as root" >&2; exit 1; }

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # tests/sanity/kit.sh - sourced by the csi-sanity steps: `sanity_kit WHAT` installs the
 # kube-kit's binaries from $REPO/../shared/kube-kit into /var/cache/kube-kit and exports
 # CSI_SANITY. Without the kit it prints "WHAT: NOT RUN" with what to provide and returns 1,

@@ -117,7 +117,6 @@ if ! "$KIT/recipe/start-node.sh" --no-control-plane >"$LOGS/start-node.log" 2>&1
   exit 1
 fi
 read -r up _ </proc/uptime
-NODE_READY_AT=${up%.*}
 phase "node Ready"
 echo "node-ready uptime=${up%.*}s command-start-uptime=${UP0%.*}s" >>"$RESULTS.times"
 imported=$(ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io images ls -q)
@@ -151,6 +150,7 @@ class_env() { # CLASS
   # CAP_SYS_RESOURCE in the guest) by --node-resizer, on every class that grows. Its half
   # with the central csi-resizer is left to the host suite: the sidecar reaches the same
   # ControllerExpandVolume and backend growth that --node-resizer runs here.
+  # shellcheck disable=SC2034  # read by tests/cluster/scenarios/s4_expansion.sh
   S4_FSTYPE=$FSTYPE S4_CLASS=lvtest-$FSTYPE S4_CENTRAL_OVERLAY=
 }
 # Scenarios that do not apply to a class, or repeat what another class's run proves
@@ -219,7 +219,7 @@ udev_stop() { # CLASS
   echo "systemd-udevd ran through the class and handled $added add and $removed remove events of device-mapper devices"
   return $ok
 }
-wait_gone_pid() { local i; for i in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; kill "$1"; }
+wait_gone_pid() { local _i; for _i in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; kill "$1"; }
 # Device nodes of LVs in /dev/mapper: none once the class's storage is removed.
 dm_nodes() { find /dev/mapper -mindepth 1 ! -name control 2>/dev/null; }
 

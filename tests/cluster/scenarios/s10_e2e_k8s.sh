@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 10: tests/e2e_k8s.rs against this cluster's API server, with
 # kube-controller-manager's garbage collector and ephemeral volume controller acting on
 # its objects: a localvol of the test's own (in its process, loop backend in a temp dir,

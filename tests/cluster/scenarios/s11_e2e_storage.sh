@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 11: Kubernetes' own storage e2e suites (the kit's e2e.test, "External Storage")
 # against the loop class, as the reference CSI driver runs them for conformance: the
 # driver is described by tests/e2e/driver-loop.yaml, the deployment is this run's overlay

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 12 (the QEMU guest's "mixed" run, tests/cluster/overlays/mixed): one
 # configuration with a loop, a pmem and an lvm class on a node that lacks the lvm class's
 # volume group. As README "One configuration can serve nodes with different storage"

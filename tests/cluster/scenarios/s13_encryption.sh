@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 13: encryption at rest under a real kubelet (docs/encryption.md). A
 # StorageClass with localvol.csi.dev/encryption: luks2 whose node-stage Secret is
 # templated per claim (${pvc.name}-luks): the claim's pod runs on the dm-crypt mapping

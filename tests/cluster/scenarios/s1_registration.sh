@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 1: the DaemonSet is Ready and kubelet has registered localvol (CSINode lists
 # it with its topology key), by the registration this run deploys (builtin by default:
 # the shipped overlay). The sidecar overlay is checked too (loop class only: see

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 2: WaitForFirstConsumer claims and their pods, side by side: one of the class's
 # filesystem, one of the other of ext4 and xfs (a StorageClass's fstype parameter) and a
 # raw block claim. Each is provisioned on this node, data written and read back; pods

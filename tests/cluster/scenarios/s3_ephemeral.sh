@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 3: a generic ephemeral volume follows its pod; a second pod naming that
 # pod's claim as a plain claim never starts (localvol's FAILED_PRECONDITION surfaces as
 # kubelet's FailedMount, and localvol's Warning event is on the claim).

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 4: online expansion of a mounted xfs claim, first by localvol's
 # --node-resizer (the shipped default), then by a central csi-resizer Deployment
 # (deploy/components/csi-resizer); each time the pod sees the new size and the claim's

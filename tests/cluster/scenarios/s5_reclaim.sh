@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 5: ReclaimSpace. A claim annotated with a schedule is trimmed on it: after a
 # file is deleted in the pod, the space its blocks took on the host is given back (the
 # loop class: the backing file's allocated bytes; lvm-thin: the thin LV's mapped share

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 6: the daemon is SIGKILLed and its pod deleted while a workload has a
 # volume mounted: the workload keeps its data, a new daemon pod becomes Ready (and is
 # registered again), and the later unmount works.

@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 7: /metrics of the daemon pod (host network here, port 9808 as the manifests
 # set) shows the calls kubelet made for a pod's volume (stage, publish, unpublish,
 # unstage) and the provisioner's (create, delete). localvol counts only the volume

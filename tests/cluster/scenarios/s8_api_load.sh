@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 8: the daemon's API footprint grows with its own node's claims only. The API
 # server's audit log (run.sh starts it with one, Metadata level, the daemon pod's service
 # account only) is read for the localvol container's requests (the provisioner sidecar
@@ -32,7 +33,7 @@ s8_api_load() {
   note "NOTE s8:   local  other  requests  claim-requests  watches-opened  claim-watches  other-claim-requests"
   local row; for row in "${rows[@]}"; do note "NOTE s8:   $row"; done
   # Columns: local other requests claim_requests watches claim_watches other_claim_requests
-  local r50 rother; r50=(${rows[2]}); rother=(${rows[3]})
+  local r50 rother; read -r -a r50 <<<"${rows[2]}"; read -r -a rother <<<"${rows[3]}"
   [ "${rother[6]}" = 0 ] || fail "the daemon made ${rother[6]} requests about another node's claims"
   # Two claim watches at most (node resizer, reclaim scheduler), re-opened at most
   # once each in the scenario: never one per claim.

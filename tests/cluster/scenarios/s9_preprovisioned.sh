@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Part of scenario 9: pre-provisioned snapshots. A VolumeSnapshotContent made by hand for
 # the handle of an existing snapshot, bound to a VolumeSnapshot of its own: made ready
 # from ListSnapshots with the snapshot's size; with deletionPolicy Retain, deleting both

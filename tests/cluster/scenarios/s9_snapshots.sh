@@ -1,3 +1,4 @@
+# shellcheck shell=bash  # sourced, never run
 # Scenario 9: VolumeSnapshots and clones of a claim that a running pod writes to, with
 # csi-snapshotter as a node sidecar (deploy/components/csi-snapshotter) and the
 # snapshot-controller started with --enable-distributed-snapshotting (run.sh on the
