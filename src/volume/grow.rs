@@ -15,41 +15,23 @@ use tracing::{info, warn};
 
 use super::{VolumeError, Volumes};
 use crate::backend::{Backend, VolumeRecord};
-use crate::fs::{self, FsType};
+use crate::fs;
 use crate::model::VolumeId;
 use crate::mount::MountEntry;
 
-/// What is left to do for a pending grow once the filesystem has been prepared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum GrowAfterMount {
-    Nothing,
-    /// xfs: `xfs_growfs` on the staging mount, then clear the mark.
-    Grow,
-}
-
 impl Volumes {
-    /// Before the mount of a volume whose filesystem was found on its device (not just
-    /// made): grows a pending ext4 unmounted, or says the grow waits for the mount.
-    pub(super) async fn grow_unmounted(
+    /// Before the mount of a copy whose ext4 was found on its device (not just made)
+    /// and is still its source's size: grows it unmounted, then clears the mark.
+    pub(super) async fn grow_ext4_unmounted(
         &self,
         backend: &Backend,
-        record: &VolumeRecord,
-        fs_type: FsType,
+        id: &VolumeId,
         device: &Path,
-    ) -> Result<GrowAfterMount, VolumeError> {
-        if !record.filesystem_grow_pending {
-            return Ok(GrowAfterMount::Nothing);
-        }
-        let id = &record.id;
-        match fs_type {
-            FsType::Ext4 => {
-                info!(volume.id = %id, device = %device.display(), "growing the copied ext4 to its device");
-                fs::grow_unmounted_ext4(&self.host, device).await?;
-                backend.filesystem_grown(&id.token).await?;
-                Ok(GrowAfterMount::Nothing)
-            }
-            FsType::Xfs => Ok(GrowAfterMount::Grow),
-        }
+    ) -> Result<(), VolumeError> {
+        info!(volume.id = %id, device = %device.display(), "growing the copied ext4 to its device");
+        fs::grow_unmounted_ext4(&self.host, device).await?;
+        backend.filesystem_grown(&id.token).await?;
+        Ok(())
     }
 
     /// Grows the pending filesystem of a volume mounted at `mount` (its staging mount)

@@ -14,6 +14,7 @@ mod ownership;
 mod placed;
 mod publish;
 mod snapshots;
+mod stage_plan;
 mod targets;
 
 use std::collections::BTreeMap;

@@ -1,15 +1,17 @@
 //! Node operations on the volume itself: stage, unstage, expand, stats (publish and
 //! unpublish, which bind it for pods: `publish.rs`).
 
+use std::path::PathBuf;
+
 use tracing::{info, warn};
 
 use super::encryption::{DataPath, Unlocked};
-use super::grow::GrowAfterMount;
 use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below, refuse_other};
 use super::placed::Role;
+use super::stage_plan::{self, AfterMark, FilesystemStage, FormatOptionsFrom, MountPlan, StagedAs, Unlock};
 use super::targets::create_dir;
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
-use crate::backend::{Backend, FormatMark, VolumeRecord};
+use crate::backend::{Backend, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType, Signature};
 use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
@@ -77,6 +79,8 @@ impl Volumes {
         Ok(())
     }
 
+    /// Stages the volume at the staging path: gathers what is known of it, asks the plan
+    /// (`stage_plan.rs`) what to do, and does it.
     async fn stage_at(&self, req: &StageRequest) -> Result<Staged, VolumeError> {
         let staging = req.staging_path.as_path();
         let backend = self.backend_of(&req.id)?;
@@ -90,13 +94,12 @@ impl Volumes {
             backend.holding_device(&req.id.token)
         );
         let (_, record) = record?;
-        check_access(&record, &req.capability)?;
-        // An encrypted volume without its passphrase: refused before anything changes.
-        let unlock_with = match (record.encryption, &req.passphrase) {
-            (None, _) => None,
-            (Some(encryption), Some(passphrase)) => Some((encryption, passphrase)),
-            (Some(_), None) => return Err(VolumeError::MissingPassphrase { id: req.id.clone() }),
-        };
+        let plan = stage_plan::before_attach(
+            &record,
+            &req.capability,
+            req.passphrase.as_ref(),
+            self.default_fs(&req.id.class),
+        )?;
         links?;
         let held_by = held_by?;
         let identity = match &held_by {
@@ -117,40 +120,72 @@ impl Volumes {
         {
             return Ok(Staged::Already);
         }
-        // Found on no device just now, under the volume's lock: attached without looking
-        // again (on a node with hundreds of loop devices, a list of them all).
-        let attach = || async {
-            match held_by {
-                None => backend.attach_unheld(&req.id.token).await,
-                Some(_) => backend.attach(&req.id.token).await,
+        let held = held_by.is_some();
+        match plan.access {
+            StagedAs::Block => self.stage_block(backend, req, &record, plan.unlock, held).await?,
+            StagedAs::Filesystem(filesystem) => {
+                self.stage_filesystem(backend, req, &record, plan.unlock, filesystem, held)
+                    .await?
             }
-        };
-        let AccessType::Mount { fs_type, mount_flags } = &req.capability.access else {
-            // Raw block: attaching (and for an encrypted volume, opening its mapping) is
-            // all staging means; publish binds the device node.
-            let device = attach().await?;
-            if let Some((encryption, passphrase)) = unlock_with {
-                let (_, unlocked) = self
-                    .unlock(backend, &record, encryption, &device, passphrase)
-                    .await?;
-                if unlocked == Unlocked::New {
-                    backend.mark_formatted(&req.id.token).await?;
-                }
+        }
+        Ok(Staged::Now)
+    }
+
+    /// Raw block: attaches the volume and, encrypted, opens its mapping.
+    async fn stage_block(
+        &self,
+        backend: &Backend,
+        req: &StageRequest,
+        record: &VolumeRecord,
+        unlock: Option<Unlock<'_>>,
+        held: bool,
+    ) -> Result<(), VolumeError> {
+        let device = attach(backend, req, held).await?;
+        if let Some(Unlock {
+            encryption,
+            passphrase,
+        }) = unlock
+        {
+            let (_, unlocked) = self
+                .unlock(backend, record, encryption, &device, passphrase)
+                .await?;
+            // A raw block volume's format is its LUKS header alone: a header made just
+            // now is marked finished, or the next stage would make it again.
+            if unlocked == Unlocked::New {
+                backend.mark_formatted(&req.id.token).await?;
             }
-            return Ok(Staged::Now);
-        };
-        let fs_type = fs_type
-            .or(record.fs_type)
-            .unwrap_or_else(|| self.default_fs(&req.id.class));
-        let data_path = DataPath::of(&record);
+        }
+        Ok(())
+    }
+
+    /// A filesystem: attaches the volume (encrypted, opens its mapping), formats or
+    /// grows what the plan says, and mounts it at the staging path.
+    async fn stage_filesystem(
+        &self,
+        backend: &Backend,
+        req: &StageRequest,
+        record: &VolumeRecord,
+        unlock: Option<Unlock<'_>>,
+        filesystem: FilesystemStage<'_>,
+        held: bool,
+    ) -> Result<(), VolumeError> {
+        let staging = req.staging_path.as_path();
+        let FilesystemStage {
+            fs_type,
+            mount_flags,
+            data_path,
+        } = filesystem;
         let options = self.stage_options(backend, req, fs_type, mount_flags, data_path)?;
-        let device = attach().await?;
+        let device = attach(backend, req, held).await?;
         // An encrypted volume's filesystem is on its mapping, made now if need be; the
         // format mark then tells of the filesystem as it does on any volume (a new
         // header leaves it unfinished).
-        let device = match unlock_with {
-            Some((encryption, passphrase)) => {
-                self.unlock(backend, &record, encryption, &device, passphrase)
+        let device = match unlock {
+            Some(Unlock {
+                encryption,
+                passphrase,
+            }) => {
+                self.unlock(backend, record, encryption, &device, passphrase)
                     .await?
                     .0
             }
@@ -162,77 +197,51 @@ impl Volumes {
                 .mount(options.filesystem_call(&device, staging, fs_type.as_str()))
         };
         let mark = backend.format_mark(&req.id.token).await?;
-        // A filesystem localvol made of the type the record names, with nothing left to
-        // grow, is mounted without asking blkid first (a fork and a read of the device,
-        // a third of a stage). The kernel checks the superblock itself; if it refuses,
-        // blkid is asked after all, to say why or to find what must be done.
-        if mark == FormatMark::Finished && record.fs_type == Some(fs_type) && !record.filesystem_grow_pending
-        {
-            create_dir(staging).await?;
-            match mount().await {
-                Ok(()) => return Ok(Staged::Now),
-                Err(e) => {
-                    warn!(volume.id = %req.id, device = %device.display(), error = %e,
-                        "the filesystem made at create did not mount; probing the device");
+        let found = match stage_plan::after_mark(record, fs_type, mark) {
+            AfterMark::MountMade => {
+                create_dir(staging).await?;
+                match mount().await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => {
+                        warn!(volume.id = %req.id, device = %device.display(), error = %e,
+                            "the filesystem made at create did not mount; probing the device");
+                    }
                 }
+                fs::probe(&self.host, &device).await?
             }
-        }
-        // A volume whose format mark says no mkfs has finished on it (new, or killed
-        // mid-mkfs, which can leave a valid-looking but broken signature) never held
-        // data: it is formatted without asking blkid. Any other volume is formatted only
-        // if blkid finds no signature at all. The mark is cleared only after mkfs ends,
-        // so a kill at any point in between is seen here on the retry.
-        let found = if mark == FormatMark::Unfinished {
-            Signature::Empty
-        } else {
-            fs::probe(&self.host, &device).await?
+            AfterMark::NeverFormatted => Signature::Empty,
+            AfterMark::Probe => fs::probe(&self.host, &device).await?,
         };
-        let after_mount = match found {
-            Signature::Empty if record.size_bytes < fs_type.min_bytes() => {
-                return Err(VolumeError::TooSmallForFilesystem {
-                    id: req.id.clone(),
-                    size_bytes: record.size_bytes,
-                    fs_type,
-                    min_bytes: fs_type.min_bytes(),
-                });
-            }
-            Signature::Empty => {
+        let grow_after_mount = match stage_plan::for_signature(record, fs_type, data_path, &device, found)? {
+            MountPlan::Format {
+                options,
+                clear_grow_pending,
+            } => {
                 info!(volume.id = %req.id, device = %device.display(), %fs_type, "formatting");
+                // Marked begun before mkfs and finished only after it: a kill in between
+                // leaves the mark unfinished for the retry (`stage_plan::after_mark`).
                 backend.begin_format(&req.id.token).await?;
-                // A mapping reads ciphertext decrypted, never zeros, and carries no DAX.
-                let options = match data_path {
-                    DataPath::Mapping => FormatOptions::default(),
-                    DataPath::Device => backend.format_options(&req.id.token).await?,
+                let options = match options {
+                    FormatOptionsFrom::Defaults => FormatOptions::default(),
+                    FormatOptionsFrom::Backend => backend.format_options(&req.id.token).await?,
                 };
                 fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;
-                // A new filesystem fills its device: nothing left to grow.
-                if record.filesystem_grow_pending {
+                if clear_grow_pending {
                     backend.filesystem_grown(&req.id.token).await?;
                 }
-                GrowAfterMount::Nothing
+                false
             }
-            Signature::Filesystem(found) if found == fs_type.as_str() => {
-                self.grow_unmounted(backend, &record, fs_type, &device).await?
+            MountPlan::AsFound => false,
+            MountPlan::GrowBeforeMount => {
+                self.grow_ext4_unmounted(backend, &record.id, &device).await?;
+                false
             }
-            Signature::Luks => {
-                return Err(VolumeError::WrongFilesystem {
-                    device,
-                    found: "a LUKS header (the volume is not encrypted by localvol)".to_string(),
-                    requested: fs_type,
-                });
-            }
-            Signature::Filesystem(found) | Signature::Other(found) => {
-                return Err(VolumeError::WrongFilesystem {
-                    device,
-                    found,
-                    requested: fs_type,
-                });
-            }
+            MountPlan::GrowAfterMount => true,
         };
         create_dir(staging).await?;
         mount().await?;
-        if after_mount == GrowAfterMount::Grow {
+        if grow_after_mount {
             let table = MountTable::read(&self.host).await?;
             let mount = table.at(staging).ok_or_else(|| VolumeError::NotStaged {
                 id: req.id.clone(),
@@ -240,7 +249,7 @@ impl Volumes {
             })?;
             self.grow_mounted(backend, &req.id, &device, mount).await?;
         }
-        Ok(Staged::Now)
+        Ok(())
     }
 
     /// Whether the volume is staged at the staging path already, as the whole mount table
@@ -430,6 +439,17 @@ impl Volumes {
             },
         })
     }
+}
+
+/// Attaches the volume for a stage. Found on no device just now (`held` false), under
+/// the volume's lock: attached without looking again (on a node with hundreds of loop
+/// devices, a list of them all).
+async fn attach(backend: &Backend, req: &StageRequest, held: bool) -> Result<PathBuf, VolumeError> {
+    Ok(if held {
+        backend.attach(&req.id.token).await?
+    } else {
+        backend.attach_unheld(&req.id.token).await?
+    })
 }
 
 /// Healthy when the backend still provides the device behind the volume.
