@@ -210,3 +210,6 @@ pub(super) fn for_signature(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests;
