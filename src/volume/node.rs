@@ -1,5 +1,6 @@
 //! Node operations on the volume itself: stage, unstage, expand, stats (publish and
-//! unpublish, which bind it for pods: `publish.rs`).
+//! unpublish, which bind it for pods: `publish.rs`). What a stage does is decided in
+//! `stage_plan.rs`; here it is done.
 
 use std::path::PathBuf;
 

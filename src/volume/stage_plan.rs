@@ -47,6 +47,7 @@ pub(super) struct Staging<'a> {
     pub access: StagedAs<'a>,
 }
 
+/// What staging means for the access type the volume was created for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum StagedAs<'a> {
     /// Raw block: attaching (and for an encrypted volume, opening its mapping) is all
@@ -56,6 +57,7 @@ pub(super) enum StagedAs<'a> {
     Filesystem(FilesystemStage<'a>),
 }
 
+/// The filesystem a filesystem volume is staged with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct FilesystemStage<'a> {
     /// The request's, else the record's, else the class's default.
