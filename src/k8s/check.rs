@@ -15,13 +15,14 @@ use tracing::{debug, warn};
 
 use super::api::API_TIMEOUT;
 use super::events::Recorder;
-use super::lookup::{Lookup, Read, Source};
+use super::lookup::{Lookup, OBJECT_TTL, Read, Source};
+use super::owner::OwnerError;
 use super::owner::{self, ClaimView, Decision, ObjectId, PodView};
 use super::prefetch::Prefetch;
-use super::{OBJECT_TTL, OwnerError, Synced};
+use super::reflect::Synced;
 use crate::model::ClaimRef;
 use crate::model::DRIVER_NAME;
-use crate::request::{PodInfo, VolumeContext};
+use crate::request::{PodInfo, PublishRequest, StageRequest, VolumeContext};
 
 #[derive(Debug)]
 pub struct Checker {
@@ -372,5 +373,47 @@ impl Checker {
             .pod(&pod.namespace, &pod.name, source, same_uid)
             .await?;
         Ok(found.filter(|p| same_uid(&p.value)))
+    }
+}
+
+/// The check held by the CSI driver: off (standalone) or against the API server.
+#[derive(Debug, Clone)]
+pub enum OwnerCheck {
+    Off,
+    On(Arc<Checker>),
+}
+
+impl OwnerCheck {
+    pub async fn before_stage(&self, req: &StageRequest) -> Result<(), OwnerError> {
+        match self {
+            OwnerCheck::Off => Ok(()),
+            OwnerCheck::On(checker) => checker.stage(&req.id.to_string(), &req.context).await,
+        }
+    }
+
+    pub async fn before_publish(&self, req: &PublishRequest) -> Result<(), OwnerError> {
+        match self {
+            OwnerCheck::Off => Ok(()),
+            OwnerCheck::On(checker) => checker.publish(&req.id.to_string(), &req.context).await,
+        }
+    }
+
+    /// A stage failed on the volume itself in a way only someone acting on the claim's
+    /// objects can fix (an encrypted volume that did not open): a Warning on the claim,
+    /// so that `kubectl describe pvc` says why. Nothing without the API.
+    pub async fn stage_failed(&self, req: &StageRequest, reason: &str, note: &str) {
+        if let OwnerCheck::On(checker) = self {
+            checker
+                .claim_warning(&req.context.claim, reason, "NodeStageVolume", note)
+                .await;
+        }
+    }
+
+    /// CreateVolume made a volume for `claim`: its stage will need the claim, which is
+    /// read as soon as the pod using it is bound to this node (see `prefetch`).
+    pub fn volume_created(&self, claim: &ClaimRef) {
+        if let OwnerCheck::On(checker) = self {
+            checker.expect(claim);
+        }
     }
 }

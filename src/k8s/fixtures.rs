@@ -16,8 +16,9 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
+use super::Checker;
 use super::mock_api::{Exchange, Reply};
-use super::{Checker, Synced};
+use super::reflect::Synced;
 
 pub const NODE: &str = "node-a";
 pub const NS: &str = "apps";

@@ -17,7 +17,11 @@ use kube::{Api, Client};
 use super::api::call_within;
 use super::claim_label::ClaimLabels;
 use super::node_claims::NodeClaims;
-use super::{OwnerError, Synced};
+use super::owner::OwnerError;
+use super::reflect::Synced;
+
+/// How long a claim or volume read by name is reused.
+pub const OBJECT_TTL: Duration = Duration::from_secs(10);
 
 /// Where a read may come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

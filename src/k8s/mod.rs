@@ -9,6 +9,13 @@
 //! It is also the one Kubernetes layer for the modules above: `api` runs every API call
 //! under the one timeout, makes the writes under localvol's field manager and reads
 //! failures into one error; `events` is the one event recorder.
+//!
+//! This file only declares the children, re-exports what the modules above use, and
+//! wires the children together (the client, the owner check and its pod reflector); it
+//! defines nothing a child imports. Every import inside `k8s/` points down: a child
+//! takes what it shares from the sibling that owns it (`OwnerError` from `owner`,
+//! `Synced` and `Retry` from `reflect`, `OBJECT_TTL` from `lookup`, `OwnerCheck` from
+//! `check`), never from here (`tests/layers.rs` checks it).
 
 pub mod api;
 mod check;
@@ -22,7 +29,6 @@ mod reflect;
 pub mod snapshot_content;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -33,150 +39,15 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tracing::info;
 
-pub use check::Checker;
-pub use owner::Refusal;
+pub use check::{Checker, OwnerCheck};
+pub use lookup::OBJECT_TTL;
+pub use owner::{OwnerError, Refusal};
+pub use reflect::{Retry, Synced, WATCH_RETRY};
 
-use self::api::{API_TIMEOUT, ApiError};
+use self::api::API_TIMEOUT;
 use crate::config::{Config, KubeMode};
 use crate::health::Health;
-use crate::model::{ClaimRef, Terminal};
-use crate::request::{PublishRequest, StageRequest};
 
-/// How long a claim or volume read by name is reused.
-pub const OBJECT_TTL: Duration = Duration::from_secs(10);
-
-#[derive(Debug, thiserror::Error)]
-pub enum OwnerError {
-    #[error("refusing: {0}")]
-    Refused(Refusal),
-    #[error(
-        "volume {volume} belongs to PersistentVolumeClaim {pvc} but the request names no pod; \
-         the CSIDriver object must set podInfoOnMount: true"
-    )]
-    NoPodInfo { volume: String, pvc: String },
-    #[error("cannot find the PersistentVolumeClaim behind volume {volume}: {reason}")]
-    ClaimNotFound {
-        volume: String,
-        reason: String,
-        /// Whether this rests on a cached read (the check then reads again before it
-        /// answers so).
-        cached: bool,
-    },
-    #[error(
-        "the Kubernetes pod cache is not synced (its first list, or a new list after its watch \
-         failed, is not in yet); try again"
-    )]
-    NotSynced,
-    #[error(transparent)]
-    Api(#[from] ApiError),
-}
-
-impl Terminal for OwnerError {
-    fn is_terminal(&self) -> bool {
-        match self {
-            // Not this pod's claim, or not knowable from the request: asking again with
-            // the same objects gives the same answer.
-            OwnerError::Refused(_) | OwnerError::NoPodInfo { .. } | OwnerError::ClaimNotFound { .. } => true,
-            // The check may pass once the API answers or the cache syncs.
-            OwnerError::NotSynced => false,
-            OwnerError::Api(e) => e.is_terminal(),
-        }
-    }
-}
-
-/// The check held by the CSI driver: off (standalone) or against the API server.
-#[derive(Debug, Clone)]
-pub enum OwnerCheck {
-    Off,
-    On(Arc<Checker>),
-}
-
-impl OwnerCheck {
-    pub async fn before_stage(&self, req: &StageRequest) -> Result<(), OwnerError> {
-        match self {
-            OwnerCheck::Off => Ok(()),
-            OwnerCheck::On(checker) => checker.stage(&req.id.to_string(), &req.context).await,
-        }
-    }
-
-    pub async fn before_publish(&self, req: &PublishRequest) -> Result<(), OwnerError> {
-        match self {
-            OwnerCheck::Off => Ok(()),
-            OwnerCheck::On(checker) => checker.publish(&req.id.to_string(), &req.context).await,
-        }
-    }
-
-    /// A stage failed on the volume itself in a way only someone acting on the claim's
-    /// objects can fix (an encrypted volume that did not open): a Warning on the claim,
-    /// so that `kubectl describe pvc` says why. Nothing without the API.
-    pub async fn stage_failed(&self, req: &StageRequest, reason: &str, note: &str) {
-        if let OwnerCheck::On(checker) = self {
-            checker
-                .claim_warning(&req.context.claim, reason, "NodeStageVolume", note)
-                .await;
-        }
-    }
-
-    /// CreateVolume made a volume for `claim`: its stage will need the claim, which is
-    /// read as soon as the pod using it is bound to this node (see `prefetch`).
-    pub fn volume_created(&self, claim: &ClaimRef) {
-        if let OwnerCheck::On(checker) = self {
-            checker.expect(claim);
-        }
-    }
-}
-
-/// Whether the node's pod cache mirrors the API server now, and how many times it has
-/// been listed. It is out of sync until the first list is in, and again from a failed
-/// list or watch until the pods have been listed anew.
-#[derive(Debug, Clone, Default)]
-pub struct Synced(Arc<SyncState>);
-
-#[derive(Debug, Default)]
-struct SyncState {
-    in_sync: AtomicBool,
-    lists: AtomicU64,
-}
-
-impl Synced {
-    pub fn get(&self) -> bool {
-        self.0.in_sync.load(Ordering::SeqCst)
-    }
-
-    /// Counts the complete lists so far. Claims and volumes read by name are only reused
-    /// within one list generation: one read before an outage may have changed during it.
-    pub fn generation(&self) -> u64 {
-        self.0.lists.load(Ordering::SeqCst)
-    }
-
-    /// A complete list is in. The generation moves first, so that whoever sees the cache
-    /// in sync also sees the new generation.
-    fn listed(&self) {
-        self.0.lists.fetch_add(1, Ordering::SeqCst);
-        self.0.in_sync.store(true, Ordering::SeqCst);
-    }
-
-    /// The watch failed; returns whether the cache was in sync until now.
-    fn lost(&self) -> bool {
-        self.0.in_sync.swap(false, Ordering::SeqCst)
-    }
-}
-
-/// Delays between attempts to list the node's pods again after a list or watch failed:
-/// `first`, doubling up to `max`, back to `first` once a list succeeds.
-#[derive(Debug, Clone, Copy)]
-pub struct Retry {
-    pub first: Duration,
-    pub max: Duration,
-}
-
-pub const WATCH_RETRY: Retry = Retry {
-    first: Duration::from_millis(800),
-    max: Duration::from_secs(30),
-};
-
-/// The Kubernetes client `--kube` asks for: none when off, or when auto finds no
-/// configuration (said once, here); an error when on and there is none.
 /// A Warning on this node's Node object for each `(device class, reason)` not served
 /// for lack of storage, in the background; best effort, as every event.
 pub fn warn_missing_storage(
@@ -205,6 +76,8 @@ async fn client() -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
+/// The Kubernetes client `--kube` asks for: none when off, or when auto finds no
+/// configuration (said once, here); an error when on and there is none.
 pub async fn connect(config: &Config) -> anyhow::Result<Option<Client>> {
     match config.kube {
         KubeMode::Off => {

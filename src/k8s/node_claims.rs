@@ -11,7 +11,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
-use super::{Synced, WATCH_RETRY, claim_label, reflect};
+use super::reflect::{Synced, WATCH_RETRY};
+use super::{claim_label, reflect};
 
 /// This node's labelled claims, kept current by a background watch.
 #[derive(Debug, Clone)]

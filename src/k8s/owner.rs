@@ -10,7 +10,51 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
+use super::api::ApiError;
+use crate::model::Terminal;
 use crate::request::PodInfo;
+
+/// Why the owner check (`check`) lets a stage or publish not go on: a refusal by the
+/// rules below, or what it could not read. Here, at the bottom of `k8s/`, because the
+/// check and its reads (`lookup`) both answer with it.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnerError {
+    #[error("refusing: {0}")]
+    Refused(Refusal),
+    #[error(
+        "volume {volume} belongs to PersistentVolumeClaim {pvc} but the request names no pod; \
+         the CSIDriver object must set podInfoOnMount: true"
+    )]
+    NoPodInfo { volume: String, pvc: String },
+    #[error("cannot find the PersistentVolumeClaim behind volume {volume}: {reason}")]
+    ClaimNotFound {
+        volume: String,
+        reason: String,
+        /// Whether this rests on a cached read (the check then reads again before it
+        /// answers so).
+        cached: bool,
+    },
+    #[error(
+        "the Kubernetes pod cache is not synced (its first list, or a new list after its watch \
+         failed, is not in yet); try again"
+    )]
+    NotSynced,
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+impl Terminal for OwnerError {
+    fn is_terminal(&self) -> bool {
+        match self {
+            // Not this pod's claim, or not knowable from the request: asking again with
+            // the same objects gives the same answer.
+            OwnerError::Refused(_) | OwnerError::NoPodInfo { .. } | OwnerError::ClaimNotFound { .. } => true,
+            // The check may pass once the API answers or the cache syncs.
+            OwnerError::NotSynced => false,
+            OwnerError::Api(e) => e.is_terminal(),
+        }
+    }
+}
 
 /// A namespaced object as people read it: `namespace/name (uid U)`.
 #[derive(Debug, Clone, PartialEq, Eq)]

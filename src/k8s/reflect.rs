@@ -10,6 +10,9 @@
 
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -18,7 +21,54 @@ use serde::de::DeserializeOwned;
 use tokio_stream::StreamExt;
 use tracing::{info, warn};
 
-use super::{Retry, Synced};
+/// Whether the node's pod cache mirrors the API server now, and how many times it has
+/// been listed. It is out of sync until the first list is in, and again from a failed
+/// list or watch until the pods have been listed anew.
+#[derive(Debug, Clone, Default)]
+pub struct Synced(Arc<SyncState>);
+
+#[derive(Debug, Default)]
+struct SyncState {
+    in_sync: AtomicBool,
+    lists: AtomicU64,
+}
+
+impl Synced {
+    pub fn get(&self) -> bool {
+        self.0.in_sync.load(Ordering::SeqCst)
+    }
+
+    /// Counts the complete lists so far. Claims and volumes read by name are only reused
+    /// within one list generation: one read before an outage may have changed during it.
+    pub fn generation(&self) -> u64 {
+        self.0.lists.load(Ordering::SeqCst)
+    }
+
+    /// A complete list is in. The generation moves first, so that whoever sees the cache
+    /// in sync also sees the new generation.
+    pub(super) fn listed(&self) {
+        self.0.lists.fetch_add(1, Ordering::SeqCst);
+        self.0.in_sync.store(true, Ordering::SeqCst);
+    }
+
+    /// The watch failed; returns whether the cache was in sync until now.
+    pub(super) fn lost(&self) -> bool {
+        self.0.in_sync.swap(false, Ordering::SeqCst)
+    }
+}
+
+/// Delays between attempts to list the node's pods again after a list or watch failed:
+/// `first`, doubling up to `max`, back to `first` once a list succeeds.
+#[derive(Debug, Clone, Copy)]
+pub struct Retry {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+pub const WATCH_RETRY: Retry = Retry {
+    first: Duration::from_millis(800),
+    max: Duration::from_secs(30),
+};
 
 /// Starts a reflector of `api` selected by `config` and returns its store and sync
 /// state. Each object is passed through `slim` before it is kept; `on_change` runs with

@@ -47,7 +47,7 @@ use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
 use super::api::{ApiError, merge_patch};
-use super::{Retry, WATCH_RETRY};
+use super::reflect::{Retry, WATCH_RETRY};
 use crate::model::{DRIVER_NAME, SnapshotId, Terminal, full_message};
 use crate::request::SnapshotFilter;
 use crate::volume::{VolumeError, Volumes};

@@ -1,7 +1,7 @@
 //! The owner check against a scripted mock API server: each test lists the exact
 //! requests the check makes, in order, and the server fails on any other.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
