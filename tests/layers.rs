@@ -251,15 +251,21 @@ fn crate_files() -> Vec<(String, PathBuf, String)> {
 
 /// Top-level modules a piece of code names through `crate::`.
 fn crate_paths(code: &str) -> BTreeSet<String> {
+    paths_after(code, "crate::")
+}
+
+/// The first segment of every path that starts with `prefix` (`crate::`, `super::`,
+/// `crate::k8s::`): what such paths name one level below the prefix.
+fn paths_after(code: &str, prefix: &str) -> BTreeSet<String> {
     let mut named = BTreeSet::new();
-    for (at, _) in code.match_indices("crate::") {
+    for (at, _) in code.match_indices(prefix) {
         if at > 0 {
             let before = code[..at].chars().next_back().unwrap();
-            if before.is_alphanumeric() || before == '_' {
-                continue; // `localvol_crate::` and the like
+            if before.is_alphanumeric() || before == '_' || before == ':' {
+                continue; // `localvol_crate::`, the second `super::` of `super::super::`
             }
         }
-        let rest = &code[at + "crate::".len()..];
+        let rest = &code[at + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // `crate::{a::b, c}`: the first segment of each top-level entry.
             let mut depth = 0;
@@ -281,6 +287,8 @@ fn crate_paths(code: &str) -> BTreeSet<String> {
                     _ => {}
                 }
             }
+        } else if rest.starts_with('*') {
+            named.insert("*".to_string());
         } else {
             let ident: String = rest
                 .chars()
@@ -393,6 +401,84 @@ fn every_import_points_down_and_no_modules_import_each_other() {
     assert!(up.is_empty(), "imports that point up:\n{}", up.join("\n"));
     let cycles = cycles(&edges);
     assert!(cycles.is_empty(), "import cycles between modules: {cycles:?}");
+}
+
+/// Non-test source files with their module path (`crate::k8s::lookup`) and the path of
+/// the module they are declared in, following `mod` from lib.rs as `crate_files` does.
+fn module_tree() -> Vec<(String, String, PathBuf, String)> {
+    let root = src();
+    let mut out = Vec::new();
+    let mut queue: Vec<(PathBuf, String, PathBuf)> = vec![(root.join("lib.rs"), "crate".to_string(), root)];
+    while let Some((file, path, child_dir)) = queue.pop() {
+        let text = fs::read_to_string(&file).unwrap();
+        let code = without_test_items(&code_only(&text));
+        for (name, _) in child_modules(&code) {
+            let flat = child_dir.join(format!("{name}.rs"));
+            let (child, grandchildren) = if flat.exists() {
+                (flat, child_dir.join(&name))
+            } else {
+                (child_dir.join(&name).join("mod.rs"), child_dir.join(&name))
+            };
+            let child_path = format!("{path}::{name}");
+            let child_text = fs::read_to_string(&child).unwrap();
+            let child_code = without_test_items(&code_only(&child_text));
+            out.push((child_path.clone(), path.clone(), child.clone(), child_code));
+            queue.push((child, child_path, grandchildren));
+        }
+    }
+    out
+}
+
+/// Inside a top-level module, imports point down too: a child module takes from its
+/// parent (through `super::` or the parent's `crate::` path) only the parent's other
+/// children, never an item the parent defines or re-imports. What children share lives
+/// in the child that owns it, so a parent's `mod.rs` stays a root that declares, re-exports
+/// and wires, and reading it never needs its children's view of it. Checked for the
+/// modules that hold to it; a module joins the list once its up-arrows are gone.
+const NO_UP_ARROWS_INSIDE: [&str; 1] = ["crate::k8s"];
+
+#[test]
+fn inside_a_module_children_import_only_their_siblings_from_their_parent() {
+    let tree = module_tree();
+    let children_of = |parent: &str| -> BTreeSet<String> {
+        tree.iter()
+            .filter(|(_, p, _, _)| p == parent)
+            .map(|(path, _, _, _)| path.rsplit("::").next().unwrap().to_string())
+            .collect()
+    };
+    let mut up = Vec::new();
+    for (path, parent, file, code) in &tree {
+        if !NO_UP_ARROWS_INSIDE
+            .iter()
+            .any(|m| path.starts_with(&format!("{m}::")))
+        {
+            continue;
+        }
+        let siblings = children_of(parent);
+        let named: BTreeSet<String> = paths_after(code, "super::")
+            .into_iter()
+            .chain(paths_after(code, &format!("{parent}::")))
+            .collect();
+        for name in named {
+            // `super::super::` reaches past the parent, to a module beside it.
+            if name != "super" && !siblings.contains(&name) {
+                up.push(format!(
+                    "{}: {path} takes {name} from its parent {parent}",
+                    file.strip_prefix(src()).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        tree.len() > 40,
+        "too few modules found; is the reader broken? {}",
+        tree.len()
+    );
+    assert!(
+        up.is_empty(),
+        "imports that point up inside a module (move the item into the child that owns it):\n{}",
+        up.join("\n")
+    );
 }
 
 /// What only `src/k8s/` may name: the parameters of every write (field manager and
@@ -551,6 +637,13 @@ fn the_reader_sees_what_it_must() {
     let code = without_test_items(&code);
     let named: Vec<String> = crate_paths(&code).into_iter().collect();
     assert_eq!(named, ["a", "c", "d"]);
+    let up: Vec<String> = paths_after(
+        &code_only("use super::{sibling::X, Shared};\nuse super::*;\nfn f() { super::super::g(); }"),
+        "super::",
+    )
+    .into_iter()
+    .collect();
+    assert_eq!(up, ["*", "Shared", "sibling", "super"]);
 
     let layers = stated_layers("//! 1. `top`: edge\n//! 2. `low`, `other`: below\n");
     let mut edges = BTreeMap::new();
