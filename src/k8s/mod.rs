@@ -8,7 +8,9 @@
 //!
 //! It is also the one Kubernetes layer for the modules above: `api` runs every API call
 //! under the one timeout, makes the writes under localvol's field manager and reads
-//! failures into one error; `events` is the one event recorder.
+//! failures into one error; `events` is the one event recorder; `claim_resize` holds
+//! the API shapes of resizing a claim (its fields, the status patch, the claim watch)
+//! for `resize`, which decides.
 //!
 //! This file only declares the children, re-exports what the modules above use, and
 //! wires the children together (the client, the owner check and its pod reflector); it
@@ -20,6 +22,7 @@
 pub mod api;
 mod check;
 pub mod claim_label;
+pub mod claim_resize;
 pub mod events;
 mod lookup;
 pub mod node_claims;

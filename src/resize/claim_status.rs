@@ -1,31 +1,20 @@
-//! A claim's resize status, written the way kubelet and external-resizer write it: a
-//! strategic merge patch of the `status` subresource that carries the claim's
-//! `metadata.resourceVersion`, so the write lands only on the object it was planned
-//! from. On 409 Conflict the claim is read again, the patch planned again, and sent
-//! again, a bounded number of times.
+//! A claim's resize status, written the way kubelet and external-resizer write it, and
+//! guarded by the claim's resourceVersion: on 409 Conflict the claim is read again, the
+//! patch planned again, and sent again, a bounded number of times.
 //!
-//! Planning ([`plan`]) is pure: from the claim as read and the wanted transition to the
-//! patch, or to nothing when the claim already shows it (a repeated call writes
-//! nothing).
-//!
-//! Not server-side apply: the keys and conditions to remove were set by kubelet or
-//! external-resizer under their own field managers, and an apply only removes what its
-//! own manager set.
+//! This decides what each step of an expansion shows ([`wanted`]: the status value and
+//! the conditions kubelet and external-resizer use); the patch that says it, and the
+//! reads and writes, are [`crate::k8s::claim_resize`]'s. Planning is pure: from the
+//! claim as read and the wanted transition to the patch, or to nothing when the claim
+//! already shows it (a repeated call writes nothing).
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimCondition};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Api, Client};
-use serde_json::{Map, Value, json};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
 use super::FailureValue;
-use crate::k8s::api::{ApiError, call, patch_status, truncate};
+use crate::k8s::api::ApiError;
+use crate::k8s::claim_resize::{self, Claim, ResizeApi, WantedStatus};
 use crate::model::Terminal;
-
-/// The resource whose status localvol reports.
-pub const STORAGE: &str = "storage";
 
 /// `status.allocatedResourceStatuses["storage"]` values (ClaimResourceStatus).
 pub const CONTROLLER_RESIZE_IN_PROGRESS: &str = "ControllerResizeInProgress";
@@ -112,7 +101,7 @@ impl FailureNames {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transition {
     /// The resizer starts growing the volume to `target` (`allocatedResources`).
-    ControllerInProgress { target: Quantity },
+    ControllerInProgress { target: String },
     /// Growing the volume failed terminally.
     ControllerFailed { message: String },
     /// The volume has grown; its node still has to grow the device view or filesystem.
@@ -122,7 +111,7 @@ pub enum Transition {
     /// Growing on the node failed terminally.
     NodeFailed { message: String },
     /// Done: the claim's capacity is `capacity`.
-    Finished { capacity: Quantity },
+    Finished { capacity: String },
 }
 
 impl Transition {
@@ -134,136 +123,50 @@ impl Transition {
     }
 }
 
-fn status_value(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    pvc.status
-        .as_ref()?
-        .allocated_resource_statuses
-        .as_ref()?
-        .get(STORAGE)
-        .map(String::as_str)
-}
-
-fn conditions(pvc: &PersistentVolumeClaim) -> &[PersistentVolumeClaimCondition] {
-    pvc.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default()
-}
-
-fn storage_of(map: Option<&std::collections::BTreeMap<String, Quantity>>) -> Option<&Quantity> {
-    map?.get(STORAGE)
-}
-
-pub fn capacity(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
-    storage_of(pvc.status.as_ref()?.capacity.as_ref())
-}
-
-pub fn allocated(pvc: &PersistentVolumeClaim) -> Option<&Quantity> {
-    storage_of(pvc.status.as_ref()?.allocated_resources.as_ref())
-}
-
-/// `status.allocatedResourceStatuses["storage"]`, if set.
-pub fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    status_value(pvc)
-}
-
-fn time_json(now: &Time) -> Value {
-    serde_json::to_value(now).expect("a timestamp serialises")
-}
-
-/// The patch that moves `pvc` to `transition`, or `None` when it already shows it.
-pub fn plan(
-    pvc: &PersistentVolumeClaim,
-    transition: &Transition,
-    names: FailureNames,
-    now: &Time,
-) -> Option<Value> {
-    let mut status = Map::new();
-    let mut set_value = |value: Option<&str>| {
-        if status_value(pvc) != value {
-            status.insert("allocatedResourceStatuses".to_string(), json!({ STORAGE: value }));
-        }
-    };
-    // (type, message) conditions to hold True, and types to remove.
-    let (upsert, remove): (Vec<(&str, Option<&str>)>, Vec<&str>) = match transition {
-        Transition::ControllerInProgress { target } => {
-            set_value(Some(CONTROLLER_RESIZE_IN_PROGRESS));
-            if allocated(pvc) != Some(target) {
-                status.insert("allocatedResources".to_string(), json!({ STORAGE: target }));
-            }
-            (
-                vec![(RESIZING, None)],
-                vec![
-                    FILE_SYSTEM_RESIZE_PENDING,
-                    CONTROLLER_RESIZE_ERROR,
-                    NODE_RESIZE_ERROR,
-                ],
-            )
-        }
-        Transition::ControllerFailed { message } => {
-            set_value(Some(names.controller()));
-            (vec![(CONTROLLER_RESIZE_ERROR, Some(message.as_str()))], vec![])
-        }
-        Transition::NodePending => {
-            set_value(Some(NODE_RESIZE_PENDING));
-            (
-                vec![(FILE_SYSTEM_RESIZE_PENDING, Some(FS_RESIZE_PENDING_MESSAGE))],
-                vec![RESIZING, CONTROLLER_RESIZE_ERROR],
-            )
-        }
-        Transition::NodeInProgress => {
-            set_value(Some(NODE_RESIZE_IN_PROGRESS));
-            (vec![], vec![])
-        }
-        Transition::NodeFailed { message } => {
-            set_value(Some(names.node()));
-            (vec![(NODE_RESIZE_ERROR, Some(message.as_str()))], vec![])
-        }
-        Transition::Finished { capacity: size } => {
-            set_value(None);
-            if capacity(pvc) != Some(size) {
-                status.insert("capacity".to_string(), json!({ STORAGE: size }));
-            }
-            (vec![], RESIZE_CONDITIONS.to_vec())
-        }
-    };
-    let existing = conditions(pvc);
-    let mut entries = Vec::new();
-    for (kind, message) in upsert {
-        let current = existing.iter().find(|c| c.type_ == kind);
-        let message = message.map(truncate);
-        if current.is_some_and(|c| c.status == "True" && c.message == message) {
-            continue;
-        }
-        // A condition that stays True keeps the time it became True.
-        let since = match current {
-            Some(c) if c.status == "True" => c
-                .last_transition_time
-                .as_ref()
-                .map_or_else(|| time_json(now), time_json),
-            _ => time_json(now),
-        };
-        let mut entry = json!({ "type": kind, "status": "True", "lastTransitionTime": since });
-        if let Some(message) = message {
-            entry["message"] = Value::String(message);
-        }
-        entries.push(entry);
+/// What the claim is to show after `transition`: the status value (a failure by the
+/// name the server knows, `names`), the sizes, and the resize conditions to hold or to
+/// remove. Conditions of other types are left alone.
+pub fn wanted(transition: &Transition, names: FailureNames) -> WantedStatus {
+    let hold = |kind: &'static str, message: Option<&str>| vec![(kind, message.map(str::to_string))];
+    match transition {
+        Transition::ControllerInProgress { target } => WantedStatus {
+            value: Some(CONTROLLER_RESIZE_IN_PROGRESS),
+            allocated: Some(target.clone()),
+            hold: hold(RESIZING, None),
+            remove: vec![
+                FILE_SYSTEM_RESIZE_PENDING,
+                CONTROLLER_RESIZE_ERROR,
+                NODE_RESIZE_ERROR,
+            ],
+            ..WantedStatus::default()
+        },
+        Transition::ControllerFailed { message } => WantedStatus {
+            value: Some(names.controller()),
+            hold: hold(CONTROLLER_RESIZE_ERROR, Some(message.as_str())),
+            ..WantedStatus::default()
+        },
+        Transition::NodePending => WantedStatus {
+            value: Some(NODE_RESIZE_PENDING),
+            hold: hold(FILE_SYSTEM_RESIZE_PENDING, Some(FS_RESIZE_PENDING_MESSAGE)),
+            remove: vec![RESIZING, CONTROLLER_RESIZE_ERROR],
+            ..WantedStatus::default()
+        },
+        Transition::NodeInProgress => WantedStatus {
+            value: Some(NODE_RESIZE_IN_PROGRESS),
+            ..WantedStatus::default()
+        },
+        Transition::NodeFailed { message } => WantedStatus {
+            value: Some(names.node()),
+            hold: hold(NODE_RESIZE_ERROR, Some(message.as_str())),
+            ..WantedStatus::default()
+        },
+        Transition::Finished { capacity } => WantedStatus {
+            value: None,
+            capacity: Some(capacity.clone()),
+            remove: RESIZE_CONDITIONS.to_vec(),
+            ..WantedStatus::default()
+        },
     }
-    for kind in remove {
-        if existing.iter().any(|c| c.type_ == kind) {
-            entries.push(json!({ "$patch": "delete", "type": kind }));
-        }
-    }
-    if !entries.is_empty() {
-        status.insert("conditions".to_string(), Value::Array(entries));
-    }
-    if status.is_empty() {
-        return None;
-    }
-    Some(json!({
-        "metadata": { "resourceVersion": pvc.metadata.resource_version },
-        "status": status,
-    }))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -288,7 +191,7 @@ impl Terminal for StatusError {
 
 /// Writes claims' resize status for one API server.
 pub struct ClaimStatus {
-    client: Client,
+    api: ResizeApi,
     failure: FailureValue,
     detected: OnceCell<FailureNames>,
 }
@@ -302,28 +205,16 @@ impl std::fmt::Debug for ClaimStatus {
 }
 
 impl ClaimStatus {
-    pub fn new(client: Client, failure: FailureValue) -> Self {
+    pub fn new(api: ResizeApi, failure: FailureValue) -> Self {
         Self {
-            client,
+            api,
             failure,
             detected: OnceCell::new(),
         }
     }
 
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
-    fn api(&self, namespace: &str) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.client.clone(), namespace)
-    }
-
-    pub async fn get(&self, namespace: &str, name: &str) -> Result<PersistentVolumeClaim, StatusError> {
-        Ok(call(
-            || format!("get PersistentVolumeClaim {namespace}/{name}"),
-            self.api(namespace).get(name),
-        )
-        .await?)
+    pub async fn get(&self, namespace: &str, name: &str) -> Result<Claim, StatusError> {
+        Ok(self.api.claim(namespace, name).await?)
     }
 
     /// The failure value names: as forced by the flag, else from the server's version
@@ -337,8 +228,7 @@ impl ClaimStatus {
                 let detected = self
                     .detected
                     .get_or_try_init(|| async {
-                        let info =
-                            call(|| "get /version".to_string(), self.client.apiserver_version()).await?;
+                        let info = self.api.server_version().await?;
                         let names = FailureNames::for_version(&info.major, &info.minor);
                         info!(
                             server.version = %info.git_version,
@@ -362,30 +252,20 @@ impl ClaimStatus {
     /// Moves the claim to `transition`, planned from `pvc` and guarded by its
     /// resourceVersion; re-reads and re-plans after a conflict. Returns the claim as
     /// last seen (unchanged when it already showed the transition).
-    pub async fn apply(
-        &self,
-        mut pvc: PersistentVolumeClaim,
-        transition: &Transition,
-    ) -> Result<PersistentVolumeClaim, StatusError> {
-        let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
-        let name = pvc.metadata.name.clone().unwrap_or_default();
+    pub async fn apply(&self, mut pvc: Claim, transition: &Transition) -> Result<Claim, StatusError> {
+        let namespace = pvc.namespace().unwrap_or_default().to_string();
+        let name = pvc.name().unwrap_or_default().to_string();
         let names = if transition.is_failure() {
             self.names().await
         } else {
             FailureNames::Infeasible
         };
+        let wanted = wanted(transition, names);
         for attempt in 1..=ATTEMPTS {
-            let now = Time(k8s_openapi::jiff::Timestamp::now());
-            let Some(patch) = plan(&pvc, transition, names, &now) else {
+            let Some(patch) = claim_resize::plan_now(&pvc, &wanted) else {
                 return Ok(pvc);
             };
-            let result = patch_status(
-                &self.api(&namespace),
-                || format!("patch PersistentVolumeClaim {namespace}/{name} status"),
-                &name,
-                patch,
-            )
-            .await;
+            let result = self.api.patch_claim_status(&namespace, &name, patch).await;
             match result {
                 Ok(updated) => return Ok(updated),
                 Err(ApiError::Conflict { .. }) if attempt < ATTEMPTS => {

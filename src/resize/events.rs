@@ -2,10 +2,7 @@
 //! expansion. Best effort: a failure to record is logged, never returned (see
 //! [`crate::k8s::events`], which publishes them).
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
-use kube::Client;
-
-use crate::k8s::api::API_TIMEOUT;
+use crate::k8s::claim_resize::{Claim, ResizeApi};
 use crate::k8s::events::{EventType, Recorder};
 
 /// Node side: NodeExpandVolume.
@@ -35,36 +32,25 @@ impl std::fmt::Debug for ClaimEvents {
     }
 }
 
-fn reference(pvc: &PersistentVolumeClaim) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".to_string()),
-        kind: Some("PersistentVolumeClaim".to_string()),
-        namespace: pvc.metadata.namespace.clone(),
-        name: pvc.metadata.name.clone(),
-        uid: pvc.metadata.uid.clone(),
-        ..ObjectReference::default()
-    }
-}
-
 impl ClaimEvents {
     /// Events name `localvol.csi.dev` on `node` as their source.
-    pub fn new(client: Client, node: &str) -> Self {
+    pub fn new(api: &ResizeApi, node: &str) -> Self {
         Self {
-            recorder: Recorder::driver(client, node, API_TIMEOUT),
+            recorder: api.recorder(node),
         }
     }
 
-    pub async fn normal(&self, pvc: &PersistentVolumeClaim, reason: &str, note: &str) {
+    pub async fn normal(&self, pvc: &Claim, reason: &str, note: &str) {
         self.publish(pvc, EventType::Normal, reason, note).await;
     }
 
-    pub async fn warning(&self, pvc: &PersistentVolumeClaim, reason: &str, note: &str) {
+    pub async fn warning(&self, pvc: &Claim, reason: &str, note: &str) {
         self.publish(pvc, EventType::Warning, reason, note).await;
     }
 
-    async fn publish(&self, pvc: &PersistentVolumeClaim, type_: EventType, reason: &str, note: &str) {
+    async fn publish(&self, pvc: &Claim, type_: EventType, reason: &str, note: &str) {
         self.recorder
-            .publish(type_, reason, "Resize", note, &reference(pvc), None)
+            .publish(type_, reason, "Resize", note, &pvc.reference(), None)
             .await;
     }
 }

@@ -6,12 +6,8 @@
 //! only updates `status.capacity`, so the claim's `allocatedResourceStatuses` would
 //! stay at `NodeResizePending` after a node resizer's expansion: localvol reports
 //! then. A 1.32+ kubelet with the gate switched off cannot be seen from the API;
-//! `--report-resize-status on` is for that case.
-
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client};
-
-use crate::k8s::api::{ApiError, call};
+//! `--report-resize-status on` is for that case. The version is read from the Node by
+//! [`crate::k8s::claim_resize::ResizeApi::kubelet_version`].
 
 /// The first kubelet minor version (of major 1) that reports node expansion.
 pub const REPORTING_SINCE_MINOR: u32 = 32;
@@ -31,20 +27,6 @@ pub fn major_minor(version: &str) -> Option<(u32, u32)> {
 /// Whether a kubelet of `version` reports node expansion itself.
 pub fn reports_node_expansion(version: &str) -> Option<bool> {
     major_minor(version).map(|(major, minor)| major > 1 || (major == 1 && minor >= REPORTING_SINCE_MINOR))
-}
-
-/// The kubelet version of `node` as its Node object states it.
-pub async fn kubelet_version(client: &Client, node: &str) -> Result<String, ApiError> {
-    let node = call(
-        || format!("get Node {node}"),
-        Api::<Node>::all(client.clone()).get(node),
-    )
-    .await?;
-    Ok(node
-        .status
-        .and_then(|s| s.node_info)
-        .map(|info| info.kubelet_version)
-        .unwrap_or_default())
 }
 
 #[cfg(test)]

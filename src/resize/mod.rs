@@ -6,6 +6,11 @@
 //! store) and `Volumes::expand_on_node` (node side: device view and filesystem); this
 //! module decides when to call them and tells Kubernetes what happened, with the
 //! status values and conditions kubelet and external-resizer use.
+//!
+//! How the API says it (a claim's fields, the status patch, the watch of this node's
+//! claims, every read and write) is [`crate::k8s::claim_resize`]'s: below this file's
+//! wiring, which takes the daemon's client, no code here names kube or k8s-openapi
+//! (`tests/layers.rs` checks it).
 
 pub mod claim_status;
 pub mod classify;
@@ -26,6 +31,7 @@ pub use report::NodeReporting;
 
 use crate::config::{FailureValue, ReportResizeStatus, ResizeArgs};
 use crate::k8s::claim_label::ClaimLabels;
+use crate::k8s::claim_resize::ResizeApi;
 use crate::locks::{LockError, VolumeLocks};
 use crate::model::Terminal;
 use crate::volume::{VolumeError, Volumes};
@@ -67,14 +73,16 @@ pub async fn reporting(
             info!("resize status: auto and no Kubernetes API, not reporting");
             None
         }
-        (ReportResizeStatus::Auto, Some(client)) => auto_reporting(client, node).await.then_some(client),
+        (ReportResizeStatus::Auto, Some(client)) => auto_reporting(&ResizeApi::new(client.clone()), node)
+            .await
+            .then_some(client),
     };
     let Some(client) = reporting_client else {
         return Ok(NodeReporting::Off);
     };
     info!("reporting node expansion in claims' status");
     Ok(NodeReporting::new(
-        client.clone(),
+        ResizeApi::new(client.clone()),
         node,
         args.resize_failure_value,
     ))
@@ -83,8 +91,8 @@ pub async fn reporting(
 /// `auto`: on for a kubelet that does not report node expansion itself. A version that
 /// cannot be read leaves reporting off (two writers racing on a claim are worse than a
 /// status that kubelet may well write) and says so.
-async fn auto_reporting(client: &Client, node: &str) -> bool {
-    match kubelet::kubelet_version(client, node).await {
+async fn auto_reporting(api: &ResizeApi, node: &str) -> bool {
+    match api.kubelet_version(node).await {
         Ok(version) => match kubelet::reports_node_expansion(&version) {
             Some(true) => {
                 info!(node, kubelet = %version, "resize status: auto, kubelet reports node expansion itself; localvol does not");
@@ -116,8 +124,14 @@ pub fn spawn_node_resizer(
     labels: ClaimLabels,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    let resizer =
-        node_resizer::NodeResizer::new(client, node, args.resize_failure_value, volumes, locks, labels);
+    let resizer = node_resizer::NodeResizer::new(
+        ResizeApi::new(client),
+        node,
+        args.resize_failure_value,
+        volumes,
+        locks,
+        labels,
+    );
     tokio::spawn(node_resizer::run(Arc::new(resizer), shutdown));
 }
 

@@ -10,14 +10,13 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::Client;
 use tracing::{info, warn};
 
-use super::claim_status::{self, ClaimStatus, StatusError, Transition};
+use super::claim_status::{ClaimStatus, StatusError, Transition};
 use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
 use super::{FailureValue, quantity};
+use crate::k8s::claim_resize::{Claim, ResizeApi};
 use crate::model::VolumeId;
 use crate::model::full_message;
 use crate::model::{ClaimRef, Terminal};
@@ -44,7 +43,7 @@ pub struct Report {
     claim: Option<(String, String)>,
     pv_name: Option<String>,
     /// The claim as last read or written.
-    pvc: Option<PersistentVolumeClaim>,
+    pvc: Option<Claim>,
     /// The size asked for (0: not given).
     required: u64,
     /// The claim already showed this size and no resize in progress: a repeated call,
@@ -53,10 +52,10 @@ pub struct Report {
 }
 
 impl NodeReporting {
-    pub fn new(client: Client, node: &str, failure: FailureValue) -> Self {
+    pub fn new(api: ResizeApi, node: &str, failure: FailureValue) -> Self {
         NodeReporting::On(Arc::new(NodeReporter {
-            status: ClaimStatus::new(client.clone(), failure),
-            events: ClaimEvents::new(client, node),
+            events: ClaimEvents::new(&api, node),
+            status: ClaimStatus::new(api, failure),
         }))
     }
 
@@ -81,8 +80,8 @@ impl NodeReporting {
     }
 }
 
-fn bound_elsewhere(pvc: &PersistentVolumeClaim, pv_name: Option<&str>) -> bool {
-    let bound = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+fn bound_elsewhere(pvc: &Claim, pv_name: Option<&str>) -> bool {
+    let bound = pvc.volume_name();
     matches!((bound, pv_name), (Some(bound), Some(ours)) if bound != ours)
 }
 
@@ -109,10 +108,11 @@ impl NodeReporter {
             report.claim = None;
             return report;
         }
-        let at_size = claim_status::capacity(&pvc)
+        let at_size = pvc
+            .capacity()
             .and_then(quantity::bytes)
             .is_some_and(|have| required > 0 && have >= required);
-        if at_size && claim_status::resize_status(&pvc).is_none() {
+        if at_size && pvc.resize_status().is_none() {
             report.already_done = true;
             report.pvc = Some(pvc);
             return report;
@@ -128,10 +128,7 @@ impl NodeReporter {
             .normal(
                 &pvc,
                 events::NODE_EXPANSION_STARTED,
-                &format!(
-                    "growing the volume on its node to {}",
-                    quantity::format(required).0
-                ),
+                &format!("growing the volume on its node to {}", quantity::format(required)),
             )
             .await;
         report.pvc = Some(pvc);
@@ -163,7 +160,7 @@ impl NodeReporter {
                     *device_bytes
                 };
                 let capacity = quantity::format(bytes);
-                let note = format!("the volume on its node is now {}", capacity.0);
+                let note = format!("the volume on its node is now {capacity}");
                 let written = self
                     .status
                     .apply(pvc.clone(), &Transition::Finished { capacity })

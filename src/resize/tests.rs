@@ -17,6 +17,7 @@ use crate::backend::BackendError;
 use crate::error::Error;
 use crate::host::fake::{FakeCommands, FakeSyscalls};
 use crate::host::{CommandError, FsUsage, Host};
+use crate::k8s::claim_resize::ResizeApi;
 use crate::k8s::mock_api::{Exchange, MockApi, Reply};
 use crate::locks::{LockError, VolumeLocks};
 use crate::model::{AccessMode, AccessType, Capability, ClassName, Token, VolumeId};
@@ -183,7 +184,7 @@ fn claim() -> ClaimRef {
 }
 
 fn reporter(client: Client, failure: FailureValue) -> Arc<NodeReporter> {
-    match NodeReporting::new(client, "node-a", failure) {
+    match NodeReporting::new(ResizeApi::new(client), "node-a", failure) {
         NodeReporting::On(reporter) => reporter,
         NodeReporting::Off => unreachable!(),
     }

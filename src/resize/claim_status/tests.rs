@@ -1,12 +1,22 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaimStatus;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimCondition, PersistentVolumeClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde_json::{Value, json};
 
 use super::*;
+use crate::k8s::claim_resize::STORAGE;
+
+/// The patch for `transition`: what it wants, as `claim_resize` writes it.
+fn plan(pvc: &Claim, transition: &Transition, names: FailureNames, now: &Time) -> Option<Value> {
+    claim_resize::plan(pvc, &wanted(transition, names), now)
+}
 
 /// The patch planned for `transition` with the names of Kubernetes 1.31 and later.
-fn planned(pvc: &PersistentVolumeClaim, transition: &Transition) -> Option<Value> {
+fn planned(pvc: &Claim, transition: &Transition) -> Option<Value> {
     plan(pvc, transition, FailureNames::Infeasible, &now())
 }
 
@@ -28,11 +38,7 @@ fn condition(kind: &str, message: Option<&str>) -> PersistentVolumeClaimConditio
     }
 }
 
-fn claim(
-    value: Option<&str>,
-    capacity: &str,
-    conditions: Vec<PersistentVolumeClaimCondition>,
-) -> PersistentVolumeClaim {
+fn claim(value: Option<&str>, capacity: &str, conditions: Vec<PersistentVolumeClaimCondition>) -> Claim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some("data".into()),
@@ -49,6 +55,7 @@ fn claim(
             ..PersistentVolumeClaimStatus::default()
         }),
     }
+    .into()
 }
 
 #[test]
@@ -73,7 +80,7 @@ fn node_in_progress_then_finished() {
         planned(
             &pvc,
             &Transition::Finished {
-                capacity: Quantity("2Gi".into())
+                capacity: "2Gi".into()
             }
         ),
         Some(json!({
@@ -93,7 +100,7 @@ fn a_claim_that_already_shows_the_step_gets_no_patch() {
     assert_eq!(planned(&pvc, &Transition::NodeInProgress), None);
     let pvc = claim(None, "2Gi", vec![condition("Other", None)]);
     let done = Transition::Finished {
-        capacity: Quantity("2Gi".into()),
+        capacity: "2Gi".into(),
     };
     assert_eq!(planned(&pvc, &done), None);
     let failed = Transition::NodeFailed {
@@ -149,12 +156,7 @@ fn failures_use_the_names_the_server_knows() {
 fn controller_steps() {
     let pvc = claim(None, "1Gi", vec![condition(NODE_RESIZE_ERROR, Some("old"))]);
     assert_eq!(
-        planned(
-            &pvc,
-            &Transition::ControllerInProgress {
-                target: Quantity("2Gi".into())
-            }
-        ),
+        planned(&pvc, &Transition::ControllerInProgress { target: "2Gi".into() }),
         Some(json!({
             "metadata": {"resourceVersion": "41"},
             "status": {

@@ -30,10 +30,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::runtime::watcher;
-use kube::{Api, Client};
 use tracing::{debug, info};
 
 use super::claim_status::{self, ATTEMPTS, ClaimStatus, FailureNames, StatusError, Transition};
@@ -41,8 +37,9 @@ use super::classify::{Cause, Failure, classify};
 use super::events::{self, ClaimEvents};
 use super::quantity;
 use super::{FailureValue, ResizeError};
-use crate::k8s::api::{ApiError, call, replace};
-use crate::k8s::claim_label::{self, ClaimLabels};
+use crate::k8s::api::ApiError;
+use crate::k8s::claim_label::ClaimLabels;
+use crate::k8s::claim_resize::{Claim, ResizeApi, Volume};
 use crate::locks::VolumeLocks;
 use crate::model::CapacityRange;
 use crate::model::DRIVER_NAME;
@@ -91,7 +88,7 @@ struct LocalClaims {
 }
 
 pub struct NodeResizer {
-    client: Client,
+    api: ResizeApi,
     status: ClaimStatus,
     events: ClaimEvents,
     volumes: Arc<Volumes>,
@@ -107,48 +104,35 @@ impl std::fmt::Debug for NodeResizer {
     }
 }
 
-fn key_of(pvc: &PersistentVolumeClaim) -> Key {
+fn key_of(pvc: &Claim) -> Key {
     (
-        pvc.metadata.namespace.clone().unwrap_or_default(),
-        pvc.metadata.name.clone().unwrap_or_default(),
+        pvc.namespace().unwrap_or_default().to_string(),
+        pvc.name().unwrap_or_default().to_string(),
     )
 }
 
-fn requested(
-    pvc: &PersistentVolumeClaim,
-) -> Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
-    pvc.spec
-        .as_ref()?
-        .resources
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .get(claim_status::STORAGE)
-}
-
-fn bytes(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<u64> {
+fn bytes(q: Option<&str>) -> Option<u64> {
     q.and_then(quantity::bytes)
 }
 
 /// Whether a claim may need the resizer: bound, and asking for more than it has or
 /// showing a resize state. Cheap, from the object alone.
-pub fn wants_attention(pvc: &PersistentVolumeClaim) -> bool {
-    let bound = pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-        && pvc.spec.as_ref().and_then(|s| s.volume_name.as_ref()).is_some();
-    let grow = match (bytes(requested(pvc)), bytes(claim_status::capacity(pvc))) {
+pub fn wants_attention(pvc: &Claim) -> bool {
+    let bound = pvc.is_bound() && pvc.volume_name().is_some();
+    let grow = match (bytes(pvc.requested()), bytes(pvc.capacity())) {
         (Some(want), Some(have)) => want > have,
         _ => false,
     };
-    bound && pvc.metadata.deletion_timestamp.is_none() && (grow || claim_status::resize_status(pvc).is_some())
+    bound && !pvc.is_deleting() && (grow || pvc.resize_status().is_some())
 }
 
-fn pv_capacity(pv: &PersistentVolume) -> Option<u64> {
-    bytes(pv.spec.as_ref()?.capacity.as_ref()?.get(claim_status::STORAGE))
+fn pv_capacity(pv: &Volume) -> Option<u64> {
+    bytes(pv.capacity())
 }
 
 impl NodeResizer {
     pub fn new(
-        client: Client,
+        api: ResizeApi,
         node: &str,
         failure: FailureValue,
         volumes: Arc<Volumes>,
@@ -156,11 +140,11 @@ impl NodeResizer {
         labels: ClaimLabels,
     ) -> Self {
         Self {
-            status: ClaimStatus::new(client.clone(), failure),
-            events: ClaimEvents::new(client.clone(), node),
+            status: ClaimStatus::new(api.clone(), failure),
+            events: ClaimEvents::new(&api, node),
             labels,
             node: node.to_string(),
-            client,
+            api,
             volumes,
             locks,
             local: Mutex::default(),
@@ -219,11 +203,6 @@ impl NodeResizer {
         Ok(())
     }
 
-    /// The one watch of claims: those labelled with this node.
-    pub(super) fn claim_watch(&self) -> watcher::Config {
-        watcher::Config::default().labels(&claim_label::selector(&self.node))
-    }
-
     /// Looks at one claim and does the next steps of its expansion.
     pub async fn reconcile(&self, key: &Key) -> Result<Outcome, ResizeError> {
         let (namespace, name) = key;
@@ -235,31 +214,27 @@ impl NodeResizer {
             Err(StatusError::Api(ApiError::NotFound { .. })) => return Ok(Outcome::Done),
             Err(e) => return Err(e.into()),
         };
-        let spec = pvc.spec.clone().unwrap_or_default();
         if !wants_attention(&pvc) {
             return Ok(Outcome::Done);
         }
-        let pv_name = spec.volume_name.clone().unwrap_or_default();
+        let pv_name = pvc.volume_name().unwrap_or_default().to_string();
         if local.pv_name.as_ref().is_some_and(|ours| *ours != pv_name) {
             debug!(pvc = %format!("{namespace}/{name}"), "claim is bound to another volume than this node's");
             return Ok(Outcome::Done);
         }
-        let (Some(want), Some(have)) = (bytes(requested(&pvc)), bytes(claim_status::capacity(&pvc))) else {
+        let (Some(want), Some(have)) = (bytes(pvc.requested()), bytes(pvc.capacity())) else {
             return Ok(Outcome::Done);
         };
-        let current = claim_status::resize_status(&pvc).map(str::to_string);
+        let current = pvc.resize_status().map(str::to_string);
         // A terminal failure at this size waits for the claim to ask for another one.
-        if current.as_deref().is_some_and(FailureNames::is_failure)
-            && bytes(claim_status::allocated(&pvc)) == Some(want)
-        {
+        if current.as_deref().is_some_and(FailureNames::is_failure) && bytes(pvc.allocated()) == Some(want) {
             return Ok(Outcome::Done);
         }
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pv = call(|| format!("get PersistentVolume {pv_name}"), pvs.get(&pv_name))
-            .await
-            .map_err(StatusError::from)?;
-        let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
-        if !csi.is_some_and(|c| c.driver == DRIVER_NAME && c.volume_handle == local.id.to_string()) {
+        let pv = self.api.volume(&pv_name).await.map_err(StatusError::from)?;
+        if !pv
+            .csi()
+            .is_some_and(|(driver, handle)| driver == DRIVER_NAME && handle == local.id.to_string())
+        {
             debug!(pv = %pv_name, "volume is not this node's localvol volume");
             return Ok(Outcome::Done);
         }
@@ -273,7 +248,7 @@ impl NodeResizer {
                     || v == claim_status::CONTROLLER_RESIZE_INFEASIBLE
             });
             if stale && pv_size <= have {
-                let capacity = claim_status::capacity(&pvc).cloned().expect("checked above");
+                let capacity = pvc.capacity().map(str::to_string).expect("checked above");
                 self.status.apply(pvc, &Transition::Finished { capacity }).await?;
             }
             return Ok(Outcome::Done);
@@ -286,37 +261,33 @@ impl NodeResizer {
             // The volume has grown; kubelet finishes on the node.
             return Ok(Outcome::Done);
         }
-        if !self.expansion_allowed(&spec).await? {
+        if !self.expansion_allowed(&pvc).await? {
             info!(pvc = %format!("{namespace}/{name}"), "StorageClass does not allow expansion; not resizing");
             return Ok(Outcome::Done);
         }
         self.grow(pvc, &local, want, pv).await
     }
 
-    async fn expansion_allowed(
-        &self,
-        spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
-    ) -> Result<bool, StatusError> {
-        let Some(class) = spec.storage_class_name.as_deref().filter(|c| !c.is_empty()) else {
+    async fn expansion_allowed(&self, pvc: &Claim) -> Result<bool, StatusError> {
+        let Some(class) = pvc.storage_class().filter(|c| !c.is_empty()) else {
             return Ok(false);
         };
-        let classes: Api<StorageClass> = Api::all(self.client.clone());
-        let sc = call(|| format!("get StorageClass {class}"), classes.get(class)).await?;
-        Ok(sc.allow_volume_expansion == Some(true))
+        Ok(self.api.expansion_allowed(class).await?)
     }
 
     /// The controller step and what follows it.
     async fn grow(
         &self,
-        pvc: PersistentVolumeClaim,
+        pvc: Claim,
         local: &LocalVolume,
         want: u64,
-        pv: PersistentVolume,
+        pv: Volume,
     ) -> Result<Outcome, ResizeError> {
-        let target = requested(&pvc)
-            .cloned()
+        let target = pvc
+            .requested()
+            .map(str::to_string)
             .expect("wants_attention checked the request");
-        let starting = claim_status::resize_status(&pvc) != Some(claim_status::CONTROLLER_RESIZE_IN_PROGRESS);
+        let starting = pvc.resize_status() != Some(claim_status::CONTROLLER_RESIZE_IN_PROGRESS);
         let pvc = self
             .status
             .apply(
@@ -331,7 +302,7 @@ impl NodeResizer {
                 .normal(
                     &pvc,
                     events::RESIZING,
-                    &format!("localvol is growing volume {} to {}", local.id, target.0),
+                    &format!("localvol is growing volume {} to {target}", local.id),
                 )
                 .await;
         }
@@ -393,7 +364,7 @@ impl NodeResizer {
                     events::FILE_SYSTEM_RESIZE_REQUIRED,
                     &format!(
                         "volume {} is now {}; its node finishes growing it when the claim is mounted",
-                        local.id, size.0
+                        local.id, size
                     ),
                 )
                 .await;
@@ -411,7 +382,7 @@ impl NodeResizer {
                 .normal(
                     &pvc,
                     events::VOLUME_RESIZE_SUCCESSFUL,
-                    &format!("volume {} is now {}", local.id, size.0),
+                    &format!("volume {} is now {size}", local.id),
                 )
                 .await;
         }
@@ -420,22 +391,18 @@ impl NodeResizer {
 
     /// Sets the PersistentVolume's capacity to `size` (never lowers it), replacing the
     /// object read so the update lands only on that version; re-reads after a conflict.
-    async fn record_pv_size(&self, mut pv: PersistentVolume, size: u64) -> Result<(), StatusError> {
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let name = pv.metadata.name.clone().unwrap_or_default();
+    async fn record_pv_size(&self, mut pv: Volume, size: u64) -> Result<(), StatusError> {
+        let name = pv.name().to_string();
         for attempt in 1..=ATTEMPTS {
             if pv_capacity(&pv).is_some_and(|have| have >= size) {
                 return Ok(());
             }
-            let spec = pv.spec.get_or_insert_with(Default::default);
-            spec.capacity
-                .get_or_insert_with(Default::default)
-                .insert(claim_status::STORAGE.to_string(), quantity::format(size));
-            let result = replace(&pvs, || format!("update PersistentVolume {name}"), &name, &pv).await;
+            pv.set_capacity(quantity::format(size));
+            let result = self.api.replace_volume(&name, &pv).await;
             match result {
                 Ok(_) => return Ok(()),
                 Err(ApiError::Conflict { .. }) if attempt < ATTEMPTS => {
-                    pv = call(|| format!("get PersistentVolume {name}"), pvs.get(&name)).await?;
+                    pv = self.api.volume(&name).await?;
                 }
                 Err(ApiError::Conflict { .. }) => return Err(StatusError::Conflict { claim: name }),
                 Err(e) => return Err(e.into()),

@@ -4,9 +4,6 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tracing::{Instrument, info, info_span, warn};
@@ -25,20 +22,9 @@ pub async fn run(
         let resizer = Arc::clone(&resizer);
         let tx = tx.clone();
         async move {
-            let api: Api<PersistentVolumeClaim> = Api::all(resizer.client.clone());
-            let labels = resizer.labels.clone();
-            let stream = watcher(api, resizer.claim_watch())
-                .default_backoff()
-                .applied_objects()
-                // The watch selects by the label: whatever it shows is labelled.
-                .map(move |item| {
-                    if let Ok(pvc) = &item
-                        && let (Some(ns), Some(name)) = (&pvc.metadata.namespace, &pvc.metadata.name)
-                    {
-                        labels.mark_labelled(ns, name);
-                    }
-                    item
-                })
+            let stream = resizer
+                .api
+                .watch_claims(&resizer.node, resizer.labels.clone())
                 .filter(|item| item.as_ref().map_or(true, wants_attention));
             let mut stream = std::pin::pin!(stream);
             while let Some(item) = stream.next().await {

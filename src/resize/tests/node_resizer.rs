@@ -108,7 +108,7 @@ fn resizer(client: Client, node: &Node) -> NodeResizer {
     let labels =
         crate::k8s::claim_label::ClaimLabels::new(client.clone(), "node-a").with_grace(Duration::ZERO);
     NodeResizer::new(
-        client,
+        ResizeApi::new(client),
         "node-a",
         FailureValue::Auto,
         Arc::clone(&node.volumes),
@@ -363,11 +363,12 @@ async fn the_claims_of_this_nodes_volumes_are_labelled_once_and_watched_by_that_
         .body(json!({"metadata": {"labels": {"localvol.csi.dev/node": "node-a"}}})),
     ]);
     let resizer = resizer(client, &node);
+    let watch = crate::k8s::claim_resize::claim_watch("node-a");
     assert_eq!(
-        resizer.claim_watch().label_selector.as_deref(),
+        watch.label_selector.as_deref(),
         Some("localvol.csi.dev/node=node-a")
     );
-    assert_eq!(resizer.claim_watch().field_selector, None);
+    assert_eq!(watch.field_selector, None);
     resizer.label_local().await.unwrap();
     // Labelled already: no second request (the script would fail on one).
     resizer.label_local().await.unwrap();

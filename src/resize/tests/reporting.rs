@@ -171,7 +171,7 @@ async fn conflicts_are_retried_a_bounded_number_of_times() {
         }
     }
     let (client, server) = MockApi::scripted(script);
-    let status = crate::resize::claim_status::ClaimStatus::new(client, FailureValue::Auto);
+    let status = crate::resize::claim_status::ClaimStatus::new(ResizeApi::new(client), FailureValue::Auto);
     let pvc = status.get(NS, PVC).await.unwrap();
     let err = status
         .apply(pvc, &crate::resize::claim_status::Transition::NodeInProgress)
