@@ -481,6 +481,30 @@ fn inside_a_module_children_import_only_their_siblings_from_their_parent() {
     );
 }
 
+/// `resize` decides (what a claim's status should show, whether a failure is terminal,
+/// when to grow); `k8s::claim_resize` holds the API shapes it decides about. Below its
+/// wiring (`resize/mod.rs`, which takes the daemon's client), no resize code names kube
+/// or k8s-openapi.
+#[test]
+fn resize_decides_and_leaves_the_api_shapes_to_k8s() {
+    let tree = module_tree();
+    let resize: Vec<_> = tree
+        .iter()
+        .filter(|(path, _, _, _)| path.starts_with("crate::resize::"))
+        .collect();
+    assert!(resize.len() > 5, "too few resize modules found: {}", resize.len());
+    let named: Vec<String> = resize
+        .iter()
+        .filter(|(_, _, _, code)| code.contains("kube::") || code.contains("k8s_openapi"))
+        .map(|(_, _, file, _)| file.strip_prefix(src()).unwrap().display().to_string())
+        .collect();
+    assert!(
+        named.is_empty(),
+        "resize code that names kube or k8s-openapi (move the API shape into k8s::claim_resize):\n{}",
+        named.join("\n")
+    );
+}
+
 /// What only `src/k8s/` may name: the parameters of every write (field manager and
 /// all), the event recorder, and the client's error (callers get `k8s::api::ApiError`).
 const K8S_ONLY: [&str; 6] = [
