@@ -13,10 +13,9 @@
 #   --timeout SECS    stop the guest after SECS and exit 124 (default 3600)
 #   A boot that has not started COMMAND after LOCALVOL_VM_BOOT_TIMEOUT seconds (300)
 #   is killed and booted again, LOCALVOL_VM_BOOT_TRIES times in all (3).
-#   LOCALVOL_VM_TB_SIZE: TCG's translated-code cache in MiB (default 1024), emptied
-#   whole when full. The VM suite's guests run csi-sanity, the debug daemon and its test
-#   binaries: with 256 MiB one csi-sanity run on lvm-thin emptied it 8 times (QEMU's
-#   `info jit`), and every flush has all code translated again.
+#   LOCALVOL_VM_TB_SIZE: TCG's translated-code cache in MiB (default 256), emptied whole
+#   when full; a guest that runs many large programs (a Kubernetes node:
+#   tests/vm/cluster.sh) wants more.
 #   --share DIR       share DIR read-write at the same path (repeatable)
 #   --attach FILE     FILE as one more disk after the scratch disks (written in place)
 #   --tap IFNAME      a virtio NIC on the host's tap device IFNAME (made and addressed
@@ -320,7 +319,7 @@ if [ -z "$ACCEL" ]; then
 fi
 case "$ACCEL" in
   kvm) ACCEL_ARGS=(-accel kvm -cpu host) ;;
-  tcg) ACCEL_ARGS=(-accel "tcg,thread=multi,tb-size=${LOCALVOL_VM_TB_SIZE:-1024}" -cpu max,la57=off) ;;
+  tcg) ACCEL_ARGS=(-accel "tcg,thread=multi,tb-size=${LOCALVOL_VM_TB_SIZE:-256}" -cpu max,la57=off) ;;
   *) die "LOCALVOL_VM_ACCEL must be kvm or tcg" ;;
 esac
 APPEND="console=ttyS0 quiet loglevel=4 panic=-1 rdinit=/init"
