@@ -29,7 +29,7 @@ Keys: vm.parts vm.lanes.A vm.lanes.B vm.restart vm.hostile vm.sanity.fs vm.sanit
   vm.sanity.encrypted.fs vm.sanity.encrypted.block host_cluster.scenarios
   guest_cluster.classes guest_cluster.scenarios guest_cluster.configurations
   guest_cluster.default_classes guest_cluster.default_scenarios
-  guest_cluster.extra_scenarios suites";
+  guest_cluster.extra_scenarios suites settings.NAME (a mode's value of setting NAME)";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {

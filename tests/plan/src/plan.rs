@@ -1,6 +1,6 @@
 //! The test plan (tests/plan.yaml) as types, its checks and its answers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
@@ -124,6 +124,10 @@ impl Modes {
 pub struct ModeDef {
     pub select: String,
     pub description: String,
+    /// The settings (LOCALVOL_*) the mode gives a default, as tests/all.sh exports them
+    /// when the mode is chosen and the setting is not set already.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -302,6 +306,13 @@ impl Plan {
                 .filter(|s| s.runs_in(mode))
                 .map(|s| s.name.clone())
                 .collect(),
+            _ if key.starts_with("settings.") => {
+                let name = &key["settings.".len()..];
+                match self.modes.get(mode).settings.get(name) {
+                    Some(v) => vec![v.clone()],
+                    None => bail!("mode {mode} gives {name} no value in the plan"),
+                }
+            }
             _ => match key.strip_prefix("vm.lanes.") {
                 Some(lane) if self.vm.parts.iter().any(|p| p.lane == lane) => self
                     .vm
@@ -369,6 +380,17 @@ impl Plan {
             let m = self.modes.get(mode);
             if m.description.trim().is_empty() || m.select.trim().is_empty() {
                 p.push(format!("modes.{mode}: no description or no select"));
+            }
+            for name in m.settings.keys() {
+                if !self
+                    .settings
+                    .iter()
+                    .any(|s| &s.name == name && s.audience == "people")
+                {
+                    p.push(format!(
+                        "modes.{mode}.settings: {name} is not a setting for people in settings:"
+                    ));
+                }
             }
         }
 
@@ -605,7 +627,11 @@ impl Plan {
     pub fn show(&self, mode: Mode) -> String {
         let mut out = String::new();
         let m = self.modes.get(mode);
-        out += &format!("mode {mode} ({}): {}\n\n", m.select, m.description);
+        out += &format!("mode {mode} ({}): {}\n", m.select, m.description);
+        for (name, value) in &m.settings {
+            out += &format!("  {name}={value} unless set\n");
+        }
+        out += "\n";
         out += &format!("{:<14} {:>8}  {:<44} {}\n", "suite", "budget", "where", "proves");
         for s in &self.suites {
             let budget = if s.runs_in(mode) {

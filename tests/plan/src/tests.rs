@@ -94,6 +94,19 @@ fn per_mode_values_fall_back_to_the_mode_before() {
     assert!(p.budget("nothing", Mode::Ci).is_err());
     assert!(p.get("vm.lanes.C", Mode::Ci).is_err());
     assert!(p.get("vm.nothing", Mode::Ci).is_err());
+    assert_eq!(
+        p.get("settings.LOCALVOL_CRASH_ROUNDS", Mode::Soak).unwrap(),
+        words(&["500"])
+    );
+    assert_eq!(
+        p.get("settings.LOCALVOL_FUZZ_SECONDS", Mode::Soak).unwrap(),
+        words(&["600"])
+    );
+    assert_eq!(
+        p.get("settings.LOCALVOL_FUZZ_RELEASE", Mode::Soak).unwrap(),
+        words(&["1"])
+    );
+    assert!(p.get("settings.LOCALVOL_CRASH_ROUNDS", Mode::Full).is_err());
 }
 
 /// Today's values of the scripts (tests/all.sh, tests/vm/suite.sh, tests/vm/cluster.sh,
