@@ -37,15 +37,30 @@ step "shellcheck"
 git ls-files -z '*.sh' bench/run .ci/run | xargs -0 shellcheck -S warning
 echo "shellcheck: $(git ls-files '*.sh' bench/run .ci/run | wc -l) files, no finding at warning level"
 
-# Soak mode, on demand: LOCALVOL_SOAK=1 bash tests/all.sh runs 500 crash lifecycles,
-# 40 per class in the VM crash test, and fuzzes each target for 10 minutes with an
-# optimised build (each can also be set on its own: LOCALVOL_CRASH_ROUNDS,
-# LOCALVOL_CRASH_VM_ROUNDS, LOCALVOL_FUZZ_SECONDS, LOCALVOL_FUZZ_RELEASE).
+step "the test plan (tests/plan.yaml)"
+# What runs where in each mode, and the budgets: tests/plan.yaml, read by tests/plan's
+# binary, built once here; the scripts below take their selections from it
+# (LOCALVOL_PLAN; `plan show` prints the plan).
+cargo build --locked -p localvol-plan
+LOCALVOL_PLAN=$(realpath "${CARGO_TARGET_DIR:-target}")/debug/plan
+export LOCALVOL_PLAN
+# shellcheck source=tests/plan/plan.sh
+. tests/plan/plan.sh
+plan check
+
+# Soak mode, on demand: LOCALVOL_SOAK=1 bash tests/all.sh runs more crash lifecycles,
+# 40 per class in the VM crash test, and fuzzes each target with an optimised build
+# (tests/plan.yaml's modes.soak.settings; each can also be set on its own:
+# LOCALVOL_CRASH_ROUNDS, LOCALVOL_CRASH_VM_ROUNDS, LOCALVOL_FUZZ_SECONDS,
+# LOCALVOL_FUZZ_RELEASE).
 if [ "${LOCALVOL_SOAK:-0}" = 1 ]; then
   export LOCALVOL_FULL=${LOCALVOL_FULL:-1}
-  export LOCALVOL_CRASH_ROUNDS=${LOCALVOL_CRASH_ROUNDS:-500}
-  LOCALVOL_FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-600}
-  export LOCALVOL_FUZZ_RELEASE=${LOCALVOL_FUZZ_RELEASE:-1}
+  soak=$(plan get settings.LOCALVOL_CRASH_ROUNDS --mode soak)
+  export LOCALVOL_CRASH_ROUNDS=${LOCALVOL_CRASH_ROUNDS:-$soak}
+  soak=$(plan get settings.LOCALVOL_FUZZ_SECONDS --mode soak)
+  LOCALVOL_FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-$soak}
+  soak=$(plan get settings.LOCALVOL_FUZZ_RELEASE --mode soak)
+  export LOCALVOL_FUZZ_RELEASE=${LOCALVOL_FUZZ_RELEASE:-$soak}
 fi
 # The libFuzzer targets run only when asked for (the soak, or LOCALVOL_FUZZ_SECONDS):
 # their instrumented build alone was about 15 CPU minutes of a 2-core run, and their
@@ -53,12 +68,10 @@ fi
 # mode, in tests/fuzz_replay.rs (seeds, captures and fixed-seed mutations of them).
 FUZZ_SECONDS=${LOCALVOL_FUZZ_SECONDS:-}
 # Full mode, on demand (and in soak mode): LOCALVOL_FULL=1 bash tests/all.sh adds what CI
-# leaves out for time on a 2-core machine that emulates its guests: the guest cluster's
-# scenario 11 (Kubernetes' storage e2e specs on lvm-thin), csi-sanity on all four VM
-# classes as filesystems and raw block and on every encrypted class, the hostile node
-# calls and the VM backends' step-by-step kills on all four. What is left out is
-# repetition of a class of the same backend, or specs beyond what issue 32 names
-# (tests/vm/suite.sh, tests/vm/README.md); each run says what it did not run.
+# leaves out for time on a 2-core machine that emulates its guests: repetition of a
+# class of the same backend, or specs beyond what issue 32 names (tests/plan.yaml;
+# `plan show --mode full` against `plan show --mode ci`); each run says what it did not
+# run.
 export LOCALVOL_FULL=${LOCALVOL_FULL:-0}
 
 # What runs beside the host steps. The machine has two cores, and the longest part of
@@ -200,11 +213,12 @@ cluster_suite() {
   # suites in scenario 11, 440 s), more beside the guests. (CI failed this suite about
   # 12 minutes in on 501ca98 with the old budget of 720 s, before scenario 11; the
   # output it kept had no cause, which report_failed now repeats.)
-  local start=$SECONDS
+  local start=$SECONDS budget
+  budget=$(plan budget host_cluster)
   LOCALVOL_CLUSTER_BINARY=$TEST_BUILD_BINARY tests/cluster/run.sh || rc=$?
-  echo "cluster suite: $((SECONDS - start))s (budget 1500s)"
+  echo "cluster suite: $((SECONDS - start))s (budget ${budget}s)"
   [ "$rc" = 0 ] || { echo "tests/all.sh: the cluster suite failed (exit $rc)" >&2; return "$rc"; }
-  [ $((SECONDS - start)) -le 1500 ] || { echo "tests/all.sh: the cluster suite took over 25 minutes" >&2; return 1; }
+  [ $((SECONDS - start)) -le "$budget" ] || { echo "tests/all.sh: the cluster suite took over ${budget}s" >&2; return 1; }
 }
 # The same harness under a kubelet in a QEMU guest, on the shipped overlays as users
 # apply them (device-mapper LVs, fsdax namespaces mounted with dax): every LVM and PMEM
@@ -222,13 +236,13 @@ cluster_suite() {
 # of the VM suite's two guests is done (a third emulated guest beside both would share
 # two cores three ways, and its timing-bound kubelet and API waits with them) and once
 # the host cluster suite has ended (the guest's control plane takes the kit's ports).
-FULL_GUEST_CLASSES=lvm-thin,lvm,pmem,pmem-lvm,mixed FULL_GUEST_SCENARIOS=(1 2 3 5 9 13 6 4 11 12)
-GUEST_CLASSES=$FULL_GUEST_CLASSES
-if [ "$LOCALVOL_FULL" = 1 ]; then
-  GUEST_SCENARIOS=("${FULL_GUEST_SCENARIOS[@]}") GUEST_BUDGET=4500
-else
-  GUEST_SCENARIOS=(1 2 3 5 9 13 6 4 12) GUEST_BUDGET=3600
-fi
+# Its classes, scenarios (by number) and budget in this mode and in full mode:
+# tests/plan.yaml's guest_cluster.
+FULL_GUEST_CLASSES=$(plan get guest_cluster.classes --mode full --sep ,)
+plan_words FULL_GUEST_SCENARIOS get guest_cluster.scenarios --mode full --numbers
+GUEST_CLASSES=$(plan get guest_cluster.classes --sep ,)
+plan_words GUEST_SCENARIOS get guest_cluster.scenarios --numbers
+GUEST_BUDGET=$(plan budget guest_cluster)
 guest_cluster() {
   local rc=0
   have_kit "the guest cluster" || { rc=$?; [ $rc = 2 ] && return 0; return $rc; }
