@@ -103,22 +103,27 @@ snap_skip='CreateSnapshot .*(maximum-length name|already existing name)|DeleteSn
 thick_why='lvm and pmem make no snapshots or clones (only a full copy could): CreateSnapshot and CreateVolume from a source are INVALID_ARGUMENT'
 failed=0
 runs=0
-# Which runs (tests/vm/suite.sh decides; alone, the defaults run every one): plain
-# volumes of the classes in LOCALVOL_SANITY_FS_CLASSES (filesystem) and
-# LOCALVOL_SANITY_BLOCK_CLASSES (raw block), all four each by default; with
-# --encrypted, LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES (default lvm) and
-# LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES (default loop lvm-thin pmem-lvm): every
-# class that holds encryption (pmem direct refuses it at CreateVolume) once.
+# Which runs (tests/vm/suite.sh decides): plain volumes of the classes in
+# LOCALVOL_SANITY_FS_CLASSES (filesystem) and LOCALVOL_SANITY_BLOCK_CLASSES (raw block);
+# with --encrypted, LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES and
+# LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES. Alone, each one unset is the full mode's
+# list in tests/plan.yaml (vm.sanity, vm.sanity.encrypted: every run).
 loop_size=$((64 << 20)) loop_expand=$((128 << 20))
 if [ $encrypted = 1 ]; then
-  fs_classes=" ${LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES-lvm} "
-  block_classes=" ${LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES-loop lvm-thin pmem-lvm} "
+  fs_var=LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES block_var=LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES key=vm.sanity.encrypted
   encrypt=(--encrypt)
 else
-  fs_classes=" ${LOCALVOL_SANITY_FS_CLASSES-lvm lvm-thin pmem pmem-lvm} "
-  block_classes=" ${LOCALVOL_SANITY_BLOCK_CLASSES-lvm lvm-thin pmem pmem-lvm} "
+  fs_var=LOCALVOL_SANITY_FS_CLASSES block_var=LOCALVOL_SANITY_BLOCK_CLASSES key=vm.sanity
   encrypt=()
 fi
+if [ -z "${!fs_var+set}" ] || [ -z "${!block_var+set}" ]; then
+  # shellcheck source=tests/plan/plan.sh
+  . "$HERE/../plan/plan.sh"
+  fs_default=$(plan get "$key.fs" --mode full)
+  block_default=$(plan get "$key.block" --mode full)
+fi
+fs_classes=" ${!fs_var-$fs_default} "
+block_classes=" ${!block_var-$block_default} "
 sanity() {  # sanity CLASS ACCESS ARGS...: one run of tests/sanity/run.sh, if it was asked for
   local class=$1 access=$2 wanted
   shift 2

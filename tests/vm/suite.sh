@@ -6,35 +6,33 @@
 #
 #   tests/vm/suite.sh [-v] [PART...] [-- VM_BACKENDS_FILTER...]
 #
-# Parts, in the order each guest runs them (all by default; a part's storage is its own):
+# Parts, in the order each guest runs them (all by default; a part's storage is its own).
+# Which lane runs a part, and the classes of backends, hostile, encryption's csi-sanity
+# and sanity in each mode, are tests/plan.yaml's (vm:; `plan show`):
 #   guest A (four 4G disks, a 2G NVDIMM), the shorter: tests/all.sh boots the guest
 #   cluster once it is done:
 #     smoke       tests/vm/smoke.sh's guest steps (LVM thick/thin, PMEM labels, fsdax, dax)
 #                 on /dev/vda and region0, after its host steps (exit codes, parallel runs)
 #     privileged  tests/privileged.rs (loop backend, all capabilities), TMPDIR on /dev/vdc
 #     backends    tests/vm_backends.rs on /dev/vda, /dev/vdb and the NVDIMM; its
-#                 step-by-step kills on lvm-thin and pmem direct, one class of each
-#                 backend (LOCALVOL_VM_RESTART_CLASSES; all four with LOCALVOL_FULL=1)
+#                 step-by-step kills on vm.restart's classes (LOCALVOL_VM_RESTART_CLASSES)
 #   guest B (four 4G disks, a 2G NVDIMM), the longer: it runs beside the guest cluster,
 #   which starts after guest A:
 #     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on every class that holds
 #                 it, filesystem and block, a key rotation, copies, a daemon SIGKILL) on
 #                 /dev/vda, /dev/vdb and the NVDIMM, emptied again by release-storage.sh,
-#                 then csi-sanity on encrypted volumes on /dev/vdc and the NVDIMM:
-#                 lvm as filesystem, loop as raw block (and lvm-thin and pmem-lvm as
-#                 raw block with LOCALVOL_FULL=1) (tests/sanity/vm.sh --encrypted, a
-#                 result line per run: 2; 4 with LOCALVOL_FULL=1)
+#                 then csi-sanity on encrypted volumes on /dev/vdc and the NVDIMM, of
+#                 vm.sanity.encrypted's classes (tests/sanity/vm.sh --encrypted, a
+#                 result line per run)
 #     crash       tests/crash_vm.rs: random SIGKILLs on lvm, lvm-thin, pmem (/dev/vda, NVDIMM)
 #     reclaim     tests/reclaim_privileged.rs lvm_thin on /dev/vdb
-#     hostile     tests/hostile_vm.rs on lvm-thin and pmem direct, one class of each
-#                 backend (LOCALVOL_HOSTILE_CLASSES; all four with LOCALVOL_FULL=1)
+#     hostile     tests/hostile_vm.rs on vm.hostile's classes (LOCALVOL_HOSTILE_CLASSES)
 #                 (/dev/vdb, the NVDIMM)
 #     grow        tests/vm_grow.rs: lvm-thin restores and clones larger than their
 #                 source, grown at stage (/dev/vdd)
-#     sanity      csi-sanity on lvm, lvm-thin and pmem direct as filesystems, and as raw
-#                 block on lvm and pmem direct (pmem-lvm too, and lvm-thin as raw block,
-#                 with LOCALVOL_FULL=1) (/dev/vdc, what is left of the NVDIMM):
-#                 tests/sanity/vm.sh, a result line per run (5; 8 with LOCALVOL_FULL=1)
+#     sanity      csi-sanity on vm.sanity.fs's classes as filesystems, and on
+#                 vm.sanity.block's as raw block (/dev/vdc, what is left of the NVDIMM):
+#                 tests/sanity/vm.sh, a result line per run
 #   The lanes are balanced for tests/all.sh, where guest A is followed by the guest
 #   cluster on the core it frees: A about 1100 s, B about 2000 s alone (tests/vm/README.md).
 #
@@ -47,26 +45,25 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 cd "$HERE/../.."
 
-LANE_A=(smoke privileged backends)
-LANE_B=(encryption crash reclaim hostile grow sanity)
-# The classes of the step-by-step kills, of the hostile cases and of csi-sanity's runs:
-# in CI one class of each backend where the others repeat its code (lvm-thin and pmem
-# direct; a pmem class in lvm mode is the LVM backend's thick LVs on a namespace, and
-# thick and thin LVs differ below the calls these make, not in them), or all of them
-# with LOCALVOL_FULL=1 (tests/all.sh), the repetitions CI leaves out for time.
-# csi-sanity runs on both LVM layouts, thick and thin, as filesystems: their create,
-# capacity and growth differ. The tests' own defaults, run alone, are all of them.
-if [ "${LOCALVOL_FULL:-0}" = 1 ]; then
-  restart=thick,thin,pmem,pmem-lvm hostile=lvm,lvm-thin,pmem,pmem-lvm
-  fs="lvm lvm-thin pmem pmem-lvm" block="lvm lvm-thin pmem pmem-lvm" encrypted_block="loop lvm-thin pmem-lvm"
-else
-  restart=thin,pmem hostile=lvm-thin,pmem fs="lvm lvm-thin pmem" block="lvm pmem" encrypted_block="loop"
-fi
+# shellcheck source=tests/plan/plan.sh
+. "$HERE/../plan/plan.sh"
+# The lanes' parts, and the classes of the step-by-step kills, of the hostile cases and
+# of csi-sanity's runs in this mode (LOCALVOL_FULL, LOCALVOL_SOAK): tests/plan.yaml's vm,
+# which says why CI runs one class of each backend. A variable already set overrides it.
+# The tests' own defaults, run alone, are all of them.
+plan_words LANE_A get vm.lanes.A
+plan_words LANE_B get vm.lanes.B
+restart=$(plan get vm.restart --sep ,)
+hostile=$(plan get vm.hostile --sep ,)
+fs=$(plan get vm.sanity.fs)
+block=$(plan get vm.sanity.block)
+encrypted_fs=$(plan get vm.sanity.encrypted.fs)
+encrypted_block=$(plan get vm.sanity.encrypted.block)
 export LOCALVOL_VM_RESTART_CLASSES=${LOCALVOL_VM_RESTART_CLASSES:-$restart}
 export LOCALVOL_HOSTILE_CLASSES=${LOCALVOL_HOSTILE_CLASSES:-$hostile}
 export LOCALVOL_SANITY_FS_CLASSES=${LOCALVOL_SANITY_FS_CLASSES-$fs}
 export LOCALVOL_SANITY_BLOCK_CLASSES=${LOCALVOL_SANITY_BLOCK_CLASSES-$block}
-export LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES=${LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES-lvm}
+export LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES=${LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES-$encrypted_fs}
 export LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES=${LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES-$encrypted_block}
 words() { wc -w <<<"$1"; }
 sanity_runs=$(( $(words "$LOCALVOL_SANITY_FS_CLASSES") + $(words "$LOCALVOL_SANITY_BLOCK_CLASSES") ))
@@ -78,8 +75,9 @@ while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
     --) shift; filter=("$@"); break ;;
-    smoke|privileged|backends|hostile|grow|encryption|crash|reclaim|sanity) parts+=("$1") ;;
-    *) echo "tests/vm/suite.sh: unknown part $1 (${LANE_A[*]} ${LANE_B[*]})" >&2; exit 2 ;;
+    *) [[ " ${LANE_A[*]} ${LANE_B[*]} " == *" $1 "* && $1 != *" "* ]] ||
+         { echo "tests/vm/suite.sh: unknown part $1 (${LANE_A[*]} ${LANE_B[*]})" >&2; exit 2; }
+       parts+=("$1") ;;
   esac
   shift
 done
@@ -175,11 +173,12 @@ pids=()
 # Each guest's end is said when it happens, the first one's while the other still runs:
 # tests/all.sh boots the cluster guest on the core it frees.
 for lane in "${lanes[@]}"; do
+  timeout=$(plan budget "vm_${lane,,}")   # tests/plan.yaml's suites vm_a, vm_b
   (
     rc=0
     LOCALVOL_VM_SUITE=1 LOCALVOL_BIN=$run_dir/localvol RUST_LOG=${RUST_LOG:-warn} \
       nice -n "${LOCALVOL_VM_NICE:-0}" "$HERE/run.sh" "${VERBOSE[@]}" \
-      --disks 4 --disk-size 4G --pmem-size 2G --mem 1G --timeout 4800 \
+      --disks 4 --disk-size 4G --pmem-size 2G --mem 1G --timeout "$timeout" \
       -- bash "$run_dir/$lane.sh" > >(sed -u "s/^/[guest $lane] /") 2>&1 || rc=$?
     echo "tests/vm/suite.sh: guest $lane exited $rc ($(elapsed)s)"
     exit "$rc"
