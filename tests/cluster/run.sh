@@ -2,7 +2,8 @@
 # tests/cluster/run.sh - localvol on a real single-node Kubernetes cluster (kubelet,
 # containerd, the real CSI sidecars), deployed from deploy/ through a test overlay.
 #
-#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: 1..11 or their names; all by default)
+#   tests/cluster/run.sh [SCENARIO...]       (root; scenarios: numbers or names; by default
+#                                             tests/plan.yaml's host_cluster.scenarios)
 #
 # Needs the kube-kit at ../shared/kube-kit next to the repository (or KUBE_KIT=DIR) and
 # the apt mirror for the image's root filesystem (cached in /var/cache/localvol-image).
@@ -42,8 +43,9 @@ EXTRA_SCENARIOS=()
 # shellcheck source=/dev/null  # a file of more scenarios, named by the caller
 if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi   # sets EXTRA_SCENARIOS
 
-# shellcheck disable=SC2034
-ALL=(s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s s11_e2e_storage)
+# shellcheck source=tests/plan/plan.sh
+source "$REPO/tests/plan/plan.sh"
+plan_words ALL get host_cluster.scenarios
 selected=()   # select_scenarios (lib.sh) fills it
 select_scenarios "$@"
 

@@ -172,25 +172,20 @@ class_env() { # CLASS
   S4_FSTYPE=$FSTYPE S4_CLASS=lvtest-$FSTYPE S4_CENTRAL_OVERLAY=
 }
 # Scenarios that do not apply to a class, or repeat what another class's run proves
-# (issue 32: cut repetition, not coverage), and why.
-not_for_class() { # SCENARIO CLASS
-  case $1:$2 in
-    s3_ephemeral:lvm|s3_ephemeral:pmem|s3_ephemeral:pmem-lvm) echo "the owner check does not depend on the backend, and an ephemeral volume's storage lives as s2's claims do; s3 runs on lvm-thin" ;;
-    s6_daemon_restart:lvm|s6_daemon_restart:pmem-lvm) echo "the LVM backend's restart, which lvm-thin's run covers; s6 runs on lvm-thin and pmem" ;;
-    s4_expansion:pmem-lvm) echo "LVM thick growth (lvextend, then the filesystem), which lvm's run covers" ;;
-    s11_e2e_storage:lvm|s11_e2e_storage:pmem|s11_e2e_storage:pmem-lvm) echo "the e2e driver definition's promises (snapshots, clones) hold on lvm-thin; the guest runs the suites there" ;;
-    s5_reclaim:lvm|s5_reclaim:pmem-lvm) echo "a thick LV gives no space back to the node: a trim there reaches the disk under the VG, which the VM suite's reclaim test covers" ;;
-    s5_reclaim:pmem) echo "an fsdax namespace gives no space back: its size is fixed" ;;
-    s9_snapshots:lvm|s9_snapshots:pmem|s9_snapshots:pmem-lvm) echo "snapshots are served on loop and lvm-thin only (CreateSnapshot is not among this class's capabilities)" ;;
-    s13_encryption:lvm|s13_encryption:pmem-lvm) echo "dm-crypt over an LV is the same on every LVM class (tests/vm_backends.rs runs each); s13 runs on lvm-thin" ;;
-    s13_encryption:pmem) echo "pmem direct refuses encryption: its namespaces are for DAX, which dm-crypt cannot carry" ;;
-    s12_mixed_node:mixed) return 1 ;;
-    *:mixed) echo "the mixed node runs scenario 12; each class's own run covers the rest" ;;
-    bench_*:all-classes) return 1 ;;
-    *:all-classes|bench_*:*) echo "the benchmark's configuration runs the benchmark only" ;;
-    s12_mixed_node:*) echo "a configuration of its own: the mixed run's" ;;
-    *) return 1 ;;
-  esac
+# (issue 32: cut repetition, not coverage), and why: tests/plan.yaml's guest_cluster
+# (not_for, class_runs_only, scenario_runs_only_on), asked once for every class and
+# scenario of this run (a process start is dear in this guest). The binary is the
+# host's (LOCALVOL_PLAN, from tests/vm/cluster.sh): this guest's / is the host's.
+# shellcheck source=tests/plan/plan.sh
+source "$REPO/tests/plan/plan.sh"
+declare -A NOT_FOR=()
+skips=$(IFS=,; plan skips "${CLASSES[*]}" "${SCENARIOS[@]}") || { echo "FATAL: cannot read tests/plan.yaml" >&2; exit 1; }
+while IFS=$'\t' read -r s c why; do
+  [ -z "$s" ] || NOT_FOR[$s:$c]=$why
+done <<<"$skips"
+not_for_class() { # SCENARIO CLASS: the reason it does not run there, or status 1
+  [ -n "${NOT_FOR[$1:$2]+set}" ] || return 1
+  echo "${NOT_FOR[$1:$2]}"
 }
 
 # A production host's udev for the classes in LOCALVOL_VM_UDEV_CLASSES (issue 32): the

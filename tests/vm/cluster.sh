@@ -7,21 +7,19 @@
 #
 #   tests/vm/cluster.sh [-v] [--classes lvm-thin,lvm,pmem,pmem-lvm,mixed,all-classes] [SCENARIO...]    (root)
 #
-# Scenarios: names or numbers of tests/cluster/scenarios (default: 1 2 3 6 4, the ones
-# parametrised by class, in that order: 4 is the longest; also 5 and 9, ReclaimSpace
-# and snapshots on lvm-thin, 11, the e2e specs, 12, the mixed node, and 13, encryption
-# at rest on lvm-thin). Classes, in
-# the order given: lvm-thin, lvm, pmem (direct), pmem-lvm (default: these four), and
-# mixed (tests/cluster/overlays/mixed: loop, pmem and lvm classes in one configuration,
-# scenario 12 only), and all-classes (tests/cluster/overlays/all-classes: every kind of
-# class in one configuration, bench/cluster/guest.sh's). A scenario that cannot apply to
-# a class is reported SKIP with the
-# reason (tests/vm/cluster-guest.sh's not_for_class).
+# Scenarios: names or numbers of tests/cluster/scenarios; classes, in the order given.
+# The defaults, the scenarios and classes it knows, and which scenario does not run on
+# which class and why are tests/plan.yaml's guest_cluster (`plan show`): the default
+# scenarios are the ones parametrised by class (4, the longest, last), and mixed
+# (tests/cluster/overlays/mixed: loop, pmem and lvm classes in one configuration) and
+# all-classes (tests/cluster/overlays/all-classes: every kind of class in one
+# configuration, bench/cluster/guest.sh's) run only their own scenarios. A scenario that
+# cannot apply to a class is reported SKIP with the reason.
 # The host builds everything (the kit install, the debug localvol, the image archives,
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
 # then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
-# failure. tests/all.sh runs it with --classes lvm-thin,lvm,pmem,pmem-lvm,mixed 1 2 3 5 9 6 4 11 12
+# failure. tests/all.sh runs it with the plan's guest_cluster.classes and .scenarios
 # (tests/vm/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,7 +28,11 @@ KIT=${KUBE_KIT:-$REPO/../shared/kube-kit}
 export KUBE_KIT_BIN=${KUBE_KIT_BIN:-/var/cache/kube-kit/bin}
 IMAGE_CACHE=/var/cache/localvol-image
 VM_CACHE=/var/cache/localvol-vm
-VERBOSE=() CLASSES=lvm-thin,lvm,pmem,pmem-lvm args=()
+# shellcheck source=tests/plan/plan.sh
+source tests/plan/plan.sh
+CLASSES=$(plan get guest_cluster.default_classes --sep ,)
+configurations=$(plan get guest_cluster.configurations)
+VERBOSE=() args=()
 while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
@@ -41,14 +43,15 @@ while [ $# -gt 0 ]; do
 done
 IFS=, read -r -a class_list <<<"$CLASSES"
 for c in "${class_list[@]}"; do
-  case $c in lvm-thin|lvm|pmem|pmem-lvm|mixed|all-classes) ;; *) echo "tests/vm/cluster.sh: class $c: one of lvm-thin, lvm, pmem, pmem-lvm, mixed, all-classes" >&2; exit 2 ;; esac
+  [[ " $configurations " == *" $c "* && $c != *" "* && -n $c ]] ||
+    { echo "tests/vm/cluster.sh: class $c: one of ${configurations// /, }" >&2; exit 2; }
 done
-ALL=(s1_registration s2_volumes s3_ephemeral s6_daemon_restart s4_expansion)
+plan_words ALL get guest_cluster.default_scenarios
 # Not among the defaults: ReclaimSpace and snapshots (lvm-thin only: the classes that
 # give space back and take snapshots), Kubernetes' storage e2e suites (lvm-thin only;
 # S11_GUEST_FOCUS; LOCALVOL_E2E_FOCUS and S11_FSTYPE reach the guest with the rest of
-# the environment), the mixed node.
-EXTRA_SCENARIOS=(s5_reclaim s9_snapshots s11_e2e_storage s12_mixed_node s13_encryption)
+# the environment), the mixed node, encryption at rest.
+plan_words EXTRA_SCENARIOS get guest_cluster.extra_scenarios
 # LOCALVOL_CLUSTER_EXTRA: a file of more scenarios, relative to the repository, which
 # adds their names to EXTRA_SCENARIOS (bench/cluster/guest.sh's); the guest sources it too.
 # shellcheck disable=SC1090
