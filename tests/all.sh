@@ -42,6 +42,7 @@ step "the test plan (tests/plan.yaml)"
 # binary, built once here; the scripts below take their selections from it
 # (LOCALVOL_PLAN; `plan show` prints the plan).
 cargo build --locked -p localvol-plan
+cargo test -q --locked -p localvol-plan
 LOCALVOL_PLAN=$(realpath "${CARGO_TARGET_DIR:-target}")/debug/plan
 export LOCALVOL_PLAN
 # shellcheck source=tests/plan/plan.sh
@@ -156,7 +157,7 @@ if [ -n "$FUZZ_SECONDS" ]; then
 fi
 
 step "lints"
-cargo clippy --locked --all-targets -- -D warnings
+cargo clippy --locked --all-targets --workspace -- -D warnings   # tests/plan too
 
 step "build the tests"
 cargo test --locked --no-run
