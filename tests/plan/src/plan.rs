@@ -632,7 +632,7 @@ impl Plan {
             out += &format!("  {name}={value} unless set\n");
         }
         out += "\n";
-        out += &format!("{:<14} {:>8}  {:<44} {}\n", "suite", "budget", "where", "proves");
+        out += &format!("{:<14} {:>8}  {:<34} {}\n", "suite", "budget", "where", "proves");
         for s in &self.suites {
             let budget = if s.runs_in(mode) {
                 match &s.budget {
@@ -642,7 +642,7 @@ impl Plan {
             } else {
                 "not run".into()
             };
-            out += &format!("{:<14} {:>8}  {:<44} {}\n", s.name, budget, s.place, s.proves);
+            out += &format!("{:<14} {:>8}  {:<34} {}\n", s.name, budget, s.place, s.proves);
         }
         out += "(~: estimated, not enforced)\n\nVM suite (tests/vm/suite.sh)\n";
         for part in &self.vm.parts {
