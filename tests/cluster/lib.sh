@@ -23,6 +23,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # select_scenarios ARG...: sets `selected` to the scenarios of ALL (and EXTRA_SCENARIOS)
 # the arguments name, by number or by name, in their order; to ALL without arguments.
+# The callers take ALL and EXTRA_SCENARIOS from tests/plan.yaml (host_cluster,
+# guest_cluster); this only resolves the names.
 select_scenarios() {
   selected=()
   local arg s match
