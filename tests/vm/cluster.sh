@@ -166,7 +166,9 @@ fi
 # udev_rules on). The package of the host's libudev1 version (it requires that exact
 # one), or else the mirror's newest with its libudev1, which then goes into the guest's
 # overlay root only. Cached in $VM_CACHE/udev.
-UDEV_CLASSES=${LOCALVOL_VM_UDEV_CLASSES-lvm-thin}
+# The classes: tests/plan.yaml's guest_cluster.udev_classes.
+udev_default=$(plan get guest_cluster.udev_classes --sep ,)
+UDEV_CLASSES=${LOCALVOL_VM_UDEV_CLASSES-$udev_default}
 if [ -n "$UDEV_CLASSES" ]; then
   phase "udev for the guest ($UDEV_CLASSES)"
   udev_cache=$VM_CACHE/udev

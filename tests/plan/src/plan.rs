@@ -212,6 +212,7 @@ pub struct GuestCluster {
     pub default_scenarios: Vec<String>,
     pub extra_scenarios: Vec<String>,
     pub classes: PerMode<Vec<String>>,
+    pub udev_classes: Vec<String>,
     pub scenarios: PerMode<Vec<String>>,
     pub not_for: Vec<NotFor>,
     #[serde(default)]
@@ -299,6 +300,7 @@ impl Plan {
             "guest_cluster.default_scenarios" => g.default_scenarios.clone(),
             "guest_cluster.extra_scenarios" => g.extra_scenarios.clone(),
             "guest_cluster.classes" => g.classes.get(mode).clone(),
+            "guest_cluster.udev_classes" => g.udev_classes.clone(),
             "guest_cluster.scenarios" => g.scenarios.get(mode).clone(),
             "suites" => self
                 .suites
@@ -429,6 +431,7 @@ impl Plan {
         }
         check_classes("guest_cluster.configurations", &g.configurations, &mut p);
         check_classes("guest_cluster.default_classes", &g.default_classes, &mut p);
+        check_classes("guest_cluster.udev_classes", &g.udev_classes, &mut p);
         for mode in Mode::ALL {
             for c in g.classes.get(mode).iter().chain(&g.default_classes) {
                 if !g.configurations.contains(c) {

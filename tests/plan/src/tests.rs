@@ -158,6 +158,7 @@ fn the_selections_are_the_scripts_former_ones() {
             Mode::Ci,
             "lvm-thin lvm pmem pmem-lvm",
         ),
+        ("guest_cluster.udev_classes", Mode::Ci, "lvm-thin"),
         (
             "guest_cluster.default_scenarios",
             Mode::Ci,
