@@ -17,7 +17,7 @@ use crate::csi_client::{CsiClient, stats_request};
 pub const SYSTEM_NAMESPACE: &str = "localvol-system";
 
 /// A node plugin's DaemonSet pod, as the restart finds and times it.
-pub struct Daemon {
+pub struct DaemonSetPod {
     pub name: &'static str,
     pub namespace: &'static str,
     pub selector: &'static str,
@@ -27,7 +27,7 @@ pub struct Daemon {
     pub socket: &'static str,
 }
 
-pub const LOCALVOL: Daemon = Daemon {
+pub const LOCALVOL: DaemonSetPod = DaemonSetPod {
     name: "localvol",
     namespace: SYSTEM_NAMESPACE,
     selector: "app.kubernetes.io/name=localvol,app.kubernetes.io/component=node",
@@ -37,7 +37,7 @@ pub const LOCALVOL: Daemon = Daemon {
 };
 
 /// The peer (bench/cluster/peer), restarted on the same node for comparison.
-pub const PEER: Daemon = Daemon {
+pub const PEER: DaemonSetPod = DaemonSetPod {
     name: "peer",
     namespace: "localvol-bench-peer",
     selector: "app=hostpath-peer",
@@ -80,7 +80,7 @@ pub async fn daemon_pod(client: &Client) -> Result<String, String> {
     pod_of(client, &LOCALVOL).await
 }
 
-async fn pod_of(client: &Client, daemon: &Daemon) -> Result<String, String> {
+async fn pod_of(client: &Client, daemon: &DaemonSetPod) -> Result<String, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), daemon.namespace);
     let list = pods
         .list(&ListParams::default().labels(daemon.selector))
@@ -109,7 +109,7 @@ fn running_and_ready(pod: &Pod, container: &str) -> (bool, bool) {
 /// Deletes the daemon pod and times its replacement (polled every 25 ms).
 pub async fn restart(
     client: &Client,
-    daemon: &'static Daemon,
+    daemon: &'static DaemonSetPod,
     published: Vec<Published>,
     limit: Duration,
 ) -> Result<Restart, String> {
@@ -183,7 +183,7 @@ pub async fn restart(
 /// Writes the daemon container's log to `$LOCALVOL_BENCH_LOG_DIR/<daemon>-<pod>.log`
 /// when that is set: a deleted pod's log goes with it, and it is where a slow call of
 /// the runs before says what it waited on.
-async fn keep_log(pods: &Api<Pod>, daemon: &Daemon, pod: &str) -> Result<(), String> {
+async fn keep_log(pods: &Api<Pod>, daemon: &DaemonSetPod, pod: &str) -> Result<(), String> {
     let Some(dir) = std::env::var_os("LOCALVOL_BENCH_LOG_DIR").map(PathBuf::from) else {
         return Ok(());
     };
