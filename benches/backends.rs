@@ -15,12 +15,13 @@ use std::time::Duration;
 use localvol::backend::pmem::ndctl;
 use serde_json::json;
 
-#[path = "../tests/common/guest.rs"]
-mod guest;
-#[path = "support/harness.rs"]
-mod harness;
+use localvol_testkit::bench as harness;
+use localvol_testkit::guest;
+use localvol_testkit::process::DaemonProcess;
 
-use harness::{Daemon, Launch, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, step_p50};
+use harness::{
+    Launch, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, start_daemon, step_p50,
+};
 
 const VG: &str = "benchvg";
 const POOL: &str = "pool0";
@@ -52,7 +53,7 @@ const IDLE_TARGET_PER_MINUTE: f64 = 2.0;
 /// The device classes measured, as named in [`CONFIG`].
 const CLASSES: [&str; 3] = ["thick", "thin", "pmem"];
 
-/// Fresh storage (tests/common/guest.rs): a VG on both disks with a zeroing thin pool,
+/// Fresh storage (tests/testkit/src/guest.rs): a VG on both disks with a zeroing thin pool,
 /// and region0 emptied.
 fn prepare_storage() {
     guest::volume_group(VG, &["/dev/vda", "/dev/vdb"]);
@@ -154,7 +155,11 @@ const CAPACITY_POLL: Duration = Duration::from_secs(10);
 
 /// The LVM programs the daemon runs in `window` while only GetCapacity of every class
 /// is asked (every [`CAPACITY_POLL`]), and their rate per minute.
-async fn idle_lvm_commands(daemon: &Daemon, csi: &mut harness::Csi, window: Duration) -> (f64, Vec<String>) {
+async fn idle_lvm_commands(
+    daemon: &DaemonProcess,
+    csi: &mut harness::Csi,
+    window: Duration,
+) -> (f64, Vec<String>) {
     let before = daemon.commands_run().len();
     let start = std::time::Instant::now();
     while start.elapsed() < window {
@@ -192,7 +197,8 @@ async fn main() {
         .unwrap();
     let config = base.path().join("config.yaml");
     std::fs::write(&config, CONFIG).unwrap();
-    let (daemon, _) = Daemon::start(
+    let (mut daemon, _) = start_daemon(
+        localvol_testkit::localvol_bin!(),
         &base.path().join("daemon"),
         Launch {
             args: &["--kube", "off", "--config", config.to_str().unwrap()],
@@ -245,7 +251,7 @@ async fn main() {
     for id in &ids {
         csi.delete(id).await;
     }
-    daemon.stop().await;
+    daemon.terminate().await;
 
     println!("\nlocalvol backends benchmark ({rounds} rounds; tests/vm guest, 64 MiB ext4)\n");
     println!(

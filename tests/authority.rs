@@ -8,7 +8,6 @@
 //! connection refers to the first one's `:authority` in the dynamic table): a tonic
 //! client cannot send an authority the `http` crate rejects.
 
-mod common;
 #[allow(dead_code)] // the rewriter's unit tests use the rest
 #[path = "../src/csi/authority/test_frames.rs"]
 mod test_frames;
@@ -16,10 +15,10 @@ mod test_frames;
 use std::path::Path;
 use std::time::Duration;
 
-use common::Daemon;
 use localvol::proto::csi::v1::GetPluginInfoResponse;
 use localvol::proto::identity::GetIdentityResponse;
 use localvol::proto::pluginregistration::PluginInfo;
+use localvol_testkit::InProcessDaemon;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -169,7 +168,7 @@ async fn answers_any_authority<T: Message + Default>(socket: &Path, path: &str, 
 
 #[tokio::test]
 async fn every_unix_socket_answers_calls_whatever_their_authority() {
-    let daemon = Daemon::start(&[]).await;
+    let daemon = InProcessDaemon::start(&[]).await;
     answers_any_authority(
         &daemon.registration_socket,
         "/pluginregistration.Registration/GetInfo",

@@ -20,16 +20,14 @@
 //! `LOCALVOL_CRASH_KILL=process` kills the daemon alone instead of its process group,
 //! so an interrupted tool (mkfs, losetup) runs on while the next daemon replays.
 
-mod common;
-#[path = "common/crash.rs"]
-mod kit;
+use localvol_testkit::crash as kit;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::process::{DaemonProcess, Output, Spawn};
-use common::{Cleanup, assert_released, kubelet_paths, loops_under, privileged};
 use kit::{Endpoints, Rng, SOURCE, Step, Timings, Volume, env_or, files_below, on};
+use localvol_testkit::process::{DaemonProcess, Output, Spawn};
+use localvol_testkit::{Cleanup, assert_released, kubelet_paths, loops_under, privileged};
 use tonic::transport::Channel;
 
 const MIB: i64 = 1 << 20;
@@ -54,10 +52,10 @@ fn log_tail(seed: u64) -> String {
     kit::log_tail(&log_path(seed), 40)
 }
 
-/// The daemon binary (tests/common/process.rs) in its own process group, logging to
+/// The daemon binary (tests/testkit/src/process.rs) in its own process group, logging to
 /// [`log_path`]; returns it once its socket answers, and a channel to it.
 async fn start_daemon(dir: &Path, seed: u64) -> (DaemonProcess, Channel) {
-    let mut process = Spawn::new(dir, "crash")
+    let mut process = Spawn::new(localvol_testkit::localvol_bin!(), dir, "crash")
         .standalone()
         .args(["--loop-capacity", "8Gi"])
         .env("RUST_LOG", "info")
@@ -221,7 +219,7 @@ async fn sigkill_at_random_points_loses_nothing() {
         log_path(seed).display()
     );
     let _ = std::fs::remove_file(log_path(seed));
-    let ext4_grows = common::has_cap_sys_resource();
+    let ext4_grows = localvol_testkit::has_cap_sys_resource();
     if !ext4_grows {
         eprintln!(
             "NOTE: no CAP_SYS_RESOURCE: ext4 volumes skip the node-expand step (the kernel refuses \

@@ -36,19 +36,16 @@
 //! (it runs the binary cargo built on the host: cargo's own freshness check takes
 //! about a minute in the emulated guest.)
 
-mod common;
-#[path = "common/crash_guest.rs"]
-mod guest;
-#[path = "common/crash.rs"]
-mod kit;
+use localvol_testkit::crash as kit;
+use localvol_testkit::guest::crash as guest;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::process::{DaemonProcess, Output, Spawn};
-use common::{Cleanup, kubelet_paths, mounts_under};
 use guest::{format_unfinished, is_lvm, leftovers, mounted_device, setup, signature, uuid, volume_device};
 use kit::{Endpoints, Rng, SOURCE, Step, Timings, Volume, on};
+use localvol_testkit::process::{DaemonProcess, Output, Spawn};
+use localvol_testkit::{Cleanup, kubelet_paths, mounts_under};
 
 const MIB: i64 = 1 << 20;
 /// Volume sizes (created, grown) per filesystem: small ext4 volumes keep mkfs, growth
@@ -73,66 +70,60 @@ fn snapshots(class: &str) -> bool {
     class == "thin"
 }
 
-/// True in the guest (tests/common/guest.rs).
+/// True in the guest (tests/testkit/src/guest.rs).
 fn in_guest(test: &str) -> bool {
-    common::guest::in_guest(
+    localvol_testkit::guest::in_guest(
         "crash_vm",
         test,
         "run it in the guest (tests/vm/run.sh, see the file's header)",
     )
 }
 
-/// The real daemon (tests/common/process.rs), in its own process group.
-struct Daemon {
-    process: DaemonProcess,
+/// The real daemon (tests/testkit/src/process.rs), in its own process group, started
+/// and waited for until it answers Probe ready (it has opened its class).
+async fn start_daemon(dir: &Path, class: &str, log_path: &Path) -> (DaemonProcess, Endpoints) {
+    let addons = dir.join("csi-addons.sock");
+    let mut process = Spawn::new(localvol_testkit::localvol_bin!(), dir, "crash-vm")
+        .standalone()
+        .args([
+            "--csi-addons-endpoint".to_string(),
+            format!("unix://{}", addons.display()),
+        ])
+        .args(["--config".as_ref(), guest::config_path(class).as_os_str()])
+        // Each command and syscall with its time: what a kill interrupted.
+        .env("RUST_LOG", "info,localvol::host=debug")
+        .output(Output::AppendTo(log_path.to_path_buf()))
+        .own_group()
+        .spawn();
+    if let Err(e) = process
+        .wait_ready(Duration::from_secs(120), Duration::from_millis(25))
+        .await
+    {
+        panic!(
+            "{e}; its log ({} bytes), last lines:\n{}\nstorage now:\n{}",
+            std::fs::metadata(log_path).map_or(0, |m| m.len()),
+            kit::log_tail(log_path, 30),
+            guest::storage_state()
+        );
+    }
+    let endpoints = Endpoints {
+        csi: process.channel().await,
+        addons: Some(localvol::csi::socket::connect(&addons).await.unwrap()),
+    };
+    (process, endpoints)
 }
 
-impl Daemon {
-    /// Starts it and waits until it answers Probe ready (it has opened its class).
-    async fn start(dir: &Path, class: &str, log_path: &Path) -> (Self, Endpoints) {
-        let addons = dir.join("csi-addons.sock");
-        let mut process = Spawn::new(dir, "crash-vm")
-            .standalone()
-            .args([
-                "--csi-addons-endpoint".to_string(),
-                format!("unix://{}", addons.display()),
-            ])
-            .args(["--config".as_ref(), guest::config_path(class).as_os_str()])
-            // Each command and syscall with its time: what a kill interrupted.
-            .env("RUST_LOG", "info,localvol::host=debug")
-            .output(Output::AppendTo(log_path.to_path_buf()))
-            .own_group()
-            .spawn();
-        if let Err(e) = process
-            .wait_ready(Duration::from_secs(120), Duration::from_millis(25))
-            .await
-        {
-            panic!(
-                "{e}; its log ({} bytes), last lines:\n{}\nstorage now:\n{}",
-                std::fs::metadata(log_path).map_or(0, |m| m.len()),
-                kit::log_tail(log_path, 30),
-                guest::storage_state()
-            );
-        }
-        let endpoints = Endpoints {
-            csi: process.channel().await,
-            addons: Some(localvol::csi::socket::connect(&addons).await.unwrap()),
-        };
-        (Self { process }, endpoints)
-    }
+/// SIGKILL to the daemon and everything it runs; returns once all are gone.
+async fn kill_group(daemon: &mut DaemonProcess) {
+    daemon.kill().await;
+    kit::wait_group_gone(daemon.pid).await;
+}
 
-    /// SIGKILL to the daemon and everything it runs; returns once all are gone.
-    async fn kill(&mut self) {
-        self.process.kill().await;
-        kit::wait_group_gone(self.process.pid).await;
-    }
-
-    /// Whether mkfs (mkfs.ext4 is mke2fs) is running in the daemon's group now.
-    fn in_mkfs(&self) -> bool {
-        kit::group_members(self.process.pid)
-            .iter()
-            .any(|c| c.starts_with("mkfs") || c.starts_with("mke2fs"))
-    }
+/// Whether mkfs (mkfs.ext4 is mke2fs) is running in the daemon's group now.
+fn mkfs_running(daemon: &DaemonProcess) -> bool {
+    kit::group_members(daemon.pid)
+        .iter()
+        .any(|c| c.starts_with("mkfs") || c.starts_with("mke2fs"))
 }
 
 fn first_guess(step: Step) -> Duration {
@@ -181,7 +172,7 @@ struct Run {
     log: PathBuf,
     seed: u64,
     rng: Rng,
-    daemon: Daemon,
+    daemon: DaemonProcess,
     endpoints: Endpoints,
     counts: Counts,
     timings: Timings,
@@ -205,7 +196,7 @@ impl Run {
                     // mkfs of these small volumes can be over in 100 ms.
                     let delay = Duration::from_millis(self.rng.below(60));
                     let started = Instant::now();
-                    while !inflight.is_finished() && !self.daemon.in_mkfs() {
+                    while !inflight.is_finished() && !mkfs_running(&self.daemon) {
                         assert!(started.elapsed() < STEP_DEADLINE, "{step:?} hangs");
                         tokio::time::sleep(Duration::from_millis(2)).await;
                     }
@@ -213,10 +204,10 @@ impl Run {
                 }
             }
             let was_running = !inflight.is_finished();
-            if was_running && self.daemon.in_mkfs() {
+            if was_running && mkfs_running(&self.daemon) {
                 in_mkfs = true;
             }
-            self.daemon.kill().await;
+            kill_group(&mut self.daemon).await;
             self.counts.kills += 1;
             self.counts.inside_call += usize::from(was_running);
             self.counts.inside_mkfs += usize::from(in_mkfs);
@@ -225,7 +216,7 @@ impl Run {
                 self.observe_format_mark(v);
             }
             let restart = Instant::now();
-            let (daemon, endpoints) = Daemon::start(&self.dir, self.class, &self.log).await;
+            let (daemon, endpoints) = start_daemon(&self.dir, self.class, &self.log).await;
             self.counts.restarts += restart.elapsed();
             self.daemon = daemon;
             self.endpoints = endpoints;
@@ -331,7 +322,7 @@ async fn crash_class(class: &'static str) {
         mounts: Vec::new(),
         data: dir.join("data"),
     };
-    let (daemon, endpoints) = Daemon::start(&dir, class, &log).await;
+    let (daemon, endpoints) = start_daemon(&dir, class, &log).await;
     let mut run = Run {
         class,
         dir: dir.clone(),
@@ -442,7 +433,7 @@ async fn crash_class(class: &'static str) {
         run.counts.lifecycles += 1;
     }
     let elapsed = started.elapsed();
-    run.daemon.kill().await;
+    kill_group(&mut run.daemon).await;
     let records = kit::files_below(&dir.join("data"));
     assert!(
         records.is_empty(),
@@ -529,7 +520,7 @@ async fn pmem_create_after_a_setup_killed_midway() {
     let dir = tmp.path().to_path_buf();
     let log = std::env::temp_dir().join("localvol-crash-vm-pmem-setup.log");
     let _ = std::fs::remove_file(&log);
-    let (mut daemon, endpoints) = Daemon::start(&dir, "pmem", &log).await;
+    let (mut daemon, endpoints) = start_daemon(&dir, "pmem", &log).await;
     let (staging, target) = kubelet_paths(&dir.join("kubelet"), "pvc-crash-pmem-next", "pod-0");
     let mut v = Volume {
         name: "pvc-crash-pmem-next".into(),
@@ -553,5 +544,5 @@ async fn pmem_create_after_a_setup_killed_midway() {
     v.id = created.volume_id.unwrap();
     kit::call(&endpoints, Step::Delete, &v).await.unwrap();
     assert_eq!(guest::leftovers("pmem"), Vec::<String>::new());
-    daemon.kill().await;
+    kill_group(&mut daemon).await;
 }

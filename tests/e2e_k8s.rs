@@ -7,15 +7,11 @@
 //! and without KUBECONFIG it fails. It needs root (loop devices, mkfs, mount). Pods are bound to a node name of the test's own
 //! (`E2E_NODE_NAME`, default `localvol-e2e-node`), so no kubelet acts on them.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::csi_client::{publish_request, stage_request};
-use common::{CsiClient, Daemon, create_request, mount_capability};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, Container, EphemeralVolumeSource, Namespace, ObjectReference,
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
@@ -28,6 +24,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use localvol::proto::csi::v1 as csi;
+use localvol_testkit::csi_client::{publish_request, stage_request};
+use localvol_testkit::{CsiClient, InProcessDaemon, create_request, mount_capability};
 use tonic::Code;
 
 type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -62,7 +60,8 @@ async fn e2e_k8s() {
             % 100_000
     );
     // The cluster's kubelet serves the DaemonSet's localvol: this one never registers.
-    let daemon = Daemon::start_as(&node, &["--kube", "on", "--kubelet-registration", "external"]).await;
+    let daemon =
+        InProcessDaemon::start_as(&node, &["--kube", "on", "--kubelet-registration", "external"]).await;
 
     let mut cluster = Cluster {
         client: client.clone(),
@@ -77,8 +76,8 @@ async fn e2e_k8s() {
     let stopped = tokio::spawn(daemon.stop()).await;
     // A failed case leaves its volume staged: the mounts and loop devices of the temp
     // dir go before the failure is reported.
-    drop(common::Cleanup {
-        mounts: common::mounts_under(&dir)
+    drop(localvol_testkit::Cleanup {
+        mounts: localvol_testkit::mounts_under(&dir)
             .into_iter()
             .map(PathBuf::from)
             .collect(),
@@ -350,7 +349,7 @@ fn expect_refused(
     Ok(())
 }
 
-async fn run(cluster: &mut Cluster, daemon: &Daemon) -> TestResult {
+async fn run(cluster: &mut Cluster, daemon: &InProcessDaemon) -> TestResult {
     let ns = cluster.namespace.clone();
     let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
     let namespace = Namespace {

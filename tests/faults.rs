@@ -3,15 +3,13 @@
 //! up, stays responsive and lets the volume be retried. (The API server going away is
 //! covered by the mock-apiserver tests in src/k8s/tests.rs.)
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::csi_client::{NewVolume, fs_capability};
-use common::process::{DaemonProcess, Output, Spawn};
-use common::{
-    Cleanup, CsiClient, Daemon, assert_released, create_request, kubelet_paths, loops_under,
+use localvol_testkit::csi_client::{NewVolume, fs_capability};
+use localvol_testkit::process::{DaemonProcess, Output, Spawn};
+use localvol_testkit::{
+    Cleanup, CsiClient, InProcessDaemon, assert_released, create_request, kubelet_paths, loops_under,
     mount_capability, privileged,
 };
 use tonic::Code;
@@ -42,7 +40,7 @@ async fn backing_file_deleted_under_a_mounted_volume() {
     if !privileged() {
         return;
     }
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let csi = d.client().await;
     let (staging, target) = kubelet_paths(&d.path("kubelet"), "pv-gone", "pod-gone");
     let _cleanup = Cleanup {
@@ -89,7 +87,7 @@ async fn backing_file_deleted_under_a_mounted_volume() {
 #[tokio::test]
 async fn full_capacity_is_resource_exhausted_and_leaves_nothing() {
     // The test daemon's loop class promises at most 2 GiB (sparse files).
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let csi = d.client().await;
     let a = create(&csi, "pvc-a", 1280 * MIB).await;
     let b = create(&csi, "pvc-b", 768 * MIB).await;
@@ -122,11 +120,11 @@ async fn full_capacity_is_resource_exhausted_and_leaves_nothing() {
     d.stop().await;
 }
 
-/// The daemon binary (tests/common/process.rs), with `dir/bin` first in its PATH (where
+/// The daemon binary (tests/testkit/src/process.rs), with `dir/bin` first in its PATH (where
 /// a test puts a fake tool).
 async fn start_with_fake_tools(dir: &Path) -> DaemonProcess {
     let path = format!("{}:{}", dir.join("bin").display(), std::env::var("PATH").unwrap());
-    let mut daemon = Spawn::new(dir, "faults")
+    let mut daemon = Spawn::new(localvol_testkit::localvol_bin!(), dir, "faults")
         .standalone()
         .args(["--loop-capacity", "1Gi"])
         .env("PATH", path)

@@ -5,12 +5,10 @@
 //!   cargo test --test footprint -- --ignored --nocapture
 //! It measures the binary cargo built (a debug build unless run with --release).
 
-mod common;
-
 use std::time::Duration;
 
-use common::process::Spawn;
-use common::{Cleanup, CsiClient, create_request, kubelet_paths, mount_capability};
+use localvol_testkit::process::Spawn;
+use localvol_testkit::{Cleanup, CsiClient, create_request, kubelet_paths, mount_capability};
 
 const VOLUMES: usize = 50;
 /// The localvol container's memory request in deploy/base/daemonset.yaml.
@@ -60,7 +58,7 @@ async fn resident_memory_idle_and_with_50_volumes() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let registry = dir.path().join("registry");
-    let mut daemon = Spawn::new(dir.path(), "measure")
+    let mut daemon = Spawn::new(localvol_testkit::localvol_bin!(), dir.path(), "measure")
         .args(["--loop-capacity", "20Gi", "--stats-interval", "1s"])
         .args(["--registration-dir".as_ref(), registry.as_os_str()])
         .env("RUST_LOG", "warn")

@@ -9,14 +9,11 @@
 //! - thawed after it, on success and when the copy fails: FITHAW answers EINVAL ("not
 //!   frozen"), that write completes, and no freeze record is left.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{Cleanup, kubelet_paths, privileged};
 use localvol::host::{
     CopyMethod, FsUsage, Host, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls, SystemCommands,
     SystemSyscalls,
@@ -25,6 +22,7 @@ use localvol::locks::VolumeLocks;
 use localvol::proto::csi::v1 as csi;
 use localvol::request::{CreateRequest, KubeletRoots, SnapshotRequest, StageRequest, UnstageRequest};
 use localvol::volume::Volumes;
+use localvol_testkit::{Cleanup, kubelet_paths, privileged};
 use tokio::sync::{mpsc, oneshot};
 
 /// What the test tells a held copy to do.

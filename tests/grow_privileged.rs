@@ -2,14 +2,13 @@
 //! devices with real ext4 and xfs (root; fails as non-root unless SKIP_PRIVILEGED=1):
 //! the scenario of tests/grow/mod.rs.
 
-mod common;
 mod grow;
 
-use common::{Daemon, privileged};
 use localvol::model::Token;
+use localvol_testkit::{InProcessDaemon, privileged};
 
 /// The loop record's `grow_filesystem`, read from the class directory.
-fn loop_mark(daemon: &Daemon) -> impl Fn(&str) -> bool {
+fn loop_mark(daemon: &InProcessDaemon) -> impl Fn(&str) -> bool {
     let class_dir = daemon.data_dir().join("loop/default");
     move |name: &str| {
         let path = class_dir.join(format!("{}.json", Token::for_name(name)));
@@ -23,7 +22,7 @@ async fn on_loop(fs: &str) {
     if !privileged() {
         return;
     }
-    let daemon = Daemon::start(&[]).await;
+    let daemon = InProcessDaemon::start(&[]).await;
     grow::restore_and_clone_grow(&daemon, fs, &loop_mark(&daemon)).await;
     daemon.stop().await;
 }

@@ -4,7 +4,7 @@
 //! (`..` in paths, a symlinked staging path and the raw-block previous-tenant check are
 //! in tests/privileged.rs.)
 //!
-//! The tests that stage and publish run sandboxed (see `hostile/sandbox.rs`): each
+//! The tests that stage and publish run sandboxed (see `tests/testkit/src/hostile/sandbox.rs`): each
 //! re-executes this binary for itself under `unshare --mount`, with every mount of that
 //! namespace read-only (`/`, `/dev`, `/proc`, `/sys` included) except a private tmpfs
 //! holding the daemon's socket, data directory and kubelet root. A driver that mounts
@@ -14,23 +14,19 @@
 //! after every case that the mount table, those loop devices and every file below the
 //! kubelet root and the data directory are unchanged.
 
-mod common;
-#[path = "hostile/node_cases.rs"]
-mod node_cases;
-#[path = "hostile/requests.rs"]
-mod requests;
-#[path = "hostile/sandbox.rs"]
-mod sandbox;
+use localvol_testkit::hostile::{node_cases, sandbox};
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::csi_client::{
+use localvol_testkit::csi_client::{
     controller_expand_request, fs_capability, publish_request, stage_request, unpublish_request,
     unstage_request,
 };
-use common::{Cleanup, Daemon, create_request, loops_under, mount_capability, mounts_under, privileged};
+use localvol_testkit::{
+    Cleanup, InProcessDaemon, create_request, loops_under, mount_capability, mounts_under, privileged,
+};
 use tonic::Code;
 
 const MIB: i64 = 1 << 20;
@@ -54,7 +50,7 @@ fn files_below(dir: &Path) -> Vec<PathBuf> {
 /// INVALID_ARGUMENT (or NOT_FOUND for a well-formed id of no volume), and create nothing.
 #[tokio::test]
 async fn injected_volume_ids_are_refused() {
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let mut node = d.node().await;
     let mut controller = d.controller().await;
     let before = files_below(d.dir.path());
@@ -97,7 +93,7 @@ async fn injected_volume_ids_are_refused() {
 /// directory; staging and target directories are not world-accessible.
 #[tokio::test]
 async fn created_paths_have_tight_permissions() {
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     assert_eq!(mode(&d.socket), 0o600, "CSI socket");
     assert_eq!(
         mode(d.socket.parent().unwrap()) & 0o007,
@@ -129,7 +125,7 @@ async fn created_paths_have_tight_permissions() {
             .await
             .create_id(create_request("pvc-perm", 16 * MIB, ("ns", "perm")))
             .await;
-        let (staging, target) = common::kubelet_paths(&d.path("kubelet"), "pv-perm", "pod-perm");
+        let (staging, target) = localvol_testkit::kubelet_paths(&d.path("kubelet"), "pv-perm", "pod-perm");
         let _cleanup = Cleanup {
             mounts: vec![staging.clone(), target.clone()],
             data: d.data_dir(),
@@ -163,7 +159,7 @@ async fn created_paths_have_tight_permissions() {
 /// mount's topology or smuggle in arguments, and volume context that tries to steer
 /// the daemon: refused (or ignored) with nothing mounted where it should not be.
 /// Confinement, ownership of mounts and the spec's limits, one hostile case at a time
-/// (`hostile/node_cases.rs`), in a sandbox.
+/// (`tests/testkit/src/hostile/node_cases.rs`), in a sandbox.
 #[test]
 fn node_calls_act_only_on_what_belongs_to_the_volume() {
     if !privileged() {
@@ -194,7 +190,7 @@ fn symlinks_mount_option_and_context_injection() {
 }
 
 async fn symlinks_mount_option_and_context_injection_inside() {
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let mut node = d.node().await;
     let id = d
         .client()

@@ -1,4 +1,4 @@
-//! The hostile node cases of tests/hostile.rs (`hostile/node_cases.rs`, issue 14) on
+//! The hostile node cases of tests/hostile.rs (`tests/testkit/src/hostile/node_cases.rs`, issue 14) on
 //! LVM thick, LVM thin, PMEM direct and PMEM on LVM, in the tests/vm guest: the same
 //! case list and sandbox, with the device class as the parameter, and after every case
 //! also the guest's block devices (device-mapper ones by name), NVDIMM namespaces and
@@ -18,18 +18,12 @@
 //! On the host it reports that it did not run and passes, unless `LOCALVOL_VM_SUITE=1`
 //! says it must run (then it fails outside the guest).
 
-mod common;
-#[path = "hostile/node_cases.rs"]
-mod node_cases;
-#[path = "hostile/requests.rs"]
-mod requests;
-#[path = "hostile/sandbox.rs"]
-mod sandbox;
+use localvol_testkit::hostile::{node_cases, sandbox};
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use common::guest::{self, sh, try_sh};
+use localvol_testkit::guest::{self, sh, try_sh};
 use node_cases::Backend;
 use sandbox::{PhysicalVolume, Sandbox, Storage};
 

@@ -4,18 +4,18 @@
 //! volume, and nothing else may fail. The controller part runs unprivileged; the node
 //! part (stage, publish, stats, expand on real loop devices) needs root.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::csi_client::{
+use localvol::proto::csi::v1 as csi;
+use localvol_testkit::csi_client::{
     controller_expand_request, delete_request, node_expand_request, publish_request, stage_request,
     stats_request, unpublish_request, unstage_request,
 };
-use common::{Cleanup, Daemon, assert_released, kubelet_paths, mount_capability, privileged};
-use localvol::proto::csi::v1 as csi;
+use localvol_testkit::{
+    Cleanup, InProcessDaemon, assert_released, kubelet_paths, mount_capability, privileged,
+};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -110,7 +110,7 @@ async fn gather(calls: Vec<Call>) -> Tally {
 }
 
 /// A few connections, so calls are spread the way several sidecars would spread them.
-async fn channels(d: &Daemon, n: usize) -> Vec<Channel> {
+async fn channels(d: &InProcessDaemon, n: usize) -> Vec<Channel> {
     let mut out = Vec::new();
     for _ in 0..n {
         out.push(d.channel().await);
@@ -127,7 +127,7 @@ fn node(ch: &[Channel], i: usize) -> csi::node_client::NodeClient<Channel> {
 }
 
 fn create(name: &str, bytes: i64) -> csi::CreateVolumeRequest {
-    common::create_request(name, bytes, ("load", name))
+    localvol_testkit::create_request(name, bytes, ("load", name))
 }
 
 /// Retries a call until it succeeds (the volume is free again), as a CO would.
@@ -166,7 +166,7 @@ async fn hundreds_of_concurrent_controller_calls() {
     const HOT: usize = 10;
     const PER_HOT: usize = 15;
     const UNLOCKED: usize = 50;
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let ch = channels(&d, 8).await;
 
     // Phase 1: creates on distinct names, piles of identical creates on a few names,
@@ -292,7 +292,7 @@ async fn concurrent_node_calls_on_shared_and_distinct_volumes() {
     }
     const VOLUMES: usize = 8;
     const PILE: usize = 6;
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let ch = channels(&d, 8).await;
     let root = d.path("kubelet");
     let mut cleanup = Cleanup {

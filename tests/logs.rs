@@ -1,11 +1,9 @@
 //! The daemon's log as a node's log collector reads it: a container's stderr is a
 //! file, not a terminal.
 
-mod common;
-
 use std::time::Duration;
 
-use common::process::{Output, Spawn};
+use localvol_testkit::process::{Output, Spawn};
 
 #[tokio::test]
 async fn a_text_log_written_to_a_file_has_no_colour_codes() {
@@ -15,7 +13,7 @@ async fn a_text_log_written_to_a_file_has_no_colour_codes() {
     );
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("daemon.log");
-    let mut daemon = Spawn::new(dir.path(), "logs")
+    let mut daemon = Spawn::new(localvol_testkit::localvol_bin!(), dir.path(), "logs")
         .standalone()
         .args(["--loop-capacity", "1Gi"])
         .env("RUST_LOG", "info")

@@ -4,11 +4,11 @@
 //! Create and delete run anywhere. Stage, publish, unpublish and unstage need root
 //! (loop devices, mkfs, mount): without root the test fails unless SKIP_PRIVILEGED=1.
 
-mod common;
-
-use common::csi_client::{publish_request, stage_request};
-use common::{Cleanup, Daemon, create_request, kubelet_paths, mount_capability, privileged};
 use localvol::proto::csi::v1 as csi;
+use localvol_testkit::csi_client::{publish_request, stage_request};
+use localvol_testkit::{
+    Cleanup, InProcessDaemon, create_request, kubelet_paths, mount_capability, privileged,
+};
 
 fn count(text: &str, prefix: &str) -> Option<String> {
     text.lines()
@@ -19,7 +19,7 @@ fn count(text: &str, prefix: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_after_a_volume_lifecycle() {
     let staged_too = privileged();
-    let daemon = Daemon::start(&[]).await;
+    let daemon = InProcessDaemon::start(&[]).await;
     assert!(
         daemon.registration_socket.exists(),
         "builtin registration serves its socket"
@@ -174,7 +174,7 @@ async fn metrics_after_a_volume_lifecycle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_registration_serves_no_registration_socket() {
-    let daemon = Daemon::start(&["--kubelet-registration", "external"]).await;
+    let daemon = InProcessDaemon::start(&["--kubelet-registration", "external"]).await;
     assert!(daemon.socket.exists());
     assert!(
         daemon.registration_socket.parent().unwrap().is_dir(),

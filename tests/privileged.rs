@@ -1,14 +1,12 @@
 //! Root-only: full volume lifecycles on real loop devices, filesystems and mounts,
 //! driven over the daemon's CSI socket exactly as kubelet and external-provisioner do.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use common::csi_client::{NewVolume, block_capability as block_cap, bytes_total, fs_capability};
-use common::{Daemon, loops_under, mounts_under, privileged};
 use localvol::proto::csi::v1 as csi;
+use localvol_testkit::csi_client::{NewVolume, block_capability as block_cap, bytes_total, fs_capability};
+use localvol_testkit::{InProcessDaemon, loops_under, mounts_under, privileged};
 use tonic::Code;
 
 const MIB: i64 = 1 << 20;
@@ -17,10 +15,10 @@ fn mount_cap(fs: &str) -> csi::VolumeCapability {
     fs_capability(fs, &["noatime"])
 }
 
-// The helpers below put the shared client (tests/common/csi_client.rs) on this file's
+// The helpers below put the shared client (tests/testkit/src/csi_client.rs) on this file's
 // paths: one staging path, `stage`, and targets named by the test, in the daemon's dir.
 
-async fn create(d: &Daemon, name: &str, size: i64, cap: &csi::VolumeCapability) -> csi::Volume {
+async fn create(d: &InProcessDaemon, name: &str, size: i64, cap: &csi::VolumeCapability) -> csi::Volume {
     let volume = NewVolume {
         capability: cap.clone(),
         ..NewVolume::new(name, size)
@@ -28,13 +26,13 @@ async fn create(d: &Daemon, name: &str, size: i64, cap: &csi::VolumeCapability) 
     d.client().await.create(volume.request()).await.unwrap()
 }
 
-async fn stage(d: &Daemon, id: &str, cap: &csi::VolumeCapability) -> Result<(), tonic::Status> {
+async fn stage(d: &InProcessDaemon, id: &str, cap: &csi::VolumeCapability) -> Result<(), tonic::Status> {
     std::fs::create_dir_all(d.path("stage")).unwrap();
     d.client().await.stage(id, &d.path("stage"), cap).await
 }
 
 async fn publish(
-    d: &Daemon,
+    d: &InProcessDaemon,
     id: &str,
     cap: &csi::VolumeCapability,
     target: &str,
@@ -45,19 +43,19 @@ async fn publish(
         .await
 }
 
-async fn teardown(d: &Daemon, id: &str, target: &str) {
+async fn teardown(d: &InProcessDaemon, id: &str, target: &str) {
     let csi = d.client().await;
     csi.unpublish(id, &d.path(target)).await.unwrap();
     csi.unstage(id, &d.path("stage")).await.unwrap();
     csi.delete(id).await.unwrap();
 }
 
-async fn stats(d: &Daemon, id: &str, path: &str) -> csi::NodeGetVolumeStatsResponse {
+async fn stats(d: &InProcessDaemon, id: &str, path: &str) -> csi::NodeGetVolumeStatsResponse {
     d.client().await.stats(id, &d.path(path)).await.unwrap()
 }
 
 async fn node_expand(
-    d: &Daemon,
+    d: &InProcessDaemon,
     id: &str,
     size: i64,
     path: &str,
@@ -70,7 +68,7 @@ async fn node_expand(
 }
 
 async fn try_expand(
-    d: &Daemon,
+    d: &InProcessDaemon,
     id: &str,
     size: i64,
     path: &str,
@@ -83,7 +81,7 @@ async fn try_expand(
 }
 
 async fn filesystem_lifecycle(fs: &str) {
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let cap = mount_cap(fs);
     let vol = create(&d, &format!("pvc-{fs}"), 320 * MIB, &cap).await;
     assert_eq!(vol.capacity_bytes, 320 * MIB);
@@ -103,7 +101,7 @@ async fn filesystem_lifecycle(fs: &str) {
             .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
     );
 
-    if fs == "ext4" && !common::has_cap_sys_resource() {
+    if fs == "ext4" && !localvol_testkit::has_cap_sys_resource() {
         // The kernel refuses ext4 online resize without CAP_SYS_RESOURCE, which some
         // sandboxes drop even for root. The VM suite runs this step with full
         // capabilities; here the refusal must surface as an error, never as success.
@@ -178,7 +176,7 @@ async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
     if !privileged() {
         return;
     }
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let cap = block_cap();
     let vol = create(&d, "pvc-block", 16 * MIB, &cap).await;
     stage(&d, &vol.volume_id, &cap).await.unwrap();
@@ -235,7 +233,7 @@ async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
         return;
     }
     // The default loop class of the test daemon holds 1 GiB.
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let cap = mount_cap("xfs");
     let vol = create(&d, "pvc-too-big-to-grow", 320 * MIB, &cap).await;
     stage(&d, &vol.volume_id, &cap).await.unwrap();
@@ -286,17 +284,17 @@ async fn an_expansion_that_cannot_fit_fails_and_changes_nothing() {
 }
 
 /// `limit_bytes` kept and GetCapacity's largest volume made on the loop class, which
-/// allocates whole MiB (see tests/common/limits.rs).
+/// allocates whole MiB (see tests/testkit/src/limits.rs).
 #[tokio::test]
 async fn limits_are_kept_and_the_largest_volume_fits() {
-    let d = Daemon::start(&[]).await;
-    let class = common::limits::Class {
+    let d = InProcessDaemon::start(&[]).await;
+    let class = localvol_testkit::limits::Class {
         name: None,
         small: 4 * MIB as u64,
         large: 8 * MIB as u64,
         grows: true,
     };
-    common::limits::check(&d.socket, class).await;
+    localvol_testkit::limits::check(&d.socket, class).await;
     d.stop().await;
 }
 
@@ -305,7 +303,7 @@ async fn state_survives_a_restart() {
     if !privileged() {
         return;
     }
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let cap = mount_cap("ext4");
     let vol = create(&d, "pvc-restart", 64 * MIB, &cap).await;
     stage(&d, &vol.volume_id, &cap).await.unwrap();
@@ -313,7 +311,7 @@ async fn state_survives_a_restart() {
     let dir = d.stop().await;
 
     // A new daemon knows the volume from disk and the mount table alone.
-    let d = Daemon::start_in(dir, &[]).await;
+    let d = InProcessDaemon::start_in(dir, &[]).await;
     let listed = d
         .controller()
         .await
@@ -335,7 +333,7 @@ async fn bad_requests_get_precise_codes_and_change_nothing() {
     if !privileged() {
         return;
     }
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let cap = mount_cap("ext4");
     let vol = create(&d, "pvc-bad", 16 * MIB, &cap).await;
     let files_before: Vec<_> = walk(d.dir.path());
@@ -445,7 +443,7 @@ async fn bad_requests_get_precise_codes_and_change_nothing() {
 
 #[tokio::test]
 async fn identity_and_probe() {
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let mut identity = d.identity().await;
     let info = identity
         .get_plugin_info(csi::GetPluginInfoRequest {})
@@ -512,7 +510,7 @@ async fn statmount_agrees_with_the_mount_table() {
         std::fs::create_dir(at(name)).unwrap();
     }
     let none = None::<&str>;
-    let _cleanup = common::Cleanup {
+    let _cleanup = localvol_testkit::Cleanup {
         mounts: ["fs", "bind", "sub", "stacked", "stacked", "ro"]
             .iter()
             .map(|n| at(n))

@@ -1,17 +1,15 @@
 //! Root-only: ReclaimSpace on real loop devices and filesystems, over the daemon's
 //! csi-addons socket and through `localvol reclaim`, measured on the backing image.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common::csi_client::{NewVolume, block_capability, fs_capability};
-use common::{Daemon, connect, privileged};
 use localvol::proto::csi::v1 as csi;
 use localvol::proto::identity::{self as identity, identity_client::IdentityClient};
 use localvol::proto::reclaimspace::{self as rs, reclaim_space_node_client::ReclaimSpaceNodeClient};
+use localvol_testkit::csi_client::{NewVolume, block_capability, fs_capability};
+use localvol_testkit::{InProcessDaemon, connect, privileged};
 
 const MIB: u64 = 1 << 20;
 
@@ -23,7 +21,7 @@ fn block() -> csi::VolumeCapability {
     block_capability()
 }
 
-async fn create_and_stage(d: &Daemon, name: &str, size: u64, cap: &csi::VolumeCapability) -> String {
+async fn create_and_stage(d: &InProcessDaemon, name: &str, size: u64, cap: &csi::VolumeCapability) -> String {
     let csi = d.client().await;
     let volume = NewVolume {
         capability: cap.clone(),
@@ -35,7 +33,7 @@ async fn create_and_stage(d: &Daemon, name: &str, size: u64, cap: &csi::VolumeCa
     id
 }
 
-async fn unstage_and_delete(d: &Daemon, id: &str) {
+async fn unstage_and_delete(d: &InProcessDaemon, id: &str) {
     let csi = d.client().await;
     csi.unstage(id, &d.path("stage")).await.unwrap();
     csi.delete(id).await.unwrap();
@@ -68,7 +66,10 @@ fn reclaim_request(id: &str) -> rs::NodeReclaimSpaceRequest {
     }
 }
 
-async fn reclaim(d: &Daemon, request: rs::NodeReclaimSpaceRequest) -> (rs::NodeReclaimSpaceResponse, String) {
+async fn reclaim(
+    d: &InProcessDaemon,
+    request: rs::NodeReclaimSpaceRequest,
+) -> (rs::NodeReclaimSpaceResponse, String) {
     let response = ReclaimSpaceNodeClient::new(connect(&d.addons_socket).await)
         .node_reclaim_space(request)
         .await
@@ -86,7 +87,7 @@ async fn fitrim_on_a_loop_volume_gives_the_deleted_space_back() {
     if !privileged() {
         return;
     }
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
 
     // The csi-addons identity the sidecar checks.
     let mut ident = IdentityClient::new(connect(&d.addons_socket).await);
@@ -215,7 +216,7 @@ async fn a_raw_block_volume_is_not_discarded() {
     if !privileged() {
         return;
     }
-    let d = Daemon::start(&[]).await;
+    let d = InProcessDaemon::start(&[]).await;
     let id = create_and_stage(&d, "pvc-raw", 16 * MIB, &block()).await;
     let image = d.path("data/loop/default/pvc-raw.img");
     // Write through the attached loop device (staging a block volume attaches it).
@@ -322,7 +323,7 @@ async fn fitrim_on_an_lvm_thin_volume_gives_the_pool_its_space_back() {
          default: true\n    thin-pool: {name: pool0, overprovision-ratio: 10.0}\n",
     )
     .unwrap();
-    let d = Daemon::start_in(dir, &["--config", config.to_str().unwrap()]).await;
+    let d = InProcessDaemon::start_in(dir, &["--config", config.to_str().unwrap()]).await;
     let id = create_and_stage(&d, "pvc-thin", 256 * MIB, &ext4()).await;
     write_and_delete(&d.path("stage/big"), 64 * MIB);
     let before = pool_data_bytes("vg-reclaim/pool0");

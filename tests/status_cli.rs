@@ -2,15 +2,15 @@
 //! and JSON output. Staging and publishing need root: without it the test fails unless
 //! SKIP_PRIVILEGED=1, and then checks only volumes that are not staged.
 
-mod common;
-
 use std::path::Path;
 use std::process::Output;
 
-use common::csi_client::publish_request;
-use common::{Cleanup, Daemon, connect, create_request, kubelet_paths, mount_capability, privileged};
 use localvol::proto::csi::v1 as csi;
 use localvol::proto::reclaimspace::{self as rs, reclaim_space_node_client::ReclaimSpaceNodeClient};
+use localvol_testkit::csi_client::publish_request;
+use localvol_testkit::{
+    Cleanup, InProcessDaemon, connect, create_request, kubelet_paths, mount_capability, privileged,
+};
 use serde_json::{Value, json};
 
 const MIB: u64 = 1 << 20;
@@ -32,7 +32,7 @@ fn publish_context() -> std::collections::HashMap<String, String> {
 
 /// `localvol status` with the daemon's flags, and none of the caller's LOCALVOL_*
 /// environment.
-async fn status(daemon: &Daemon, extra: &[&str]) -> Output {
+async fn status(daemon: &InProcessDaemon, extra: &[&str]) -> Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_localvol"));
     for (key, _) in std::env::vars() {
         if key.starts_with("LOCALVOL_") {
@@ -61,7 +61,7 @@ fn stdout(output: &Output) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_volumes_as_table_and_json() {
     let staged_too = privileged();
-    let daemon = Daemon::start(&[]).await;
+    let daemon = InProcessDaemon::start(&[]).await;
     let csi = daemon.client().await;
     let mut ids = Vec::new();
     for (name, pvc) in [("pvc-status-1", "data"), ("pvc-status-2", "logs")] {
@@ -113,7 +113,11 @@ async fn status_lists_volumes_as_table_and_json() {
             .await;
         // Online ext4 growth needs CAP_SYS_RESOURCE; without it the failure is what
         // status must show.
-        assert_eq!(grown.is_ok(), common::has_cap_sys_resource(), "{grown:?}");
+        assert_eq!(
+            grown.is_ok(),
+            localvol_testkit::has_cap_sys_resource(),
+            "{grown:?}"
+        );
         node_grew = grown.is_ok();
     }
     // Grown on the controller side only: its filesystem waits for the node.
@@ -297,7 +301,7 @@ async fn status_without_a_daemon_fails_and_says_where_it_looked() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_lists_snapshots_with_class_source_size_and_time() {
-    let daemon = Daemon::start(&[]).await;
+    let daemon = InProcessDaemon::start(&[]).await;
     let csi = daemon.client().await;
     let volume = csi
         .create(create_request("pvc-snapshot-source", 64 << 20, ("apps", "db")))

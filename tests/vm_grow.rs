@@ -10,11 +10,10 @@
 //! On the host it reports that it did not run and passes, unless `LOCALVOL_VM_SUITE=1`
 //! says it must run (then it fails outside the guest).
 
-mod common;
 mod grow;
 
-use common::Daemon;
-use common::guest::{in_guest, sh, thin_pool, volume_group};
+use localvol_testkit::InProcessDaemon;
+use localvol_testkit::guest::{in_guest, sh, thin_pool, volume_group};
 
 const VG: &str = "growvg";
 const CONFIG: &str = "\
@@ -55,7 +54,7 @@ async fn lvm_thin_restore_and_clone_larger_than_the_source_are_grown_at_stage() 
         .unwrap();
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, CONFIG).unwrap();
-    let daemon = Daemon::start_with_config(dir, "test-node", &config).await;
+    let daemon = InProcessDaemon::start_with_config(dir, "test-node", &config).await;
     for fs in ["ext4", "xfs"] {
         let started = std::time::Instant::now();
         grow::restore_and_clone_grow(&daemon, fs, &lv_marked).await;

@@ -16,8 +16,7 @@
 //! NODE_NAME (node1). `-- --quick`: 3 rounds, a burst of 10, 20 volumes.
 //! Writes target/bench/cluster.json and target/bench/cluster.md.
 
-#[path = "../../tests/common/csi_client.rs"]
-mod csi_client;
+use localvol_testkit::csi_client;
 
 mod audit;
 mod clock;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use localvol::proto::csi::v1 as csi;
 
-use crate::common::csi_client::CsiClient;
-use crate::common::{Cleanup, Daemon, kubelet_paths, mount_capability};
+use localvol_testkit::csi_client::CsiClient;
+use localvol_testkit::{Cleanup, InProcessDaemon, kubelet_paths, mount_capability};
 
 const MIB: u64 = 1 << 20;
 /// xfs needs 300 MB at least.
@@ -68,7 +68,7 @@ pub type MarkProbe<'a> = &'a dyn Fn(&str) -> bool;
 
 /// Source, snapshot, restore and clone at twice the size, in the daemon's default
 /// class; stage each copy and check the filesystem's size, the data, the mark.
-pub async fn restore_and_clone_grow(daemon: &Daemon, fs: &str, marked: MarkProbe<'_>) {
+pub async fn restore_and_clone_grow(daemon: &InProcessDaemon, fs: &str, marked: MarkProbe<'_>) {
     let root = daemon.dir.path().to_path_buf();
     let paths: Vec<PathBuf> = ["pv-src", "pv-restore", "pv-clone"]
         .iter()

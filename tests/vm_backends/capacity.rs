@@ -1,8 +1,8 @@
 //! GetCapacity against what the tools say, refused creates that leave nothing, and
-//! the limits of tests/common/limits.rs on each class.
+//! the limits of tests/testkit/src/limits.rs on each class.
 
 use super::*;
-use crate::common::limits::{self, Class};
+use localvol_testkit::limits::{self, Class};
 
 /// What the tools say a class can still hold: (available, largest volume).
 fn tool_capacity(class: &str) -> (u64, u64) {
@@ -105,7 +105,7 @@ pub async fn capacity_matches_the_tools_and_too_big_leaves_nothing() {
 }
 
 /// `limit_bytes` kept and GetCapacity's largest volume made, on each class (see
-/// tests/common/limits.rs): whole extents of the VG, usable sizes of fsdax namespaces.
+/// tests/testkit/src/limits.rs): whole extents of the VG, usable sizes of fsdax namespaces.
 pub async fn limits_are_kept_and_the_largest_volume_fits() {
     let d = daemon().await;
     let extent = |vg: &str| lvm_bytes("vgs", "vg_extent_size", vg);

@@ -84,7 +84,7 @@ async fn stage(
     key: Option<&str>,
 ) -> Result<(), tonic::Status> {
     std::fs::create_dir_all(c.staging(name)).unwrap();
-    let mut req = common::csi_client::stage_request(id, &c.staging(name), cap);
+    let mut req = localvol_testkit::csi_client::stage_request(id, &c.staging(name), cap);
     if let Some(key) = key {
         req.secrets = HashMap::from([("passphrase".to_string(), key.to_string())]);
     }

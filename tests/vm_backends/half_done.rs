@@ -44,7 +44,7 @@ pub async fn half_done_creates_are_finished_on_retry() {
     )
     .unwrap();
 
-    let d = Daemon::start_with_config(dir, "vm-node", &config_path()).await;
+    let d = InProcessDaemon::start_with_config(dir, "vm-node", &config_path()).await;
     let c = Csi::of(&d).await;
     for (class, name, size) in [("thick", thick, 16 * MIB), ("pmem", pmem, 30 * MIB)] {
         let mut t = Steps::new(class);

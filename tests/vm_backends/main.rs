@@ -13,11 +13,8 @@
 //!
 //! The tests are listed here, under the names CI knows; their bodies live beside this
 //! file, one file per concern (lifecycle, capacity, restarts, old bytes, half-done
-//! creates, a missing VG, encryption). The storage set-up and gate are tests/common/guest.rs, the
-//! CSI client tests/common/csi_client.rs.
-
-#[path = "../common/mod.rs"]
-mod common;
+//! creates, a missing VG, encryption). The storage set-up and gate are tests/testkit/src/guest.rs, the
+//! CSI client tests/testkit/src/csi_client.rs.
 
 mod capacity;
 mod encryption;
@@ -32,11 +29,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
-use common::csi_client::{CsiClient, NewVolume};
-pub use common::csi_client::{block_capability as block_cap, fs_capability};
-use common::guest::{self, sh};
 use localvol::proto::csi::v1 as csi;
+use localvol_testkit::InProcessDaemon;
+use localvol_testkit::csi_client::{CsiClient, NewVolume};
+pub use localvol_testkit::csi_client::{block_capability as block_cap, fs_capability};
+use localvol_testkit::guest::{self, sh};
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -86,7 +83,7 @@ device-classes:
     capacity-gb: 1
 ";
 
-/// The gate of every test: it runs in the guest only (tests/common/guest.rs), after the
+/// The gate of every test: it runs in the guest only (tests/testkit/src/guest.rs), after the
 /// storage is set up once.
 macro_rules! vm_tests {
     ($($module:ident :: $test:ident),* $(,)?) => {$(
@@ -265,17 +262,17 @@ fn mount_cap(fs: &str) -> csi::VolumeCapability {
 }
 
 /// The daemon of most tests, in-process with all of CONFIG's classes.
-async fn daemon() -> Daemon {
+async fn daemon() -> InProcessDaemon {
     let dir = tempfile::Builder::new().prefix("localvol-vm-").tempdir().unwrap();
     let started = Instant::now();
-    let d = Daemon::start_with_config(dir, "vm-node", &config_path()).await;
+    let d = InProcessDaemon::start_with_config(dir, "vm-node", &config_path()).await;
     step_time("daemon", "start (open 7 classes)", started.elapsed());
     d
 }
 
 // ------------------------------------------------------------------ CSI calls
 
-/// The shared CSI client (tests/common/csi_client.rs) with kubelet's paths under `dir`,
+/// The shared CSI client (tests/testkit/src/csi_client.rs) with kubelet's paths under `dir`,
 /// one staging and one target path per volume name, and the suite's claim parameters.
 struct Csi {
     client: CsiClient,
@@ -290,7 +287,7 @@ impl Csi {
         }
     }
 
-    async fn of(d: &Daemon) -> Self {
+    async fn of(d: &InProcessDaemon) -> Self {
         Self::at(&d.socket, d.dir.path()).await
     }
 
@@ -371,7 +368,7 @@ impl Csi {
             "{:?}",
             stats.volume_condition
         );
-        common::csi_client::bytes_total(&stats) as u64
+        localvol_testkit::csi_client::bytes_total(&stats) as u64
     }
 
     async fn capacity(&self, class: &str) -> (u64, u64) {

@@ -16,7 +16,7 @@ pub async fn a_missing_volume_group_is_served_once_it_appears() {
     .unwrap();
     let dir = tempfile::Builder::new().prefix("localvol-vm-").tempdir().unwrap();
     let backing = dir.path().join("latevg.img");
-    let d = Daemon::start_with_config(dir, "vm-node", &config).await;
+    let d = InProcessDaemon::start_with_config(dir, "vm-node", &config).await;
     let c = Csi::of(&d).await;
     let mut t = Steps::new("late");
 

@@ -2,10 +2,10 @@
 //! retried as a CO retries it.
 
 use super::*;
-use crate::common::process::{DaemonProcess, Output, Spawn};
 use crate::old_bytes::dirty;
+use localvol_testkit::process::{DaemonProcess, Output, Spawn};
 
-/// The real `localvol` binary (tests/common/process.rs), in its own process group, so
+/// The real `localvol` binary (tests/testkit/src/process.rs), in its own process group, so
 /// that a kill takes its children (lvcreate, blkdiscard, mkfs) with it, as a
 /// container's death does.
 pub(super) struct Process {
@@ -15,7 +15,7 @@ pub(super) struct Process {
 
 impl Process {
     pub async fn start(dir: &Path, config: &Path) -> Self {
-        let spawn = Spawn::new(dir, "vm-node").env(
+        let spawn = Spawn::new(localvol_testkit::localvol_bin!(), dir, "vm-node").env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
         );
@@ -24,7 +24,7 @@ impl Process {
 
     /// As [`Process::start`], logging everything (`RUST_LOG=debug`) to `log`.
     pub async fn start_logging(dir: &Path, config: &Path, log: &Path) -> Self {
-        let spawn = Spawn::new(dir, "vm-node")
+        let spawn = Spawn::new(localvol_testkit::localvol_bin!(), dir, "vm-node")
             .env("RUST_LOG", "debug")
             .output(Output::AppendTo(log.to_path_buf()));
         Self::spawn(spawn, dir, config).await

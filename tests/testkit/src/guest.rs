@@ -1,13 +1,14 @@
-//! The tests/vm guest's storage fixtures, shared by tests/vm_backends, tests/hostile_vm.rs,
-//! tests/crash_vm.rs (through crash_guest.rs) and benches/backends.rs: the gate that
+//! The tests/vm guest's storage fixtures, the one Rust copy of them, shared by
+//! tests/vm_backends, tests/hostile_vm.rs, tests/crash_vm.rs (through [`crash`]),
+//! tests/vm_grow.rs and benches/backends.rs: the gate that
 //! fails loudly when a required VM suite runs outside the guest, the tools run directly,
-//! a VG and thin pool on the guest's disks, and the NVDIMM region's set-up and listing.
-//!
-//! Like csi_client.rs it uses nothing else of tests/common: the benchmarks include it
-//! with `#[path]`.
-#![allow(dead_code)] // each suite uses its own part of this
+//! a VG and thin pool on the guest's disks, and the NVDIMM region's
+//! set-up and listing. (The shell suites have their own copies: tests/sanity/vm.sh,
+//! tests/vm/smoke.sh, tests/vm/cluster-guest.sh.)
 
 use std::process::Command;
+
+pub mod crash;
 
 /// The emulated NVDIMM's region and its one DIMM, as tests/vm/run.sh boots the guest.
 pub const REGION: &str = "region0";

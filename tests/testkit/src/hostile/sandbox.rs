@@ -15,8 +15,6 @@
 //! metadata backups get a private tmpfs each. Those are the guest's own (it is thrown
 //! away after the run); `/` stays read-only there too.
 
-#![allow(dead_code)] // tests/hostile.rs and tests/hostile_vm.rs each use their own part
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

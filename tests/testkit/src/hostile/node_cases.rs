@@ -11,8 +11,6 @@
 //! runs; the suite still fails at the end, with the count (used to measure a driver
 //! without the checks).
 
-#![allow(dead_code)] // tests/hostile.rs and tests/hostile_vm.rs each use their own part
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -20,12 +18,12 @@ use localvol::proto::csi::v1 as csi;
 use localvol::proto::reclaimspace::reclaim_space_node_client::ReclaimSpaceNodeClient;
 use tonic::Code;
 
-use super::common::csi_client::NewVolume;
-use super::common::{CsiClient, Daemon, connect, create_request, mount_capability};
 use super::requests::{
     block_capability, publish, reclaim_req, s, stage, stats_req, unpublish_req, unstage_req,
 };
 use super::sandbox::{Snapshot, Storage};
+use crate::csi_client::NewVolume;
+use crate::{CsiClient, InProcessDaemon, connect, create_request, mount_capability};
 
 const MIB: i64 = 1 << 20;
 
@@ -259,7 +257,7 @@ pub async fn run(scratch: PathBuf, backend: Backend) {
     std::fs::create_dir_all(&root).unwrap();
     let mut args = vec!["--kubelet-root-dir", root.to_str().unwrap()];
     args.extend(backend.daemon_args.iter().map(String::as_str));
-    let d = Daemon::start(&args).await;
+    let d = InProcessDaemon::start(&args).await;
     let keep_going = std::env::var("LOCALVOL_HOSTILE_KEEP_GOING").as_deref() == Ok("1");
     let mut t = Suite {
         node: d.node().await,
@@ -491,7 +489,7 @@ pub async fn run(scratch: PathBuf, backend: Backend) {
     // daemon, with A staged and published: the same calls are refused again.
     let d = {
         let dir = d.stop().await;
-        let d = Daemon::start_in(dir, &args).await;
+        let d = InProcessDaemon::start_in(dir, &args).await;
         t.node = d.node().await;
         t.client = d.client().await;
         t.controller = d.controller().await;

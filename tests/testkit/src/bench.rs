@@ -1,4 +1,3 @@
-#![allow(dead_code)] // each benchmark uses its own part of this
 //! What both benchmarks share: the release daemon as its own process, one volume's
 //! lifecycle through its socket timed per step, the tools run directly, and
 //! percentiles.
@@ -10,24 +9,11 @@ use std::time::{Duration, Instant};
 use nix::mount::{MntFlags, MsFlags};
 use tonic::transport::Channel;
 
-#[path = "../../tests/common/csi_client.rs"]
-pub mod csi_client;
-#[path = "../../tests/common/process.rs"]
-pub mod process;
-
-use csi_client::{CsiClient, NewVolume, mount_capability};
-use process::{DaemonProcess, Output, Spawn};
+use crate::csi_client::{CsiClient, NewVolume, mount_capability};
+use crate::process::{DaemonProcess, Output, Spawn};
 
 pub const MIB: i64 = 1 << 20;
 pub const VOLUME_BYTES: i64 = 64 * MIB;
-
-pub struct Daemon {
-    process: DaemonProcess,
-    pub socket: PathBuf,
-    pub dir: PathBuf,
-    /// Where the daemon logs each external command it runs, when asked to.
-    command_log: Option<PathBuf>,
-}
 
 /// How to start the daemon beyond its socket and data directory.
 #[derive(Default)]
@@ -39,79 +25,39 @@ pub struct Launch<'a> {
     pub log_commands: bool,
 }
 
-impl Daemon {
-    /// Starts the release daemon as its own process (tests/common/process.rs); returns
-    /// it and the time until its socket accepted a connection.
-    pub async fn start(dir: &Path, launch: Launch<'_>) -> (Self, Duration) {
-        std::fs::create_dir_all(dir).unwrap();
-        let command_log = launch.log_commands.then(|| dir.join("commands.log"));
-        let output = Output::StderrTo(command_log.clone());
-        let started = Instant::now();
-        let mut process = Spawn::new(dir, "bench")
-            .args(launch.args.iter().copied())
-            .env(
-                "RUST_LOG",
-                if launch.log_commands {
-                    "warn,localvol::host::command=debug"
-                } else {
-                    "warn"
-                },
-            )
-            .env("LOCALVOL_LOG_FORMAT", "json")
-            .env(
-                "KUBECONFIG",
-                launch.kubeconfig.unwrap_or(Path::new("/nonexistent")),
-            )
-            .output(output)
-            .spawn();
-        if let Err(e) = process
-            .wait_for_socket(Duration::from_secs(60), Duration::from_micros(200))
-            .await
-        {
-            panic!("{e}");
-        }
-        let elapsed = started.elapsed();
-        (
-            Self {
-                socket: process.socket.clone(),
-                process,
-                dir: dir.to_path_buf(),
-                command_log,
+/// Starts the release daemon `bin` as its own process (process.rs) on `dir`; returns it
+/// and the time until its socket accepted a connection.
+pub async fn start_daemon(bin: PathBuf, dir: &Path, launch: Launch<'_>) -> (DaemonProcess, Duration) {
+    std::fs::create_dir_all(dir).unwrap();
+    let command_log = launch.log_commands.then(|| dir.join("commands.log"));
+    let output = Output::StderrTo(command_log.clone());
+    let started = Instant::now();
+    let mut process = Spawn::new(bin, dir, "bench")
+        .args(launch.args.iter().copied())
+        .env(
+            "RUST_LOG",
+            if launch.log_commands {
+                "warn,localvol::host::command=debug"
+            } else {
+                "warn"
             },
-            elapsed,
         )
+        .env("LOCALVOL_LOG_FORMAT", "json")
+        .env(
+            "KUBECONFIG",
+            launch.kubeconfig.unwrap_or(Path::new("/nonexistent")),
+        )
+        .output(output)
+        .command_log(command_log)
+        .spawn();
+    if let Err(e) = process
+        .wait_for_socket(Duration::from_secs(60), Duration::from_micros(200))
+        .await
+    {
+        panic!("{e}");
     }
-
-    pub fn pid(&self) -> i32 {
-        self.process.pid
-    }
-
-    pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid)).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-            .unwrap()
-    }
-
-    /// The programs the daemon has run so far, in order (needs `log_commands`).
-    pub fn commands_run(&self) -> Vec<String> {
-        let log = std::fs::read_to_string(self.command_log.as_ref().expect("log_commands")).unwrap();
-        log.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|event| event["message"] == "running")
-            .filter_map(|event| {
-                let command = event["command"].as_str()?;
-                Some(command.split_whitespace().next()?.to_string())
-            })
-            .collect()
-    }
-
-    /// SIGTERM; the daemon must exit 0.
-    pub async fn stop(mut self) {
-        self.process.terminate().await;
-    }
+    let elapsed = started.elapsed();
+    (process, elapsed)
 }
 
 /// Programs counted by name: `{"lvcreate": 1, "mkfs.ext4": 1}`.
@@ -160,7 +106,7 @@ impl StepClock {
 }
 
 /// The CSI calls of a lifecycle, each of which must succeed: the shared test client
-/// (tests/common/csi_client.rs) in the benchmarks' words, ext4 volumes only.
+/// (csi_client.rs) in the benchmarks' words, ext4 volumes only.
 pub struct Csi(CsiClient);
 
 impl Csi {
@@ -255,14 +201,20 @@ pub async fn lifecycle(channel: Channel, base: &Path, name: &str, class: Option<
 
 /// Writes `report` to `target/bench/<file>` and says so.
 pub fn write_report(file: &str, report: serde_json::Map<String, serde_json::Value>) {
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    // The root package's target/, two folders above this crate's.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap();
+    let out = root.join("target/bench");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join(file), serde_json::to_vec_pretty(&report).unwrap()).unwrap();
     println!("\nwritten: target/bench/{file}");
 }
 
 /// The raw tools a benchmark's baseline runs, in order, by program name: the other side
-/// of `Daemon::commands_run`.
+/// of `DaemonProcess::commands_run`.
 #[derive(Default)]
 pub struct RawTools {
     pub programs: Vec<String>,

@@ -1,11 +1,10 @@
 //! The real `localvol serve` as a child process, on a test directory: spawned with the
 //! paths every test gives it, waited for until its socket listens, killed (alone or with
-//! the tools it runs) and restarted. tests/common/mod.rs has the in-process daemon; this
+//! the tools it runs) and restarted. lib.rs has the in-process daemon; this
 //! is for what needs a process to kill or to measure.
 //!
-//! Like csi_client.rs it uses nothing else of tests/common: the benchmarks include it
-//! with `#[path]` (benches/support/harness.rs).
-#![allow(dead_code)] // each test binary and benchmark uses its own part of this
+//! The binary is the caller's to name ([`localvol_bin!`](crate::localvol_bin)): only
+//! the root package's tests and benchmarks know where cargo built it.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -15,11 +14,20 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
-/// The daemon binary: `LOCALVOL_BIN` (tests/vm/suite.sh passes a private copy), else the
-/// one cargo built with this test.
-pub fn localvol_bin() -> PathBuf {
-    std::env::var_os("LOCALVOL_BIN")
-        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_localvol")), PathBuf::from)
+/// The daemon binary: `LOCALVOL_BIN` (tests/vm/suite.sh passes a private copy), else
+/// `built`, the one cargo built with the calling test ([`localvol_bin!`](crate::localvol_bin)).
+pub fn localvol_bin(built: &str) -> PathBuf {
+    std::env::var_os("LOCALVOL_BIN").map_or_else(|| PathBuf::from(built), PathBuf::from)
+}
+
+/// The daemon binary for a test or benchmark of the root package:
+/// [`process::localvol_bin`](crate::process::localvol_bin) with the path cargo gave the
+/// caller at build time (`CARGO_BIN_EXE_localvol`, which only those crates see).
+#[macro_export]
+macro_rules! localvol_bin {
+    () => {
+        $crate::process::localvol_bin(env!("CARGO_BIN_EXE_localvol"))
+    };
 }
 
 /// Where the daemon's stdout and stderr go.
@@ -35,24 +43,31 @@ pub enum Output {
 /// `dir/csi.sock`, its data in `dir/data`, kubelet's root at `dir` and metrics on a
 /// free port.
 pub struct Spawn<'a> {
+    /// The binary ([`localvol_bin!`](crate::localvol_bin)).
+    pub bin: PathBuf,
     pub dir: &'a Path,
     pub node_id: &'a str,
     pub args: Vec<OsString>,
     pub env: Vec<(&'a str, OsString)>,
     pub output: Output,
+    /// Where the daemon logs each external command it runs, when asked to (read back by
+    /// [`DaemonProcess::commands_run`]; the caller points the output and `RUST_LOG` there).
+    pub command_log: Option<PathBuf>,
     /// In its own process group, so that a kill of the group takes the tools it runs
     /// (lvcreate, mkfs, losetup) with it, as a container's death does.
     pub own_group: bool,
 }
 
 impl<'a> Spawn<'a> {
-    pub fn new(dir: &'a Path, node_id: &'a str) -> Self {
+    pub fn new(bin: PathBuf, dir: &'a Path, node_id: &'a str) -> Self {
         Self {
+            bin,
             dir,
             node_id,
             args: Vec::new(),
             env: Vec::new(),
             output: Output::Inherit,
+            command_log: None,
             own_group: false,
         }
     }
@@ -79,6 +94,11 @@ impl<'a> Spawn<'a> {
         self
     }
 
+    pub fn command_log(mut self, path: Option<PathBuf>) -> Self {
+        self.command_log = path;
+        self
+    }
+
     pub fn own_group(mut self) -> Self {
         self.own_group = true;
         self
@@ -87,7 +107,7 @@ impl<'a> Spawn<'a> {
     /// Spawns the daemon; it is killed when the returned value is dropped.
     pub fn spawn(self) -> DaemonProcess {
         let socket = self.dir.join("csi.sock");
-        let mut command = tokio::process::Command::new(localvol_bin());
+        let mut command = tokio::process::Command::new(&self.bin);
         command
             .args([
                 "serve",
@@ -130,6 +150,8 @@ impl<'a> Spawn<'a> {
             pid: child.id().unwrap() as i32,
             child: Some(child),
             socket,
+            dir: self.dir.to_path_buf(),
+            command_log: self.command_log,
             own_group: self.own_group,
         }
     }
@@ -157,6 +179,9 @@ pub struct DaemonProcess {
     /// Its pid, and its process group's id when it has its own group.
     pub pid: i32,
     pub socket: PathBuf,
+    /// The directory it was started on.
+    pub dir: PathBuf,
+    command_log: Option<PathBuf>,
     own_group: bool,
 }
 
@@ -204,6 +229,29 @@ impl DaemonProcess {
             Some(status) => Err(StartError::Exited(status)),
             None => Ok(()),
         }
+    }
+
+    /// Its resident memory, from /proc.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// The programs the daemon has run so far, in order (needs a command log).
+    pub fn commands_run(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self.command_log.as_ref().expect("log_commands")).unwrap();
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|event| event["message"] == "running")
+            .filter_map(|event| {
+                let command = event["command"].as_str()?;
+                Some(command.split_whitespace().next()?.to_string())
+            })
+            .collect()
     }
 
     /// A channel to its CSI socket.

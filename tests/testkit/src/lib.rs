@@ -1,12 +1,21 @@
-//! An in-process localvol daemon on temporary paths, and what tests need to drive it.
-#![allow(dead_code)] // each test binary uses its own part of this module
+//! What localvol's tests and benchmarks share, as one crate they `use` instead of
+//! including files with `#[path]`: the one CSI client (csi_client.rs), the daemon as a
+//! child process (process.rs) and the in-process one ([`InProcessDaemon`], below), the
+//! tests/vm guest's storage set-up (guest.rs), the crash kit (crash.rs), the hostile
+//! node cases and their sandbox (hostile/), the limits cases (limits.rs) and what the
+//! benchmarks measure with (bench.rs).
+//!
+//! The daemon binary cargo built is known only to the tests and benchmarks of the root
+//! package: they name it with [`localvol_bin!`].
 
+pub mod bench;
+pub mod crash;
 pub mod csi_client;
 pub mod guest;
+pub mod hostile;
 pub mod limits;
 pub mod process;
 
-#[allow(unused_imports)] // each test binary uses its own part of this module
 pub use csi_client::{CsiClient, create_request, mount_capability};
 
 use std::io::{Read, Write};
@@ -53,7 +62,9 @@ fn free_local_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
-pub struct Daemon {
+/// `localvol serve` run in this process (a task on the test's runtime), on temporary
+/// paths; [`process::DaemonProcess`] is the daemon as a child process.
+pub struct InProcessDaemon {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
     pub registration_socket: PathBuf,
@@ -64,14 +75,14 @@ pub struct Daemon {
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
-impl Daemon {
+impl InProcessDaemon {
     /// Starts `localvol serve` in this process, configured as the command line would
     /// be (standalone: `--kube off`), and waits until its CSI socket answers.
     pub async fn start(extra_args: &[&str]) -> Self {
         Self::start_as("test-node", extra_args).await
     }
 
-    /// Like [`Daemon::start`], as node `node_id`. `--kube on` in `extra_args` replaces
+    /// Like [`InProcessDaemon::start`], as node `node_id`. `--kube on` in `extra_args` replaces
     /// the standalone default (and wants $KUBECONFIG).
     pub async fn start_as(node_id: &str, extra_args: &[&str]) -> Self {
         let dir = tempfile::Builder::new()
@@ -81,7 +92,7 @@ impl Daemon {
         Self::launch(dir, node_id, extra_args).await
     }
 
-    /// Like [`Daemon::start`], on an existing directory: a restart after [`Daemon::stop`].
+    /// Like [`InProcessDaemon::start`], on an existing directory: a restart after [`InProcessDaemon::stop`].
     pub async fn start_in(dir: tempfile::TempDir, extra_args: &[&str]) -> Self {
         Self::launch(dir, "test-node", extra_args).await
     }
@@ -202,7 +213,7 @@ impl Daemon {
         csi::identity_client::IdentityClient::new(self.channel().await)
     }
 
-    /// The one test client (tests/common/csi_client.rs) on the CSI socket.
+    /// The one test client (csi_client.rs) on the CSI socket.
     pub async fn client(&self) -> CsiClient {
         CsiClient::new(self.channel().await)
     }
@@ -247,7 +258,7 @@ impl Daemon {
     }
 
     /// Stops the daemon as SIGTERM would, waits for it to finish, and hands back its
-    /// directory (for a restart with [`Daemon::start_in`]).
+    /// directory (for a restart with [`InProcessDaemon::start_in`]).
     pub async fn stop(mut self) -> tempfile::TempDir {
         self.stop.take().unwrap().send(()).unwrap();
         let task = self.task.take().unwrap();

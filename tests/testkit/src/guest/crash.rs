@@ -1,15 +1,16 @@
-//! The tests/vm guest's storage as tests/crash_vm.rs sets it up and inspects it: one
+//! The tests/vm guest's storage as tests/crash_vm.rs sets it up (with its parent's
+//! fixtures) and inspects it: one
 //! VG with a thin pool on /dev/vda, region0 with empty labels, and what is on (or left
 //! of) a volume, read with the tools themselves rather than through the daemon.
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
-use super::common::guest::{self, sh};
+use crate::guest::{self, sh};
 
 pub const VG: &str = "crashvg";
 pub const POOL: &str = "crashpool";
-pub use super::common::guest::REGION;
+pub use crate::guest::REGION;
 pub const CONFIG_DIR: &str = "/run/localvol-crash-vm";
 /// The device classes under test; each test runs a daemon with only its own class.
 pub const CLASSES: &[(&str, &str)] = &[

@@ -14,16 +14,14 @@ use nix::mount::{MntFlags, MsFlags};
 use serde_json::json;
 use tonic::transport::Channel;
 
-#[path = "support/bare_server.rs"]
 mod bare_server;
-#[path = "support/harness.rs"]
-mod harness;
-#[path = "support/pod_api.rs"]
 mod pod_api;
 
+use localvol_testkit::bench as harness;
+
 use harness::{
-    Csi, Daemon, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, run,
-    step_p50,
+    Csi, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, run,
+    start_daemon, step_p50,
 };
 
 /// The same work with the same tools and syscalls, and nothing else: sparse file,
@@ -86,9 +84,14 @@ async fn main() {
     // 5. Start-up to a serving socket (median of several starts).
     let mut starts = Vec::new();
     for i in 0..if quick { 3 } else { 7 } {
-        let (d, took) = Daemon::start(&base.path().join(format!("start-{i}")), Launch::default()).await;
+        let (mut d, took) = start_daemon(
+            localvol_testkit::localvol_bin!(),
+            &base.path().join(format!("start-{i}")),
+            Launch::default(),
+        )
+        .await;
         starts.push(took);
-        d.stop().await;
+        d.terminate().await;
     }
     starts.sort();
     let startup = percentile(&starts, 0.5);
@@ -97,7 +100,8 @@ async fn main() {
         return only_publish(base.path()).await;
     }
 
-    let (daemon, _) = Daemon::start(
+    let (mut daemon, _) = start_daemon(
+        localvol_testkit::localvol_bin!(),
         &base.path().join("main"),
         Launch {
             log_commands: true,
@@ -193,7 +197,7 @@ async fn main() {
     let (create_first, create_last) = (percentile(&first_creates, 0.5), percentile(&last_creates, 0.5));
     csi.list().await;
     let rss_500 = daemon.rss_kib();
-    daemon.stop().await;
+    daemon.terminate().await;
 
     // 4b. Resident memory with the Kubernetes caches on: no pods, then 110 pods on the
     // node (kubelet's default maximum), each served by a mock API server.
@@ -202,7 +206,8 @@ async fn main() {
         let dir = base.path().join(format!("kube-{pods}"));
         std::fs::create_dir_all(&dir).unwrap();
         let api = pod_api::PodApi::start(&dir, "bench", pods).await;
-        let (daemon, _) = Daemon::start(
+        let (mut daemon, _) = start_daemon(
+            localvol_testkit::localvol_bin!(),
             &dir,
             Launch {
                 args: &["--kube", "on"],
@@ -222,7 +227,7 @@ async fn main() {
         // The watch opens once the list is in the cache; let the allocator settle.
         tokio::time::sleep(Duration::from_millis(500)).await;
         rss_kube.push((pods, daemon.rss_kib()));
-        daemon.stop().await;
+        daemon.terminate().await;
     }
 
     let base_rate = scaling[0].1;
@@ -403,8 +408,13 @@ async fn main() {
 /// `--only-publish`: publish+unpublish and the empty calls alone, printed, not written.
 async fn only_publish(base: &Path) {
     let rounds = std::env::var("LOCALVOL_BENCH_ROUNDS").map_or(2000, |r| r.parse().unwrap());
-    let (daemon, _) = Daemon::start(&base.join("main"), Launch::default()).await;
-    println!("daemon pid {}", daemon.pid());
+    let (mut daemon, _) = start_daemon(
+        localvol_testkit::localvol_bin!(),
+        &base.join("main"),
+        Launch::default(),
+    )
+    .await;
+    println!("daemon pid {}", daemon.pid);
     let channel = localvol::csi::socket::connect(&daemon.socket).await.unwrap();
     let work = daemon.dir.join("work");
     std::fs::create_dir_all(&work).unwrap();
@@ -426,7 +436,7 @@ async fn only_publish(base: &Path) {
         ms(empty_ours),
         ms(empty_bare),
     );
-    daemon.stop().await;
+    daemon.terminate().await;
 }
 
 /// NodePublish+NodeUnpublish of one staged volume against mkdir + bind mount + umount +

@@ -1,5 +1,5 @@
 //! The checks of a crash lifecycle and its replay after a kill, shared by tests/crash.rs
-//! and tests/crash_vm.rs (part of tests/common/crash.rs, the crash kit).
+//! and tests/crash_vm.rs (part of crash.rs, the crash kit).
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,10 +1,7 @@
 //! The one CSI client of tests/ and benches/: every request a test or a benchmark sends
 //! is built here, and `CsiClient` sends them over one daemon socket.
 //!
-//! It lives under tests/common because most of its users are tests; the benchmarks
-//! include this file with `#[path]` (benches/support/harness.rs). It therefore uses
-//! nothing else of tests/common, only the crate and its dependencies.
-#![allow(dead_code)] // each test binary and benchmark uses its own part of this
+//! It uses nothing else of the testkit, only the crate and its dependencies.
 
 use std::path::Path;
 

@@ -1,8 +1,6 @@
 //! What a crash test needs beside a daemon to kill: a seeded random source, the CSI
 //! (and csi-addons) calls of one lifecycle step, and how long each step usually takes
-//! (to aim a kill inside a running call). Included with `#[path]` by the crash tests
-//! only, so the other test binaries do not compile it.
-#![allow(dead_code)] // each crash test uses its own part of this module
+//! (to aim a kill inside a running call). Used by tests/crash.rs and tests/crash_vm.rs.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,7 +10,7 @@ use localvol::proto::csi::v1 as csi;
 use localvol::proto::reclaimspace as rs;
 use tonic::transport::Channel;
 
-use crate::common::csi_client as req;
+use crate::csi_client as req;
 
 /// xorshift64*: tiny, deterministic, good enough to pick steps and delays.
 pub struct Rng(u64);
@@ -22,6 +20,8 @@ impl Rng {
         Self(seed.max(1))
     }
 
+    // An endless source, not an iterator: the crash tests call it as `rng.next()`.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -121,7 +121,7 @@ pub struct Endpoints {
 }
 
 pub fn mount_cap(fs: &str) -> csi::VolumeCapability {
-    crate::common::csi_client::fs_capability(fs, &[])
+    crate::csi_client::fs_capability(fs, &[])
 }
 
 /// What a step's call answered that the test checks: the new volume of a create, the
@@ -378,7 +378,6 @@ pub fn writable_within(dir: &Path, limit: Duration) -> bool {
     wait.recv_timeout(limit).unwrap_or(false)
 }
 
-#[path = "crash_checks.rs"]
 mod checks;
 pub use checks::*;
 
