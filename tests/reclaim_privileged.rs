@@ -9,7 +9,7 @@ use localvol::proto::csi::v1 as csi;
 use localvol::proto::identity::{self as identity, identity_client::IdentityClient};
 use localvol::proto::reclaimspace::{self as rs, reclaim_space_node_client::ReclaimSpaceNodeClient};
 use localvol_testkit::csi_client::{NewVolume, block_capability, fs_capability};
-use localvol_testkit::{InProcessDaemon, connect, privileged};
+use localvol_testkit::{InProcessDaemon, connect, guest, privileged};
 
 const MIB: u64 = 1 << 20;
 
@@ -308,10 +308,7 @@ async fn fitrim_on_an_lvm_thin_volume_gives_the_pool_its_space_back() {
         return;
     }
     let disk = std::env::var("LOCALVOL_VM_DISK").unwrap_or_else(|_| "/dev/vda".to_owned());
-    run("wipefs", &["-q", "-a", &disk]);
-    run("pvcreate", &["-ff", "-y", &disk]);
-    run("vgcreate", &["vg-reclaim", &disk]);
-    run("lvcreate", &["-y", "-L", "1G", "-T", "vg-reclaim/pool0"]);
+    guest::thin_pool_on_wiped_disk("vg-reclaim", "pool0", &disk, "1G");
     let dir = tempfile::Builder::new()
         .prefix("localvol-test-")
         .tempdir()

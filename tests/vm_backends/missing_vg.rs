@@ -40,13 +40,7 @@ pub async fn a_missing_volume_group_is_served_once_it_appears() {
     t.done("missing class: ready, no capacity, refused");
 
     // The VG appears (on a loop device: the guest's disks are taken).
-    let file = std::fs::File::create(&backing).unwrap();
-    file.set_len(64 * MIB).unwrap();
-    drop(file);
-    let loop_dev = sh("losetup", &["-f", "--show", backing.to_str().unwrap()]);
-    let loop_dev = loop_dev.trim();
-    sh("pvcreate", &["-q", loop_dev]);
-    sh("vgcreate", &["-q", LATE_VG, loop_dev]);
+    let loop_dev = guest::volume_group_on_loop(LATE_VG, &backing, 64 * MIB);
     let deadline = Instant::now() + Duration::from_secs(120);
     while c.capacity("late").await.0 == 0 {
         assert!(Instant::now() < deadline, "latevg not picked up within 120 s");
@@ -61,7 +55,5 @@ pub async fn a_missing_volume_group_is_served_once_it_appears() {
     let (_, body) = d.get("/readyz").await;
     assert!(!body.contains("not served"), "{body}");
     d.stop().await;
-    sh("vgremove", &["-q", "-f", LATE_VG]);
-    sh("pvremove", &["-q", loop_dev]);
-    sh("losetup", &["-d", loop_dev]);
+    guest::remove_volume_group_on_loop(LATE_VG, &loop_dev);
 }

@@ -1,11 +1,12 @@
 //! The tests/vm guest's storage fixtures, the one Rust copy of them, shared by
 //! tests/vm_backends, tests/hostile_vm.rs, tests/crash_vm.rs (through [`crash`]),
-//! tests/vm_grow.rs and benches/backends.rs: the gate that
+//! tests/vm_grow.rs, tests/reclaim_privileged.rs and benches/backends.rs: the gate that
 //! fails loudly when a required VM suite runs outside the guest, the tools run directly,
-//! a VG and thin pool on the guest's disks, and the NVDIMM region's
+//! a VG and thin pool on the guest's disks or on a loop device, and the NVDIMM region's
 //! set-up and listing. (The shell suites have their own copies: tests/sanity/vm.sh,
 //! tests/vm/smoke.sh, tests/vm/cluster-guest.sh.)
 
+use std::path::Path;
 use std::process::Command;
 
 pub mod crash;
@@ -102,6 +103,37 @@ pub fn thin_pool(vg: &str, pool: &str, size: &str, zeroing: bool) {
     );
 }
 
+/// `disk` wiped and made the one PV of a new VG `vg` with a thin pool `vg/pool` of
+/// `size` (lvcreate's `-L`; zeroing as lvm.conf says), as tests/reclaim_privileged.rs
+/// measures a pool's space.
+pub fn thin_pool_on_wiped_disk(vg: &str, pool: &str, disk: &str, size: &str) {
+    sh("wipefs", &["-q", "-a", disk]);
+    sh("pvcreate", &["-ff", "-y", disk]);
+    sh("vgcreate", &[vg, disk]);
+    sh("lvcreate", &["-y", "-L", size, "-T", &format!("{vg}/{pool}")]);
+}
+
+/// A VG `vg` on a loop device over a new file `backing` of `bytes` (for a VG that
+/// appears while the daemon runs: the guest's disks are taken); returns the loop
+/// device, for [`remove_volume_group_on_loop`].
+pub fn volume_group_on_loop(vg: &str, backing: &Path, bytes: u64) -> String {
+    let file = std::fs::File::create(backing).unwrap();
+    file.set_len(bytes).unwrap();
+    drop(file);
+    let loop_dev = sh("losetup", &["-f", "--show", backing.to_str().unwrap()]);
+    let loop_dev = loop_dev.trim().to_string();
+    sh("pvcreate", &["-q", &loop_dev]);
+    sh("vgcreate", &["-q", vg, &loop_dev]);
+    loop_dev
+}
+
+/// Removes what [`volume_group_on_loop`] made: the VG, its PV and the loop device.
+pub fn remove_volume_group_on_loop(vg: &str, loop_dev: &str) {
+    sh("vgremove", &["-q", "-f", vg]);
+    sh("pvremove", &["-q", loop_dev]);
+    sh("losetup", &["-d", loop_dev]);
+}
+
 /// Empties the region: its labels initialised, so it offers all its space to new
 /// namespaces (a region nobody labelled holds one label-less raw namespace).
 pub fn reset_region() {
@@ -169,7 +201,7 @@ pub fn single_class_configs(dir: &str, classes: &[(&str, &str)]) {
     std::fs::create_dir_all(dir).unwrap();
     for (class, yaml) in classes {
         std::fs::write(
-            std::path::Path::new(dir).join(format!("{class}.yaml")),
+            Path::new(dir).join(format!("{class}.yaml")),
             format!("device-classes:\n  - {yaml}\n"),
         )
         .unwrap();
