@@ -722,3 +722,32 @@ fn one_mock_api_server() {
         "tower_test outside the one mock API server (use crate::k8s::mock_api::MockApi)"
     );
 }
+
+/// What tests and benchmarks share is a crate they `use` (tests/testkit), not a file
+/// they include: no `#[path]` in tests/ or benches/ reaches out of its own folder. The
+/// one exception is tests/authority.rs's include of the rewriter's byte fixtures
+/// (src/csi/authority/test_frames.rs), which the library's unit tests use too and
+/// which the library keeps test-only rather than exporting.
+#[test]
+fn no_path_include_in_tests_or_benches_crosses_folders() {
+    const ALLOWED: &[(&str, &str)] = &[("tests/authority.rs", "../src/csi/authority/test_frames.rs")];
+    let root = src().parent().unwrap().to_path_buf();
+    let mut files = Vec::new();
+    all_source_files(&root.join("tests"), &mut files);
+    all_source_files(&root.join("benches"), &mut files);
+    let mut crossing = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&root).unwrap().display().to_string();
+        let code = code_only(&fs::read_to_string(file).unwrap());
+        for (_, path) in child_modules(&code) {
+            if let Some(path) = path
+                && path.split('/').any(|part| part == "..")
+                && !ALLOWED.contains(&(rel.as_str(), path.as_str()))
+            {
+                crossing.push(format!("{rel}: #[path = {path:?}] (use localvol_testkit)"));
+            }
+        }
+    }
+    assert!(!files.is_empty());
+    assert!(crossing.is_empty(), "{}", crossing.join("\n"));
+}
