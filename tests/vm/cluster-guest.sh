@@ -124,8 +124,8 @@ for b in "$KUBE_KIT_BIN"/*; do ln -sf "$b" "$GUEST_KIT_BIN/"; done
 rm "$GUEST_KIT_BIN/kubelet"
 cat >"$GUEST_KIT_BIN/kubelet" <<KUBELET
 #!/bin/sh
-exec "$KUBE_KIT_BIN/kubelet" "\$@" --housekeeping-interval=${LOCALVOL_VM_KUBELET_HOUSEKEEPING:-60s} \
-  --max-housekeeping-interval=${LOCALVOL_VM_KUBELET_HOUSEKEEPING:-60s} --sync-frequency=60s --node-status-update-frequency=10s
+exec "$KUBE_KIT_BIN/kubelet" "\$@" --housekeeping-interval=60s \
+  --max-housekeeping-interval=60s --sync-frequency=60s --node-status-update-frequency=10s
 KUBELET
 chmod 755 "$GUEST_KIT_BIN/kubelet"
 phase "start-node.sh --no-control-plane"
