@@ -41,6 +41,7 @@ export KUBECONFIG=$KUBE_KIT_STATE/kubeconfig
 export PATH=$KUBE_KIT_BIN:$PATH
 export WAIT_SCALE=${WAIT_SCALE:-3}   # lib.sh's wait_until limits, under TCG
 export POLL_INTERVAL=${POLL_INTERVAL:-1}   # and its polls (a kubectl call relayed to the host each)
+# shellcheck disable=SC2034  # read by tests/cluster/lib.sh, sourced below
 REGISTRATION=builtin
 read -r UP0 _ </proc/uptime
 T0=$SECONDS

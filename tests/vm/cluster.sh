@@ -58,6 +58,7 @@ plan_words EXTRA_SCENARIOS get guest_cluster.extra_scenarios
 if [ -n "${LOCALVOL_CLUSTER_EXTRA:-}" ]; then source "$LOCALVOL_CLUSTER_EXTRA"; fi
 # shellcheck source=tests/cluster/lib.sh
 source tests/cluster/lib.sh
+selected=()   # select_scenarios (lib.sh) fills it
 select_scenarios ${args[@]+"${args[@]}"}
 [ "$(id -u)" = 0 ] || { echo "tests/vm/cluster.sh: run as root" >&2; exit 1; }
 [ -x "$KIT/install.sh" ] || { echo "tests/vm/cluster.sh: no kube-kit at $KIT" >&2; exit 1; }
