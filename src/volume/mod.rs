@@ -28,7 +28,7 @@ use crate::backend::{Backend, BackendError, Opener, VolumeRecord};
 use crate::fs::{FsError, FsType};
 use crate::host::{Host, SyscallError, io_is_terminal};
 use crate::locks::VolumeGuard;
-use crate::model::{ClassName, SnapshotId, Token, VolumeId};
+use crate::model::{AccessType, Capability, ClassName, SnapshotId, Token, VolumeId, VolumeMode};
 use crate::model::{Terminal, ValidationError};
 use crate::mount::MountError;
 
@@ -349,6 +349,27 @@ impl Volumes {
         }
         Ok(None)
     }
+}
+
+fn access_name(access: &AccessType) -> &'static str {
+    if access.is_block() { "block" } else { "filesystem" }
+}
+
+/// The access a call asks for is the one the volume was created with (stage and publish).
+fn check_access(record: &VolumeRecord, capability: &Capability) -> Result<(), VolumeError> {
+    let created = match record.mode {
+        VolumeMode::Block => "block",
+        VolumeMode::Filesystem => "filesystem",
+    };
+    let requested = access_name(&capability.access);
+    if created != requested {
+        return Err(VolumeError::AccessMismatch {
+            id: record.id.clone(),
+            created,
+            requested,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a path that does not resolve to itself: a symlink anywhere along it could

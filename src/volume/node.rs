@@ -15,7 +15,7 @@ use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType, Signature};
 use crate::locks::VolumeGuard;
-use crate::model::{AccessMode, AccessType, Capability, VolumeId, VolumeMode};
+use crate::model::{AccessMode, VolumeId, VolumeMode};
 use crate::mount::{self, MountOptions, MountTable};
 use crate::request::{NodeExpandRequest, StageRequest, StatsRequest, UnstageRequest};
 
@@ -36,26 +36,6 @@ pub enum VolumeStats {
         size_bytes: u64,
         condition: VolumeCondition,
     },
-}
-
-fn access_name(access: &AccessType) -> &'static str {
-    if access.is_block() { "block" } else { "filesystem" }
-}
-
-pub(super) fn check_access(record: &VolumeRecord, capability: &Capability) -> Result<(), VolumeError> {
-    let created = match record.mode {
-        VolumeMode::Block => "block",
-        VolumeMode::Filesystem => "filesystem",
-    };
-    let requested = access_name(&capability.access);
-    if created != requested {
-        return Err(VolumeError::AccessMismatch {
-            id: record.id.clone(),
-            created,
-            requested,
-        });
-    }
-    Ok(())
 }
 
 /// Whether a stage mounted (raw block: attached) the volume, or found it staged already.

@@ -6,11 +6,10 @@ use std::path::PathBuf;
 
 use tracing::info;
 
-use super::node::check_access;
 use super::ownership::{Holding, Identity, describe, holding, refuse_mounts_below};
 use super::placed::Role;
 use super::targets::{create_dir, create_file, remove_target};
-use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
+use super::{VolumeError, Volumes, check_access, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, VolumeRecord};
 use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, AccessType, ValidationError};

@@ -23,9 +23,8 @@
 
 use std::path::Path;
 
-use super::VolumeError;
 use super::encryption::DataPath;
-use super::node::check_access;
+use super::{VolumeError, check_access};
 use crate::backend::{FormatMark, VolumeRecord};
 use crate::crypt::Passphrase;
 use crate::fs::{FsType, Signature};
