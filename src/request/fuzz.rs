@@ -42,8 +42,9 @@ fn check_id(id: &VolumeId) {
     assert_eq!(VolumeId::parse(&text).as_ref(), Ok(id));
 }
 
-fn decode<M: Message + Default>(bytes: &[u8]) -> Option<M> {
-    M::decode(bytes).ok()
+/// The typed request `parse` makes of `bytes` decoded as message `M`, if both accept.
+fn accepted<M: Message + Default, R>(bytes: &[u8], parse: impl FnOnce(&M) -> Option<R>) -> Option<R> {
+    parse(&M::decode(bytes).ok()?)
 }
 
 /// The first byte picks the request (mod 8), the rest is its protobuf encoding.
@@ -51,58 +52,49 @@ pub fn request_conversion(data: &[u8]) {
     let Some((&selector, bytes)) = data.split_first() else {
         return;
     };
+    let roots = roots();
     match selector % 8 {
         0 => {
-            if let Some(raw) = decode::<csi::CreateVolumeRequest>(bytes)
-                && let Ok(req) = CreateRequest::try_from(&raw)
-            {
+            if let Some(req) = accepted(bytes, |raw: &csi::CreateVolumeRequest| {
+                CreateRequest::try_from(raw).ok()
+            }) {
                 let _ = format!("{req:?}");
             }
         }
         1 => {
-            if let Some(raw) = decode::<csi::ControllerExpandVolumeRequest>(bytes)
-                && let Ok(req) = ControllerExpandRequest::try_from(&raw)
-            {
+            let expand =
+                |raw: &csi::ControllerExpandVolumeRequest| ControllerExpandRequest::try_from(raw).ok();
+            if let Some(req) = accepted(bytes, expand) {
                 check_id(&req.id);
             }
         }
         2 => {
-            if let Some(raw) = decode::<csi::NodeStageVolumeRequest>(bytes)
-                && let Ok(req) = StageRequest::parse(&raw, &roots())
-            {
+            if let Some(req) = accepted(bytes, |raw| StageRequest::parse(raw, &roots).ok()) {
                 check_id(&req.id);
                 check_path(&req.staging_path);
             }
         }
         3 => {
-            if let Some(raw) = decode::<csi::NodeUnstageVolumeRequest>(bytes)
-                && let Ok(req) = UnstageRequest::parse(&raw, &roots())
-            {
+            if let Some(req) = accepted(bytes, |raw| UnstageRequest::parse(raw, &roots).ok()) {
                 check_id(&req.id);
                 check_path(&req.staging_path);
             }
         }
         4 => {
-            if let Some(raw) = decode::<csi::NodePublishVolumeRequest>(bytes)
-                && let Ok(req) = PublishRequest::parse(&raw, &roots())
-            {
+            if let Some(req) = accepted(bytes, |raw| PublishRequest::parse(raw, &roots).ok()) {
                 check_id(&req.id);
                 check_path(&req.staging_path);
                 check_path(&req.target_path);
             }
         }
         5 => {
-            if let Some(raw) = decode::<csi::NodeUnpublishVolumeRequest>(bytes)
-                && let Ok(req) = UnpublishRequest::parse(&raw, &roots())
-            {
+            if let Some(req) = accepted(bytes, |raw| UnpublishRequest::parse(raw, &roots).ok()) {
                 check_id(&req.id);
                 check_path(&req.target_path);
             }
         }
         6 => {
-            if let Some(raw) = decode::<csi::NodeGetVolumeStatsRequest>(bytes)
-                && let Ok(req) = StatsRequest::parse(&raw, &roots())
-            {
+            if let Some(req) = accepted(bytes, |raw| StatsRequest::parse(raw, &roots).ok()) {
                 check_id(&req.id);
                 if let Some(path) = &req.volume_path {
                     check_path(path);
@@ -110,15 +102,13 @@ pub fn request_conversion(data: &[u8]) {
             }
         }
         _ => {
-            if let Some(raw) = decode::<csi::NodeExpandVolumeRequest>(bytes)
-                && let Ok(req) = NodeExpandRequest::parse(&raw, &roots())
-            {
+            if let Some(req) = accepted(bytes, |raw| NodeExpandRequest::parse(raw, &roots).ok()) {
                 check_id(&req.id);
                 if let Some(path) = &req.volume_path {
                     check_path(path);
                 }
-                if let Some(staging) = &req.staging_path {
-                    check_path(staging);
+                if let Some(path) = &req.staging_path {
+                    check_path(path);
                 }
             }
         }
