@@ -121,7 +121,7 @@ cp -a "$LOCALVOL_VM_CP_STATE/pki" "$LOCALVOL_VM_CP_STATE/kubeconfig" "$KUBE_KIT_
 # directory of the guest's own.
 GUEST_KIT_BIN=/run/localvol-kit-bin
 mkdir -p "$GUEST_KIT_BIN"
-for b in "$KUBE_KIT_BIN"/*; do ln -sf "$b" "$GUEST_KIT_BIN/"; done
+ln -sf "$KUBE_KIT_BIN"/* "$GUEST_KIT_BIN/"   # one process: each costs ~0.1 s of CPU under TCG
 rm "$GUEST_KIT_BIN/kubelet"
 cat >"$GUEST_KIT_BIN/kubelet" <<KUBELET
 #!/bin/sh
