@@ -235,44 +235,49 @@ cluster_suite() {
 # the node only. LOCALVOL_FULL=1 adds scenario 11 on lvm-thin, Kubernetes' storage e2e
 # specs the host cannot run (its driver's other specs run on the host). Scenario 13,
 # encryption at rest (an encrypted class with a per-claim Secret), runs on lvm-thin: it
-# needs dm-crypt, which the host lacks. It starts once one
-# of the VM suite's two guests is done (a third emulated guest beside both would share
-# two cores three ways, and its timing-bound kubelet and API waits with them) and once
-# the host cluster suite has ended (the guest's control plane takes the kit's ports).
-# Its classes, scenarios (by number) and budget in this mode and in full mode:
-# tests/plan.yaml's guest_cluster.
+# needs dm-crypt, which the host lacks. Two guests, each a node with its own control
+# plane in a network namespace of its own (tests/vm/cluster.sh), run the plan's
+# guest_cluster.lanes: the first, lvm-thin, the longest, from the start, beside the host
+# cluster suite and the VM suite; the second once one of the VM suite's two guests is
+# done (a fourth emulated guest would share two cores four ways, and its timing-bound
+# kubelet and API waits with them). Their classes, scenarios (by number) and budget
+# in this mode and in full mode: tests/plan.yaml's guest_cluster.
 FULL_GUEST_CLASSES=$(plan get guest_cluster.classes --mode full --sep ,)
 plan_words FULL_GUEST_SCENARIOS get guest_cluster.scenarios --mode full --numbers
-GUEST_CLASSES=$(plan get guest_cluster.classes --sep ,)
+plan_words GUEST_LANES get guest_cluster.lanes
 plan_words GUEST_SCENARIOS get guest_cluster.scenarios --numbers
 GUEST_BUDGET=$(plan budget guest_cluster)
-guest_cluster() {
-  local rc=0
+guest_cluster() { # LANE
+  local rc=0 classes
   have_kit "the guest cluster" || { rc=$?; [ $rc = 2 ] && return 0; return $rc; }
+  classes=$(plan get "guest_cluster.lanes.$1" --sep ,)
   local left=() n
   for n in "${FULL_GUEST_SCENARIOS[@]}"; do [[ " ${GUEST_SCENARIOS[*]} " == *" $n "* ]] || left+=("$n"); done
   [ ${#left[@]} = 0 ] ||
-    echo "guest cluster: NOT RUN here: scenarios ${left[*]} (LOCALVOL_FULL=1 runs $FULL_GUEST_CLASSES x ${FULL_GUEST_SCENARIOS[*]}); this run: $GUEST_CLASSES x ${GUEST_SCENARIOS[*]}"
+    echo "guest cluster $1: NOT RUN here: scenarios ${left[*]} (LOCALVOL_FULL=1 runs $FULL_GUEST_CLASSES x ${FULL_GUEST_SCENARIOS[*]}); this run: $classes x ${GUEST_SCENARIOS[*]}"
   local start=$SECONDS
-  # The guest's control plane runs on the host, on the kit's fixed ports: after the host
-  # cluster suite, whose node uses them.
-  until { [ -e "$JOB_LOGS/vm.exit" ] || grep -q '^tests/vm/suite.sh: guest . exited' "$JOB_LOGS/vm.log"; } &&
-    [ -e "$JOB_LOGS/cluster.exit" ]; do sleep 5; done
-  echo "guest cluster: waited $((SECONDS - start))s for a VM suite guest and the host cluster suite"
-  start=$SECONDS
+  if [ "$1" != 1 ]; then
+    until [ -e "$JOB_LOGS/vm.exit" ] || grep -q '^tests/vm/suite.sh: guest . exited' "$JOB_LOGS/vm.log"; do sleep 5; done
+    echo "guest cluster $1: waited $((SECONDS - start))s for a VM suite guest"
+    start=$SECONDS
+  fi
   # Full mode: scenario 11 (Kubernetes' storage e2e suites) on lvm-thin only: ext4 online
   # growth and the PID 1 specs, which the host cannot run
   # (tests/cluster/scenarios/s11_e2e_storage.sh). The mixed node (scenario 12): loop,
   # pmem and lvm classes in one configuration, the lvm class's volume group missing until
   # the scenario makes it.
-  LOCALVOL_CLUSTER_BINARY=$TEST_BUILD_BINARY tests/vm/cluster.sh --classes "$GUEST_CLASSES" "${GUEST_SCENARIOS[@]}" || rc=$?
-  echo "guest cluster ($GUEST_CLASSES x ${GUEST_SCENARIOS[*]}): $((SECONDS - start))s (budget ${GUEST_BUDGET}s)"
-  [ "$rc" = 0 ] || { echo "tests/all.sh: the guest cluster failed (exit $rc)" >&2; return "$rc"; }
-  [ $((SECONDS - start)) -le "$GUEST_BUDGET" ] || { echo "tests/all.sh: the guest cluster took over ${GUEST_BUDGET}s" >&2; return 1; }
+  LOCALVOL_CLUSTER_BINARY=$TEST_BUILD_BINARY tests/vm/cluster.sh --classes "$classes" "${GUEST_SCENARIOS[@]}" || rc=$?
+  echo "guest cluster $1 ($classes x ${GUEST_SCENARIOS[*]}): $((SECONDS - start))s (budget ${GUEST_BUDGET}s)"
+  [ "$rc" = 0 ] || { echo "tests/all.sh: guest cluster $1 failed (exit $rc)" >&2; return "$rc"; }
+  [ $((SECONDS - start)) -le "$GUEST_BUDGET" ] || { echo "tests/all.sh: guest cluster $1 took over ${GUEST_BUDGET}s" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest cluster (tests/vm/cluster.sh on $GUEST_CLASSES, once a VM suite guest and the cluster suite are done)${FUZZ_SECONDS:+, then fuzz (nice 10, ${FUZZ_SECONDS}s per target) once its build is done}"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest clusters (tests/vm/cluster.sh, lanes ${GUEST_LANES[*]}; lanes after the first once a VM suite guest is done)${FUZZ_SECONDS:+, then fuzz (nice 10, ${FUZZ_SECONDS}s per target) once its build is done}"
 background cluster 0 cluster_suite
-background guest-cluster 10 guest_cluster
+guest_jobs=()
+for lane in "${GUEST_LANES[@]}"; do
+  background "guest-cluster-$lane" 10 guest_cluster "$lane"
+  guest_jobs+=("guest-cluster-$lane")
+done
 if [ -n "$FUZZ_SECONDS" ]; then
   finish fuzz-build
   if [ ${#failed[@]} = 0 ]; then
@@ -282,7 +287,7 @@ if [ -n "$FUZZ_SECONDS" ]; then
 else
   echo "fuzz: libFuzzer NOT RUN in this mode (its properties ran in tests/fuzz_replay.rs); LOCALVOL_SOAK=1 or LOCALVOL_FUZZ_SECONDS=N runs it"
 fi
-finish cluster vm guest-cluster
+finish cluster vm "${guest_jobs[@]}"
 [ ${#failed[@]} = 0 ] || { report_failed; echo "tests/all.sh: failed: ${failed[*]}" >&2; exit 1; }
 
 echo

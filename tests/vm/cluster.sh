@@ -19,8 +19,15 @@
 # the node's packages: the guest's root is the host's); the guest does the rest
 # (tests/vm/cluster-guest.sh). Prints one line per scenario x class with its wall time,
 # then PASS or FAIL; exits non-zero on any failure. Logs are kept (path printed) only on
-# failure. tests/all.sh runs it with the plan's guest_cluster.classes and .scenarios
-# (tests/vm/README.md).
+# failure. tests/all.sh runs it once per lane of the plan's guest_cluster.lanes, with
+# its .scenarios, the lanes side by side (tests/vm/README.md).
+#
+# The node's control plane, the tap device and QEMU run in a network namespace of this
+# run's own (the part after "in a network namespace" below, which this script runs as
+# `cluster.sh --in-netns RUN_DIR ...`): the kit's ports are fixed (6443, 12379, 12380,
+# 10257), and each namespace has its own loopback, so the host's cluster suite and
+# another guest cluster run beside it. What needs the network (packages, the kernel's
+# modules, udev) runs first, in the host's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -32,10 +39,11 @@ VM_CACHE=/var/cache/localvol-vm
 source tests/plan/plan.sh
 CLASSES=$(plan get guest_cluster.default_classes --sep ,)
 configurations=$(plan get guest_cluster.configurations)
-VERBOSE=() args=()
+VERBOSE=() args=() IN_NETNS=""
 while [ $# -gt 0 ]; do
   case $1 in
     -v) VERBOSE=(-v) ;;
+    --in-netns) IN_NETNS=$2; shift ;;
     --classes) CLASSES=$2; shift ;;
     *) args+=("$1") ;;
   esac
@@ -65,6 +73,81 @@ select_scenarios ${args[@]+"${args[@]}"}
 
 t0=$SECONDS
 phase() { printf '==== vm-cluster: %s (%ss)\n' "$1" "$((SECONDS - t0))"; }
+TAP=lvvm0 TAP_HOST=10.204.0.1 TAP_GUEST=10.204.0.2
+
+# ---------------------------------------------------------------- in a network namespace
+# The control plane (etcd, kube-apiserver, kube-controller-manager) on the host, where
+# it runs natively: under TCG in the guest, beside the node, it took most of the guest's
+# CPU (tests/vm/README.md). The guest's kubelet, its pods and the harness's kubectl reach
+# it as a node's would reach an API server: over the network, here a tap device to the
+# host, where CP_PROXY forwards the API's port to the loopback address it listens on;
+# the guest forwards its own 127.0.0.1:6443, the address in the kit's kubeconfigs and
+# certificate, to the host's (cluster-guest.sh). All of it in this run's network
+# namespace (the outer run made it, and made RUN_DIR): its loopback holds the kit's
+# fixed ports, its tap device the guest's NIC. Exits with the guest's status.
+# CP_STATE is the control plane's kube-kit state; RELAY_PID serves the guest harness's
+# kubectl calls (tests/vm/kubectl-relay.sh); SNAPSHOT_CONTROLLER_PID is the cluster's
+# snapshot-controller, which runs here too.
+node_in_netns() {
+  RUN=$IN_NETNS LOGS=$IN_NETNS/logs
+  CP_STATE=$RUN/control-plane CP_PROXY="" RELAY_PID="" SNAPSHOT_CONTROLLER_PID=""
+  stop_control_plane() {
+    local rc=$?
+    [ -z "$SNAPSHOT_CONTROLLER_PID" ] || kill "$SNAPSHOT_CONTROLLER_PID" 2>/dev/null || true
+    [ -z "$RELAY_PID" ] || { pkill -P "$RELAY_PID"; kill "$RELAY_PID"; } 2>/dev/null || true
+    # socat serves each connection in a child of its own.
+    [ -z "$CP_PROXY" ] || { pkill -P "$CP_PROXY"; kill "$CP_PROXY"; } 2>/dev/null || true
+    if [ -d "$CP_STATE" ]; then
+      cp "$CP_STATE"/logs/*.log "$LOGS/" 2>/dev/null || true
+      KUBE_KIT_STATE=$CP_STATE "$KIT/recipe/stop-kube.sh" --purge >>"$LOGS/control-plane.log" 2>&1 || true
+      rm -rf "$CP_STATE"
+    fi
+    exit $rc
+  }
+  trap stop_control_plane EXIT
+  trap 'exit 130' INT TERM
+  phase "control plane, tap $TAP (network namespace $(ip netns identify))"
+  KUBE_KIT_STATE=$CP_STATE "$KIT/recipe/start-kube.sh" --kcm -- \
+    --kubelet-client-certificate="$CP_STATE/pki/admin.crt" --kubelet-client-key="$CP_STATE/pki/admin.key" \
+    --kubelet-preferred-address-types=InternalIP,Hostname >"$LOGS/control-plane.log" 2>&1 ||
+    { cat "$LOGS/control-plane.log"; exit 1; }
+  ip tuntap add dev "$TAP" mode tap && ip addr add "$TAP_HOST/24" dev "$TAP" && ip link set "$TAP" up
+  socat "TCP-LISTEN:6443,bind=$TAP_HOST,fork,reuseaddr" TCP:127.0.0.1:6443 2>>"$LOGS/control-plane.log" &
+  CP_PROXY=$!
+  # From here on the host's kubectl, the snapshot-controller and the relay talk to this
+  # control plane (the guest sets its own KUBECONFIG).
+  export KUBECONFIG=$CP_STATE/kubeconfig PATH=$KUBE_KIT_BIN:$PATH
+  for _ in $(seq 300); do
+    kubectl -n default get serviceaccount default >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  # Scenarios 9 and 11: the VolumeSnapshot CRDs and the snapshot-controller, before any
+  # class deploys (the lvm-thin overlay carries the csi-snapshotter component).
+  start_snapshot_controller "$KIT/recipe" "$LOGS"   # lib.sh
+  # shellcheck source=tests/vm/kubectl-relay.sh
+  source tests/vm/kubectl-relay.sh
+  mkdir -p "$RUN/kubectl-relay"
+  relay_serve "$RUN/kubectl-relay" "$KUBE_KIT_BIN/kubectl" &
+  RELAY_PID=$!
+  export LOCALVOL_VM_CP_STATE=$CP_STATE LOCALVOL_VM_TAP_HOST=$TAP_HOST LOCALVOL_VM_TAP_GUEST=$TAP_GUEST
+  export LOCALVOL_VM_KUBECTL_RELAY=$RUN/kubectl-relay
+
+  phase "guest: ${class_list[*]} x ${selected[*]}"
+  local pmem=0 rc=0
+  [[ ",$CLASSES," == *,pmem,* || ",$CLASSES," == *,pmem-lvm,* || ",$CLASSES," == *,mixed,* || ",$CLASSES," == *,all-classes,* ]] && pmem=1G
+  # A Kubernetes node runs a dozen large Go programs and starts more (kubectl, runc, CNI
+  # plugins): a TCG code cache of 1 GiB, not run.sh's 256 MiB, which such a guest can fill
+  # (one run each, on lvm-thin: scenario 2 took 285 s against 431 s; node start the same).
+  LOCALVOL_VM_TB_SIZE=${LOCALVOL_VM_TB_SIZE:-1024} \
+    tests/vm/run.sh "${VERBOSE[@]}" --tap "$TAP" --disks 2 --attach "$RUN/containerd-root.img" --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
+    -- bash "$REPO/tests/vm/cluster-guest.sh" "$RUN" "$CLASSES" "${selected[@]}" 2>&1 | tee "$LOGS/guest.log" || rc=${PIPESTATUS[0]}
+  return "$rc"
+}
+if [ -n "$IN_NETNS" ]; then
+  rc=0; node_in_netns || rc=$?
+  exit "$rc"
+fi
+
 target=$(realpath "${CARGO_TARGET_DIR:-target}")
 mkdir -p "$target"
 # Shared with the guest (the project, or $CARGO_TARGET_DIR, is shared read-write).
@@ -72,25 +155,11 @@ RUN=$(mktemp -d "$target/vm-cluster.XXXXXX")
 LOGS=$RUN/logs
 mkdir -p "$LOGS" "$RUN/images"
 keep=0
-# The node's control plane runs here, on the host (below), and the guest reaches it
-# through a tap device: CP_STATE is its kube-kit state, CP_PROXY the forwarder on the tap.
-# RELAY_PID serves the guest harness's kubectl calls (tests/vm/kubectl-relay.sh);
-# SNAPSHOT_CONTROLLER_PID is the cluster's snapshot-controller, which runs here too.
-CP_STATE=/var/lib/localvol-vm-kube CP_PROXY="" RELAY_PID="" SNAPSHOT_CONTROLLER_PID=""
-TAP=lvvm0 TAP_HOST=10.204.0.1 TAP_GUEST=10.204.0.2
+NETNS=""
 cleanup() {
   local rc=$?
   rm -rf "$RUN/images" "$RUN/containerd-root.img"
-  [ -z "$SNAPSHOT_CONTROLLER_PID" ] || kill "$SNAPSHOT_CONTROLLER_PID" 2>/dev/null || true
-  [ -z "$RELAY_PID" ] || { pkill -P "$RELAY_PID"; kill "$RELAY_PID"; } 2>/dev/null || true
-  # socat serves each connection in a child of its own.
-  [ -z "$CP_PROXY" ] || { pkill -P "$CP_PROXY"; kill "$CP_PROXY"; } 2>/dev/null || true
-  if [ -d "$CP_STATE" ]; then
-    cp "$CP_STATE"/logs/*.log "$LOGS/" 2>/dev/null || true
-    KUBE_KIT_STATE=$CP_STATE "$KIT/recipe/stop-kube.sh" --purge >>"$LOGS/control-plane.log" 2>&1 || true
-    rm -rf "$CP_STATE"
-  fi
-  ip link del "$TAP" 2>/dev/null || true
+  [ -z "$NETNS" ] || ip netns del "$NETNS" 2>/dev/null || true
   if [ $rc = 0 ] && [ $keep = 0 ]; then rm -rf "$RUN"; else echo "vm-cluster: logs kept in $LOGS"; fi
   exit $rc
 }
@@ -98,6 +167,11 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- on the host
+# One run's preparation at a time (tests/all.sh runs two guest clusters): the caches
+# below are made in place.
+mkdir -p "$VM_CACHE"
+exec 8>"$VM_CACHE/cluster-prep.lock"
+flock 8
 phase "kit, binary, packages"
 "$KIT/install.sh" /var/cache/kube-kit >"$LOGS/install.log"
 # LOCALVOL_CLUSTER_BINARY: a built localvol for the image instead of the debug build
@@ -194,55 +268,16 @@ if [ -n "$UDEV_CLASSES" ]; then
   export LOCALVOL_VM_UDEV_CLASSES=$UDEV_CLASSES
 fi
 
-# The control plane (etcd, kube-apiserver, kube-controller-manager) on the host, where
-# it runs natively: under TCG in the guest, beside the node, it took most of the guest's
-# CPU (tests/vm/README.md). The guest's kubelet, its pods and the harness's kubectl reach
-# it as a node's would reach an API server: over the network, here a tap device to the
-# host, where CP_PROXY forwards the API's port to the loopback address it listens on;
-# the guest forwards its own 127.0.0.1:6443, the address in the kit's kubeconfigs and
-# certificate, to the host's (cluster-guest.sh). The kit's ports are fixed: the host's
-# cluster suite (tests/cluster/run.sh) must not run beside this.
-phase "control plane on the host, tap $TAP"
 command -v socat >/dev/null || install_packages "$LOGS" socat   # lib.sh
-rm -rf "$CP_STATE"
-KUBE_KIT_STATE=$CP_STATE "$KIT/recipe/start-kube.sh" --kcm -- \
-  --kubelet-client-certificate="$CP_STATE/pki/admin.crt" --kubelet-client-key="$CP_STATE/pki/admin.key" \
-  --kubelet-preferred-address-types=InternalIP,Hostname >"$LOGS/control-plane.log" 2>&1 ||
-  { cat "$LOGS/control-plane.log"; exit 1; }
-ip link del "$TAP" 2>/dev/null || true
-ip tuntap add dev "$TAP" mode tap && ip addr add "$TAP_HOST/24" dev "$TAP" && ip link set "$TAP" up
-socat "TCP-LISTEN:6443,bind=$TAP_HOST,fork,reuseaddr" TCP:127.0.0.1:6443 2>>"$LOGS/control-plane.log" &
-CP_PROXY=$!
-# From here on the host's kubectl, the snapshot-controller and the relay talk to this
-# control plane (the guest sets its own KUBECONFIG).
-export KUBECONFIG=$CP_STATE/kubeconfig PATH=$KUBE_KIT_BIN:$PATH
-for _ in $(seq 300); do
-  kubectl -n default get serviceaccount default >/dev/null 2>&1 && break
-  sleep 0.1
-done
-# Scenarios 9 and 11: the VolumeSnapshot CRDs and the snapshot-controller, before any
-# class deploys (the lvm-thin overlay carries the csi-snapshotter component).
-start_snapshot_controller "$KIT/recipe" "$LOGS"   # lib.sh
-# shellcheck source=tests/vm/kubectl-relay.sh
-source tests/vm/kubectl-relay.sh
-mkdir -p "$RUN/kubectl-relay"
-relay_serve "$RUN/kubectl-relay" "$KUBE_KIT_BIN/kubectl" &
-RELAY_PID=$!
-export LOCALVOL_VM_CP_STATE=$CP_STATE LOCALVOL_VM_TAP_HOST=$TAP_HOST LOCALVOL_VM_TAP_GUEST=$TAP_GUEST
-export LOCALVOL_VM_KUBECTL_RELAY=$RUN/kubectl-relay
+flock -u 8
 
-# ---------------------------------------------------------------- in the guest
-phase "guest: ${class_list[*]} x ${selected[*]}"
-pmem=0
-[[ ",$CLASSES," == *,pmem,* || ",$CLASSES," == *,pmem-lvm,* || ",$CLASSES," == *,mixed,* || ",$CLASSES," == *,all-classes,* ]] && pmem=1G
+# This run's network namespace, and the part of this script that runs in it.
+NETNS=localvol-vm-${RUN##*.}
+ip netns add "$NETNS" && ip -n "$NETNS" link set lo up ||
+  { echo "tests/vm/cluster.sh: cannot make the network namespace $NETNS" >&2; exit 1; }
 rc=0
 guest_start=$SECONDS
-# A Kubernetes node runs a dozen large Go programs and starts more (kubectl, runc, CNI
-# plugins): a TCG code cache of 1 GiB, not run.sh's 256 MiB, which such a guest can fill
-# (one run each, on lvm-thin: scenario 2 took 285 s against 431 s; node start the same).
-LOCALVOL_VM_TB_SIZE=${LOCALVOL_VM_TB_SIZE:-1024} \
-  tests/vm/run.sh "${VERBOSE[@]}" --tap "$TAP" --disks 2 --attach "$RUN/containerd-root.img" --disk-size 16G --mem 4G --pmem-size "$pmem" --timeout 5400 \
-  -- bash "$REPO/tests/vm/cluster-guest.sh" "$RUN" "$CLASSES" "${selected[@]}" 2>&1 | tee "$LOGS/guest.log" || rc=${PIPESTATUS[0]}
+ip netns exec "$NETNS" "$REPO/tests/vm/cluster.sh" --in-netns "$RUN" "${VERBOSE[@]}" --classes "$CLASSES" "${selected[@]}" || rc=$?
 guest_took=$((SECONDS - guest_start))
 
 # ---------------------------------------------------------------- the verdict

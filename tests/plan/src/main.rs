@@ -28,7 +28,7 @@ The plan: --plan FILE, else LOCALVOL_PLAN_FILE, else tests/plan.yaml.
 Keys: vm.parts vm.lanes.A vm.lanes.B vm.restart vm.hostile vm.sanity.fs vm.sanity.block
   vm.sanity.encrypted.fs vm.sanity.encrypted.block host_cluster.scenarios
   guest_cluster.classes guest_cluster.scenarios guest_cluster.configurations
-  guest_cluster.udev_classes
+  guest_cluster.udev_classes guest_cluster.lanes (1 2 ...) guest_cluster.lanes.N
   guest_cluster.default_classes guest_cluster.default_scenarios
   guest_cluster.extra_scenarios suites settings.NAME (a mode's value of setting NAME)";
 

@@ -212,6 +212,8 @@ pub struct GuestCluster {
     pub default_scenarios: Vec<String>,
     pub extra_scenarios: Vec<String>,
     pub classes: PerMode<Vec<String>>,
+    /// The classes of each guest tests/all.sh runs side by side: `classes`, split.
+    pub lanes: Vec<Vec<String>>,
     pub udev_classes: Vec<String>,
     pub scenarios: PerMode<Vec<String>>,
     pub not_for: Vec<NotFor>,
@@ -313,6 +315,21 @@ impl Plan {
                 match self.modes.get(mode).settings.get(name) {
                     Some(v) => vec![v.clone()],
                     None => bail!("mode {mode} gives {name} no value in the plan"),
+                }
+            }
+            "guest_cluster.lanes" => (1..=g.lanes.len()).map(|n| n.to_string()).collect(),
+            _ if key.starts_with("guest_cluster.lanes.") => {
+                let n = &key["guest_cluster.lanes.".len()..];
+                match n
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|n| g.lanes.get(n.checked_sub(1)?))
+                {
+                    Some(lane) => lane.clone(),
+                    None => bail!(
+                        "no selection {key:?}: the guest cluster's lanes are 1 to {}",
+                        g.lanes.len()
+                    ),
                 }
             }
             _ => match key.strip_prefix("vm.lanes.") {
@@ -432,6 +449,15 @@ impl Plan {
         check_classes("guest_cluster.configurations", &g.configurations, &mut p);
         check_classes("guest_cluster.default_classes", &g.default_classes, &mut p);
         check_classes("guest_cluster.udev_classes", &g.udev_classes, &mut p);
+        for mode in Mode::ALL {
+            let joined: Vec<String> = g.lanes.iter().flatten().cloned().collect();
+            if g.lanes.iter().any(Vec::is_empty) || &joined != g.classes.get(mode) {
+                p.push(format!(
+                    "guest_cluster.lanes: not guest_cluster.classes ({mode}) split in order, \
+                     each lane one class or more: {joined:?}"
+                ));
+            }
+        }
         for mode in Mode::ALL {
             for c in g.classes.get(mode).iter().chain(&g.default_classes) {
                 if !g.configurations.contains(c) {

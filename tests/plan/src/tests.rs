@@ -325,6 +325,38 @@ fn an_unknown_class_fails_the_check() {
 }
 
 #[test]
+fn guest_cluster_lanes_must_split_its_classes_in_order() {
+    let expected = "guest_cluster.lanes: not guest_cluster.classes";
+    assert_problem("- [lvm-thin]\n", "- [lvm-thin, lvm]\n", expected);
+    assert_problem(
+        "- [lvm, pmem, pmem-lvm, mixed]",
+        "- [pmem, lvm, pmem-lvm, mixed]",
+        expected,
+    );
+    assert_problem(
+        "- [lvm, pmem, pmem-lvm, mixed]",
+        "- [lvm, pmem, pmem-lvm]",
+        expected,
+    );
+    assert_problem("- [lvm-thin]\n", "- []\n    - [lvm-thin]\n", expected);
+    let plan = real();
+    assert_eq!(
+        plan.get("guest_cluster.lanes", Mode::Ci).unwrap(),
+        words(&["1", "2"])
+    );
+    assert_eq!(
+        plan.get("guest_cluster.lanes.1", Mode::Full).unwrap(),
+        words(&["lvm-thin"])
+    );
+    assert_eq!(
+        plan.get("guest_cluster.lanes.2", Mode::Ci).unwrap(),
+        words(&["lvm", "pmem", "pmem-lvm", "mixed"])
+    );
+    assert!(plan.get("guest_cluster.lanes.0", Mode::Ci).is_err());
+    assert!(plan.get("guest_cluster.lanes.3", Mode::Ci).is_err());
+}
+
+#[test]
 fn a_not_for_entry_without_a_reason_fails_the_check() {
     assert_problem(
         "reason: \"an fsdax namespace gives no space back: its size is fixed\"",
