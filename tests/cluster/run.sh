@@ -85,6 +85,9 @@ leftovers() {
 
 cleanup() {
   local rc=$?
+  # A signal's `exit 130` would end the cleanup at its next command: the signal that
+  # brought us here is handled, and another one waits until the cleanup is done.
+  trap '' INT TERM
   set +e
   phase "cleanup"
   if kubectl get --raw /readyz >/dev/null 2>&1; then

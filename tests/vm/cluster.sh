@@ -93,6 +93,9 @@ node_in_netns() {
   CP_STATE=$RUN/control-plane CP_PROXY="" RELAY_PID="" SNAPSHOT_CONTROLLER_PID=""
   stop_control_plane() {
     local rc=$?
+    # A signal's `exit 130` would end the cleanup at its next command: the signal that
+    # brought us here is handled, and another one waits until the cleanup is done.
+    trap '' INT TERM
     [ -z "$SNAPSHOT_CONTROLLER_PID" ] || kill "$SNAPSHOT_CONTROLLER_PID" 2>/dev/null || true
     [ -z "$RELAY_PID" ] || { pkill -P "$RELAY_PID"; kill "$RELAY_PID"; } 2>/dev/null || true
     # socat serves each connection in a child of its own.
@@ -158,6 +161,9 @@ keep=0
 NETNS=""
 cleanup() {
   local rc=$?
+  # A signal's `exit 130` would end the cleanup at its next command: the signal that
+  # brought us here is handled, and another one waits until the cleanup is done.
+  trap '' INT TERM
   rm -rf "$RUN/images" "$RUN/containerd-root.img"
   [ -z "$NETNS" ] || ip netns del "$NETNS" 2>/dev/null || true
   if [ $rc = 0 ] && [ $keep = 0 ]; then rm -rf "$RUN"; else echo "vm-cluster: logs kept in $LOGS"; fi
