@@ -237,11 +237,10 @@ cluster_suite() {
 # encryption at rest (an encrypted class with a per-claim Secret), runs on lvm-thin: it
 # needs dm-crypt, which the host lacks. Two guests, each a node with its own control
 # plane in a network namespace of its own (tests/vm/cluster.sh), run the plan's
-# guest_cluster.lanes: the first, lvm-thin, the longest, from the start, beside the host
-# cluster suite and the VM suite; the second once one of the VM suite's two guests is
-# done (a fourth emulated guest would share two cores four ways, and its timing-bound
-# kubelet and API waits with them). Their classes, scenarios (by number) and budget
-# in this mode and in full mode: tests/plan.yaml's guest_cluster.
+# guest_cluster.lanes: lane N once N of the VM suite's two guests are done, so that no
+# more than two emulated guests share the two cores (a third and a fourth starve the
+# timing-bound kubelet and API waits of all). Their classes, scenarios (by number) and
+# budget in this mode and in full mode: tests/plan.yaml's guest_cluster.
 FULL_GUEST_CLASSES=$(plan get guest_cluster.classes --mode full --sep ,)
 plan_words FULL_GUEST_SCENARIOS get guest_cluster.scenarios --mode full --numbers
 plan_words GUEST_LANES get guest_cluster.lanes
@@ -256,11 +255,11 @@ guest_cluster() { # LANE
   [ ${#left[@]} = 0 ] ||
     echo "guest cluster $1: NOT RUN here: scenarios ${left[*]} (LOCALVOL_FULL=1 runs $FULL_GUEST_CLASSES x ${FULL_GUEST_SCENARIOS[*]}); this run: $classes x ${GUEST_SCENARIOS[*]}"
   local start=$SECONDS
-  if [ "$1" != 1 ]; then
-    until [ -e "$JOB_LOGS/vm.exit" ] || grep -q '^tests/vm/suite.sh: guest . exited' "$JOB_LOGS/vm.log"; do sleep 5; done
-    echo "guest cluster $1: waited $((SECONDS - start))s for a VM suite guest"
-    start=$SECONDS
-  fi
+  # Lane N once N of the VM suite's guests are done (or the suite is).
+  until [ -e "$JOB_LOGS/vm.exit" ] ||
+    [ "$(grep -c '^tests/vm/suite.sh: guest . exited' "$JOB_LOGS/vm.log")" -ge "$1" ]; do sleep 5; done
+  echo "guest cluster $1: waited $((SECONDS - start))s for $1 of the VM suite's guests"
+  start=$SECONDS
   # Full mode: scenario 11 (Kubernetes' storage e2e suites) on lvm-thin only: ext4 online
   # growth and the PID 1 specs, which the host cannot run
   # (tests/cluster/scenarios/s11_e2e_storage.sh). The mixed node (scenario 12): loop,
@@ -271,7 +270,7 @@ guest_cluster() { # LANE
   [ "$rc" = 0 ] || { echo "tests/all.sh: guest cluster $1 failed (exit $rc)" >&2; return "$rc"; }
   [ $((SECONDS - start)) -le "$GUEST_BUDGET" ] || { echo "tests/all.sh: guest cluster $1 took over ${GUEST_BUDGET}s" >&2; return 1; }
 }
-step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest clusters (tests/vm/cluster.sh, lanes ${GUEST_LANES[*]}; lanes after the first once a VM suite guest is done)${FUZZ_SECONDS:+, then fuzz (nice 10, ${FUZZ_SECONDS}s per target) once its build is done}"
+step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest clusters (tests/vm/cluster.sh, lanes ${GUEST_LANES[*]}: lane N once N VM suite guests are done)${FUZZ_SECONDS:+, then fuzz (nice 10, ${FUZZ_SECONDS}s per target) once its build is done}"
 background cluster 0 cluster_suite
 guest_jobs=()
 for lane in "${GUEST_LANES[@]}"; do
