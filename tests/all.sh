@@ -19,6 +19,12 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+step "tools: helm (tests/tools/helm.sh)"
+# The chart's tests (tests/helm.rs) and the host cluster's scenario 14 install with it.
+LOCALVOL_HELM=${LOCALVOL_HELM:-$(tests/tools/helm.sh)}
+export LOCALVOL_HELM
+"$LOCALVOL_HELM" version --short
+
 step "disk"
 # CI once failed three minutes in with the disk full (the disk is shared with other
 # work): the run says what it had. A one-off run never reuses incremental compilation

@@ -2,12 +2,13 @@
 //! mounts from the host for LVM, kubelet's root directory as one setting, and each
 //! overlay's device-class file as the daemon loads it.
 //!
-//! kubectl is required: `LOCALVOL_KUBECTL`, else `kubectl` on PATH, else the kube-kit's
-//! /var/cache/kube-kit/bin/kubectl. Without one these tests fail; they never skip.
+//! kubectl is required (`localvol_testkit::tools::kubectl`): without it these tests fail;
+//! they never skip.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+use localvol_testkit::tools::kubectl;
 use serde::Deserialize;
 use serde_yaml::Value;
 
@@ -15,21 +16,6 @@ const DEFAULT_ROOT: &str = "/var/lib/kubelet";
 /// The root the fixtures under tests/fixtures/kubelet-root-dir set (k0s's).
 const K0S_ROOT: &str = "/var/lib/k0s/kubelet";
 const ROOT_ANNOTATION: &str = "localvol.csi.dev/kubelet-root-dir";
-
-fn kubectl() -> PathBuf {
-    if let Some(path) = std::env::var_os("LOCALVOL_KUBECTL") {
-        return path.into();
-    }
-    let on_path = std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("kubectl"))
-        .find(|p| p.is_file());
-    let kit = Path::new("/var/cache/kube-kit/bin/kubectl");
-    on_path
-        .or_else(|| kit.is_file().then(|| kit.to_path_buf()))
-        .expect("kubectl renders deploy/: set LOCALVOL_KUBECTL, put it on PATH or install the kube-kit")
-}
 
 /// Every document `kubectl kustomize DIR` prints (DIR relative to the repository).
 fn render(dir: &str) -> Vec<Value> {

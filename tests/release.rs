@@ -1,5 +1,6 @@
 //! One version everywhere: Cargo.toml, `localvol --version`, the image tag the manifests
-//! deploy and the newest release in CHANGELOG.md. A release that bumps one of them and
+//! deploy, the Helm chart's version and appVersion, and the newest release in
+//! CHANGELOG.md. A release that bumps one of them and
 //! forgets another fails here.
 
 use std::process::Command;
@@ -33,6 +34,22 @@ fn the_manifests_deploy_the_image_of_this_version() {
         .map(|t| t.trim().trim_matches('"'))
         .collect();
     assert_eq!(tags, vec![VERSION], "deploy/base/kustomization.yaml newTag");
+}
+
+#[test]
+fn the_chart_is_this_version_and_deploys_its_image() {
+    let chart: serde_yaml::Value =
+        serde_yaml::from_str(&repo_file("deploy/helm/localvol/Chart.yaml")).unwrap();
+    assert_eq!(chart["version"].as_str(), Some(VERSION), "Chart.yaml version");
+    assert_eq!(
+        chart["appVersion"].as_str(),
+        Some(VERSION),
+        "Chart.yaml appVersion"
+    );
+    // The image tag defaults to the appVersion.
+    let values: serde_yaml::Value =
+        serde_yaml::from_str(&repo_file("deploy/helm/localvol/values.yaml")).unwrap();
+    assert_eq!(values["image"]["tag"].as_str(), Some(""), "values.yaml image.tag");
 }
 
 #[test]

@@ -203,8 +203,9 @@ kubectl -n csi-addons-system create configmap csi-addons-config --from-literal=c
 kubectl apply -k "$OVERLAY" >"$LOGS/apply.log"
 wait_until 120 "DaemonSet localvol-node Ready" daemon_ready
 
-# Scenarios 9 and 11: the VolumeSnapshot CRDs and snapshot-controller.
-if [[ " ${selected[*]} " == *" s9_snapshots "* || " ${selected[*]} " == *" s11_e2e_storage "* ]]; then
+# Scenarios 9 and 11: the VolumeSnapshot CRDs and snapshot-controller; scenario 14's
+# dry run of the chart with snapshots (a VolumeSnapshotClass) needs the CRDs.
+if [[ " ${selected[*]} " == *" s9_snapshots "* || " ${selected[*]} " == *" s11_e2e_storage "* || " ${selected[*]} " == *" s14_helm "* ]]; then
   phase "snapshot CRDs and snapshot-controller"
   start_snapshot_controller "$KIT/recipe" "$LOGS"   # lib.sh
 fi

@@ -172,7 +172,7 @@ fn the_selections_are_the_scripts_former_ones() {
         (
             "host_cluster.scenarios",
             Mode::Ci,
-            "s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s s11_e2e_storage",
+            "s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s s11_e2e_storage s14_helm",
         ),
     ];
     for (key, mode, want) in cases {

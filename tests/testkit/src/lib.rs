@@ -2,8 +2,9 @@
 //! including files with `#[path]`: the one CSI client (csi_client.rs), the daemon as a
 //! child process (process.rs) and the in-process one ([`InProcessDaemon`], below), the
 //! tests/vm guest's storage set-up (guest.rs), the crash kit (crash.rs), the hostile
-//! node cases and their sandbox (hostile/), the limits cases (limits.rs) and what the
-//! benchmarks measure with (bench.rs).
+//! node cases and their sandbox (hostile/), the limits cases (limits.rs), what the
+//! benchmarks measure with (bench.rs) and the outside programs the manifest tests
+//! render with (tools.rs).
 //!
 //! The daemon binary cargo built is known only to the tests and benchmarks of the root
 //! package: they name it with [`localvol_bin!`].
@@ -15,6 +16,7 @@ pub mod guest;
 pub mod hostile;
 pub mod limits;
 pub mod process;
+pub mod tools;
 
 pub use csi_client::{CsiClient, create_request, mount_capability};
 
