@@ -213,6 +213,9 @@ fn lvm_code(e: &LvmError) -> Code {
         | LvmError::PoolNotFound { .. }
         | LvmError::ReportUnavailable { .. }
         | LvmError::Locked { .. } => Code::Unavailable,
+        // CSI's "out of capacity" for CreateVolume: the provisioner sends the claim to
+        // another node, and retries here once the pool has room again.
+        LvmError::PoolUnusable { .. } => Code::ResourceExhausted,
         LvmError::PoolNotZeroing { .. } => Code::FailedPrecondition,
         LvmError::NameTaken { .. } => Code::AlreadyExists,
         LvmError::Report { .. } | LvmError::Extension { .. } => Code::Internal,
@@ -324,6 +327,17 @@ mod tests {
                     requested: 2,
                     available: 1,
                 })
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            // A thin pool past its critical fill, or out of space: the provisioner sends
+            // the claim to another node.
+            (
+                VolumeError::Backend(BackendError::Lvm(LvmError::PoolUnusable {
+                    vg: "vg".into(),
+                    pool: "pool0".into(),
+                    reason: "thin pool vg/pool0 is out of data space".into(),
+                }))
                 .into(),
                 Code::ResourceExhausted,
             ),

@@ -245,6 +245,7 @@ mod tests {
                 Layout::Thin {
                     pool: "pool0".into(),
                     overprovision_ratio: 2.0,
+                    thresholds: crate::config::PoolThresholds::default(),
                 },
             ),
         )

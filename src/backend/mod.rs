@@ -26,7 +26,7 @@ pub use open::Opener;
 pub use pmem::{PmemBackend, PmemError};
 pub use records::{
     ClassCapacity, CopySource, CreateSpec, FormatMark, SnapshotRecord, SnapshotSpec, StoreUsage,
-    ThinPoolFill, VolumeRecord,
+    ThinPoolFill, VolumeHealth, VolumeRecord,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +259,15 @@ impl Backend {
     }
 
     /// The volume's block device if it is available now.
+    /// What is wrong under the volume (LVM: the LV and its thin pool in the cached
+    /// report); loop files and PMEM namespaces are healthy while their device exists.
+    pub async fn volume_health(&self, token: &Token) -> Result<VolumeHealth, BackendError> {
+        match self {
+            Backend::Lvm(b) => b.volume_health(token).await,
+            Backend::Loop(_) | Backend::Pmem(_) => Ok(VolumeHealth::Healthy),
+        }
+    }
+
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
         match self {
             Backend::Loop(b) => b.device(token).await,

@@ -98,6 +98,7 @@ impl Opener {
                     Layout::Thin {
                         pool: thin_pool.name.clone(),
                         overprovision_ratio: thin_pool.overprovision_ratio,
+                        thresholds: thin_pool.thresholds(),
                     },
                     lvcreate_options,
                     false,

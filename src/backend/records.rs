@@ -89,6 +89,17 @@ pub struct CreateSpec {
     pub encryption: Option<Encryption>,
 }
 
+/// What is wrong under a volume, as its backend sees it without a command of its own
+/// (for LVM, the cached report: see `lvm::health`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeHealth {
+    Healthy,
+    /// Nothing is wrong yet; the storage under it is filling up.
+    Warning(String),
+    /// The volume's storage has failed, or is about to refuse its writes.
+    Abnormal(String),
+}
+
 /// Space in a device class, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClassCapacity {

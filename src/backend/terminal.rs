@@ -31,6 +31,7 @@ impl Terminal for LvmError {
             // The VG, pool or lvm itself may come back (an administrator, a lock holder).
             LvmError::VgNotFound { .. }
             | LvmError::PoolNotFound { .. }
+            | LvmError::PoolUnusable { .. }
             | LvmError::ReportUnavailable { .. }
             | LvmError::Locked { .. } => false,
             LvmError::PoolNotZeroing { .. } | LvmError::NameTaken { .. } => true,

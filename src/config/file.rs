@@ -97,10 +97,51 @@ pub struct ThinPoolConfig {
     pub name: String,
     #[serde(default = "default_overprovision")]
     pub overprovision_ratio: f64,
+    /// Data or metadata fill, in percent, past which the pool's state is reported
+    /// (default 80).
+    #[serde(default)]
+    pub warning_percent: Option<f64>,
+    /// Data or metadata fill, in percent, past which the pool takes no new volume and its
+    /// volumes are reported abnormal (default 95).
+    #[serde(default)]
+    pub critical_percent: Option<f64>,
+}
+
+impl ThinPoolConfig {
+    /// The pool's fill thresholds, the defaults where none is set.
+    pub fn thresholds(&self) -> PoolThresholds {
+        let default = PoolThresholds::default();
+        PoolThresholds {
+            warning: self.warning_percent.unwrap_or(default.warning),
+            critical: self.critical_percent.unwrap_or(default.critical),
+        }
+    }
+}
+
+/// A thin pool's fill thresholds, in percent of its data or its metadata (`thin-pool:`
+/// `warning-percent`, `critical-percent` of the class).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolThresholds {
+    pub warning: f64,
+    pub critical: f64,
+}
+
+impl Default for PoolThresholds {
+    fn default() -> Self {
+        Self {
+            warning: 80.0,
+            critical: 95.0,
+        }
+    }
 }
 
 fn default_overprovision() -> f64 {
     1.0
+}
+
+fn valid_thresholds(t: PoolThresholds) -> bool {
+    let percent = |p: f64| p > 0.0 && p <= 100.0;
+    percent(t.warning) && percent(t.critical) && t.warning <= t.critical
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -212,6 +253,14 @@ pub fn validate_classes(
             {
                 return Err(invalid(format!(
                     "device class {name}: thin-pool needs a name and an overprovision-ratio of at least 1.0"
+                )));
+            }
+            KindConfig::LvmThin { ref thin_pool, .. } if !valid_thresholds(thin_pool.thresholds()) => {
+                let t = thin_pool.thresholds();
+                return Err(invalid(format!(
+                    "device class {name}: thin-pool warning-percent ({}) and critical-percent ({}) must be \
+                     above 0, at most 100, and warning at most critical",
+                    t.warning, t.critical
                 )));
             }
             KindConfig::Pmem {
@@ -347,6 +396,18 @@ device-classes:
                 "at least 1.0",
             ),
             (
+                "device-classes: [{name: t, kind: lvm-thin, volume-group: vg, thin-pool: {name: p, warning-percent: 96}}]",
+                "warning at most critical",
+            ),
+            (
+                "device-classes: [{name: t, kind: lvm-thin, volume-group: vg, thin-pool: {name: p, critical-percent: 101}}]",
+                "at most 100",
+            ),
+            (
+                "device-classes: [{name: t, kind: lvm-thin, volume-group: vg, thin-pool: {name: p, warning-percent: 0}}]",
+                "above 0",
+            ),
+            (
                 "device-classes: [{name: p, kind: pmem, mode: direct}]",
                 "needs a region",
             ),
@@ -364,6 +425,18 @@ device-classes:
             let err = parse(yaml).unwrap_err().to_string();
             assert!(err.contains(expected), "{yaml}: {err}");
         }
+    }
+
+    #[test]
+    fn thin_pool_thresholds_default_and_are_set_per_class() {
+        let pool = |yaml: &str| -> ThinPoolConfig { serde_yaml::from_str(yaml).unwrap() };
+        assert_eq!(pool("{name: p}").thresholds(), PoolThresholds::default());
+        let set = pool("{name: p, warning-percent: 50, critical-percent: 70.5}").thresholds();
+        assert_eq!((set.warning, set.critical), (50.0, 70.5));
+        assert!(parse(
+            "device-classes: [{name: t, kind: lvm-thin, volume-group: vg, thin-pool: {name: p, warning-percent: 90, critical-percent: 90}}]"
+        )
+        .is_ok());
     }
 
     #[test]

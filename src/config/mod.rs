@@ -11,8 +11,8 @@ use std::time::Duration;
 
 pub(crate) use file::load_file_config;
 pub use file::{
-    DeviceClass, DeviceClassConfig, FileConfig, KindConfig, LuksConfig, PmemMode, ReclaimConfig,
-    ReclaimFileConfig, ThinPoolConfig, load_classes, validate_classes, validate_reclaim,
+    DeviceClass, DeviceClassConfig, FileConfig, KindConfig, LuksConfig, PmemMode, PoolThresholds,
+    ReclaimConfig, ReclaimFileConfig, ThinPoolConfig, load_classes, validate_classes, validate_reclaim,
 };
 pub use resize::{FailureValue, ReportResizeStatus, ResizeArgs};
 

@@ -12,7 +12,7 @@ use super::placed::Role;
 use super::stage_plan::{self, AfterMark, FilesystemStage, FormatOptionsFrom, MountPlan, StagedAs, Unlock};
 use super::targets::create_dir;
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
-use crate::backend::{Backend, VolumeRecord};
+use crate::backend::{Backend, VolumeHealth, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType, Signature};
 use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, VolumeId, VolumeMode};
@@ -436,9 +436,26 @@ async fn attach(backend: &Backend, req: &StageRequest, held: bool) -> Result<Pat
 /// Healthy when the backend still provides the device behind the volume.
 async fn condition_of(backend: &Backend, id: &VolumeId) -> Result<VolumeCondition, VolumeError> {
     Ok(match backend.device(&id.token).await {
-        Ok(Some(device)) if device_exists(&device).await => VolumeCondition {
-            abnormal: false,
-            message: format!("healthy on {}", device.display()),
+        Ok(Some(device)) if device_exists(&device).await => match backend.volume_health(&id.token).await {
+            Ok(VolumeHealth::Healthy) => VolumeCondition {
+                abnormal: false,
+                message: format!("healthy on {}", device.display()),
+            },
+            Ok(VolumeHealth::Warning(why)) => VolumeCondition {
+                abnormal: false,
+                message: format!("healthy on {}; {why}", device.display()),
+            },
+            Ok(VolumeHealth::Abnormal(why)) => VolumeCondition {
+                abnormal: true,
+                message: format!("{why} (on {})", device.display()),
+            },
+            Err(e) => {
+                warn!(volume.id = %id, error = %e, "cannot check the volume's storage");
+                VolumeCondition {
+                    abnormal: true,
+                    message: format!("cannot check the volume's storage: {e}"),
+                }
+            }
         },
         Ok(_) => VolumeCondition {
             abnormal: true,

@@ -22,6 +22,7 @@
 //! volumes are refused.
 
 pub mod fuzz;
+pub mod health;
 mod provision;
 pub mod report;
 mod snapshots;
@@ -35,10 +36,12 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+pub use self::health::PoolHealth;
 use self::report::Lv;
 use self::tags::Ownership;
 pub use self::vg::{CONTAINER_CONFIG, LvmError, VgState, VolumeGroup, lvm_command};
-use super::{BackendError, ClassCapacity, StoreUsage, ThinPoolFill, VolumeRecord};
+use super::{BackendError, ClassCapacity, StoreUsage, ThinPoolFill, VolumeHealth, VolumeRecord};
+use crate::config::PoolThresholds;
 use crate::fs::FormatOptions;
 use crate::host::{CommandError, CommandSpec, Host};
 use crate::model::{ClassName, Token};
@@ -56,6 +59,8 @@ pub enum Layout {
         pool: String,
         /// Thin volumes may promise up to pool size × this ratio.
         overprovision_ratio: f64,
+        /// The pool's fill thresholds (see [`health`]).
+        thresholds: PoolThresholds,
     },
 }
 
@@ -224,6 +229,7 @@ impl LvmBackend {
                 Layout::Thin {
                     pool,
                     overprovision_ratio,
+                    ..
                 } => {
                     let pool_lv = state.lv(pool).filter(|l| l.is_thin_pool()).ok_or_else(|| {
                         LvmError::PoolNotFound {
@@ -238,7 +244,13 @@ impl LvmBackend {
                         .map(|l| l.size)
                         .sum();
                     let limit = (pool_lv.size as f64 * overprovision_ratio) as u64;
-                    (limit, limit.saturating_sub(promised))
+                    // A pool in a critical state takes no new volume: the scheduler is
+                    // told so (CSIStorageCapacity), and no claim is sent here to fail.
+                    let available = match self.pool_health(state) {
+                        Some(h) if h.critical().is_some() => 0,
+                        _ => limit.saturating_sub(promised),
+                    };
+                    (limit, available)
                 }
             };
         let available = align_down(available, self.alignment);
@@ -251,6 +263,58 @@ impl LvmBackend {
 
     pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
         self.capacity_of(&*self.vg.state().await?)
+    }
+
+    /// For lvm-thin, the pool's health in `state`; `None` for a thick class, or when the
+    /// pool is not in the report (which the callers refuse on their own).
+    fn pool_health(&self, state: &VgState) -> Option<PoolHealth> {
+        let Layout::Thin { pool, thresholds, .. } = &self.settings.layout else {
+            return None;
+        };
+        let pool_lv = state.lv(pool).filter(|l| l.is_thin_pool())?;
+        let fill = state.pools.iter().find(|p| p.name == *pool);
+        Some(health::pool_health(&self.vg.name, pool_lv, fill, *thresholds))
+    }
+
+    /// Refuses a new LV in a pool whose state is critical, on a recent report: the
+    /// cached one may predate an administrator's lvextend of the pool.
+    async fn check_pool_usable(&self, state: &VgState) -> Result<(), BackendError> {
+        if self
+            .pool_health(state)
+            .and_then(|h| h.critical().map(str::to_string))
+            .is_none()
+        {
+            return Ok(());
+        }
+        let recent = self.vg.refusal_state().await?;
+        match (&self.settings.layout, self.pool_health(&recent)) {
+            (Layout::Thin { pool, .. }, Some(PoolHealth::Critical(reason))) => Err(LvmError::PoolUnusable {
+                vg: self.vg.name.clone(),
+                pool: pool.clone(),
+                reason,
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// What is wrong under the volume, from the cached report: lvm's verdict on its LV,
+    /// its thin pool's critical state, or the pool's warning.
+    /// The report is the one capacity reads (at most a minute old): what it judges
+    /// changes behind localvol's back.
+    pub async fn volume_health(&self, token: &Token) -> Result<VolumeHealth, BackendError> {
+        let state = self.vg.state().await?;
+        let Lookup::Ready(lv, _) = self.lookup(&state, token)? else {
+            return Ok(VolumeHealth::Healthy);
+        };
+        let pool = self.pool_health(&state);
+        Ok(match health::volume_problem(&self.vg.name, lv, pool.as_ref()) {
+            Some(problem) => VolumeHealth::Abnormal(problem),
+            None => match pool {
+                Some(PoolHealth::Warning(w)) => VolumeHealth::Warning(w),
+                _ => VolumeHealth::Healthy,
+            },
+        })
     }
 
     /// The VG, or for lvm-thin the pool with its fill; `None` for an inactive pool,

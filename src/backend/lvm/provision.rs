@@ -155,6 +155,7 @@ impl LvmBackend {
             // recent one.
             available = self.capacity_of(&*self.vg.refusal_state().await?)?.available;
         }
+        self.check_pool_usable(state).await?;
         if spec.size_bytes > available {
             return Err(self.no_space(spec.size_bytes, available));
         }
@@ -174,6 +175,16 @@ impl LvmBackend {
         if let Err(e) = lvcreate {
             return Err(if stderr::is_no_space(e.stderr()) {
                 self.no_space(spec.size_bytes, available)
+            } else if let (Layout::Thin { pool, .. }, true) =
+                (&self.settings.layout, stderr::is_pool_full(e.stderr()))
+            {
+                // The pool filled up after the report this create read.
+                LvmError::PoolUnusable {
+                    vg: self.vg.name.clone(),
+                    pool: pool.clone(),
+                    reason: e.stderr().trim().to_string(),
+                }
+                .into()
             } else if stderr::is_name_taken(e.stderr()) {
                 LvmError::NameTaken {
                     vg: self.vg.name.clone(),

@@ -53,6 +53,10 @@ struct FakeVg {
     lvs: Vec<FakeLv>,
     /// Next fails of a program: (program, stderr).
     fail: Vec<(&'static str, String)>,
+    /// The thin pools' ninth lv_attr character (lvm's health verdict; `-` healthy).
+    pool_health: char,
+    /// The thin pools' data and metadata fill in percent, reported when set.
+    pool_fill: Option<(f64, f64)>,
 }
 
 impl FakeVg {
@@ -148,7 +152,7 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
                 .iter()
                 .map(|l| {
                     let attr = if l.thin_pool {
-                        format!("twi-aot{}--", if l.zeroing { 'z' } else { '-' })
+                        format!("twi-aot{}{}-", if l.zeroing { 'z' } else { '-' }, v.pool_health)
                     } else if l.pool.is_some() {
                         "Vwi-a-tz--".to_string()
                     } else {
@@ -159,8 +163,14 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
                     } else {
                         format!("/dev/{}/{}", v.name, l.name)
                     };
+                    let fill = match v.pool_fill {
+                        Some((data, metadata)) if l.thin_pool => {
+                            format!(r#""data_percent":"{data:.2}", "metadata_percent":"{metadata:.2}""#)
+                        }
+                        _ => r#""data_percent":"""#.to_string(),
+                    };
                     format!(
-                        r#"{{"lv_name":"{}", "vg_name":"{}", "lv_size":"{}", "lv_attr":"{attr}", "lv_tags":"{}", "pool_lv":"{}", "data_percent":"", "lv_path":"{path}"}}"#,
+                        r#"{{"lv_name":"{}", "vg_name":"{}", "lv_size":"{}", "lv_attr":"{attr}", "lv_tags":"{}", "pool_lv":"{}", {fill}, "lv_path":"{path}"}}"#,
                         l.name,
                         v.name,
                         l.size,
@@ -363,6 +373,8 @@ impl Fixture {
             size: 1 << 30,
             lvs,
             fail: Vec::new(),
+            pool_health: '-',
+            pool_fill: None,
         }));
         let commands = Arc::new(FakeCommands::default());
         simulate(&commands, &vg);
@@ -404,6 +416,7 @@ impl Fixture {
             Layout::Thin {
                 pool: "pool0".into(),
                 overprovision_ratio: ratio,
+                thresholds: crate::config::PoolThresholds::default(),
             },
         )
         .await

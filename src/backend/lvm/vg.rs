@@ -46,6 +46,12 @@ pub enum LvmError {
     VgNotFound { vg: String },
     #[error("thin pool {vg}/{pool} does not exist")]
     PoolNotFound { vg: String, pool: String },
+    #[error("thin pool {vg}/{pool} takes no new volume: {reason}")]
+    PoolUnusable {
+        vg: String,
+        pool: String,
+        reason: String,
+    },
     #[error(
         "thin pool {vg}/{pool} does not zero new blocks, so a raw block volume could show data of a \
          deleted volume; enable zeroing (lvchange -Zy {vg}/{pool}) or use filesystem volumes"
@@ -95,6 +101,11 @@ pub mod stderr {
 
     pub fn is_pool_not_found(s: &str) -> bool {
         s.contains("Pool ") && s.contains(" not found in Volume group")
+    }
+
+    /// lvcreate of a thin LV in a pool past lvm's own threshold, or out of space.
+    pub fn is_pool_full(s: &str) -> bool {
+        s.contains("free space in thin pool") && s.contains("reached threshold")
     }
 
     pub fn is_no_space(s: &str) -> bool {

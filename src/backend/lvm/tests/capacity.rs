@@ -159,6 +159,7 @@ async fn a_missing_vg_or_pool_fails_at_open() {
     let thin = Layout::Thin {
         pool: "pool0".into(),
         overprovision_ratio: 1.0,
+        thresholds: crate::config::PoolThresholds::default(),
     };
     let err = LvmBackend::open(
         ClassName::parse("a").unwrap(),
@@ -170,6 +171,100 @@ async fn a_missing_vg_or_pool_fails_at_open() {
     .unwrap_err();
     assert!(
         matches!(err, BackendError::Lvm(LvmError::PoolNotFound { .. })),
+        "{err}"
+    );
+}
+
+/// A thin pool lvm reports out of data space (or past the class's critical fill) offers
+/// nothing: capacity 0, so the scheduler sends no claim here, and a create is refused
+/// with the pool's state before any lvcreate (RESOURCE_EXHAUSTED, which sends the claim
+/// to another node). Its volumes are reported abnormal; past the warning fill they are
+/// healthy with the pool's state said. Once the pool has room, all of it comes back.
+#[tokio::test(start_paused = true)]
+async fn a_critical_thin_pool_takes_no_volume_and_its_volumes_are_abnormal() {
+    let f = Fixture::new(Some(true));
+    let b = f.thin(2.0).await;
+    b.create(&spec("t1", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    let token = Token::for_name("t1");
+    assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
+
+    f.vg.lock().unwrap().pool_fill = Some((85.0, 10.0));
+    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    assert_eq!(
+        b.volume_health(&token).await.unwrap(),
+        VolumeHealth::Warning("thin pool vg1/pool0: data 85.0% full (warning at 80%)".into())
+    );
+    assert!(
+        b.capacity().await.unwrap().available > 0,
+        "a warning refuses nothing"
+    );
+
+    for (health, fill, why) in [
+        ('D', (100.0, 10.0), "thin pool vg1/pool0 is out of data space"),
+        (
+            '-',
+            (10.0, 96.0),
+            "thin pool vg1/pool0: metadata 96.0% full (critical at 95%)",
+        ),
+        ('F', (10.0, 10.0), "thin pool vg1/pool0 is failed"),
+    ] {
+        {
+            let mut vg = f.vg.lock().unwrap();
+            vg.pool_health = health;
+            vg.pool_fill = Some(fill);
+        }
+        tokio::time::advance(std::time::Duration::from_secs(61)).await;
+        assert_eq!(b.capacity().await.unwrap().available, 0, "{why}");
+        let before = f.changes().len();
+        let err = b
+            .create(&spec("t2", 8 * MIB, VolumeMode::Filesystem))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Lvm(LvmError::PoolUnusable { reason, .. }) if reason == why),
+            "{err}"
+        );
+        assert_eq!(f.changes().len(), before, "refused before any lvcreate");
+        assert_eq!(
+            b.volume_health(&token).await.unwrap(),
+            VolumeHealth::Abnormal(why.into())
+        );
+    }
+
+    // An administrator extends the pool: it serves again at the next report.
+    {
+        let mut vg = f.vg.lock().unwrap();
+        vg.pool_health = '-';
+        vg.pool_fill = Some((40.0, 10.0));
+    }
+    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    assert!(b.capacity().await.unwrap().available > 0);
+    b.create(&spec("t2", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
+}
+
+/// lvm's own refusal of a thin LV in a full pool (the pool filled after the report
+/// the create read) is the same refusal.
+#[tokio::test]
+async fn lvcreate_refused_for_a_full_pool_is_pool_unusable() {
+    let f = Fixture::new(Some(true));
+    let b = f.thin(2.0).await;
+    let stderr = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/lvm/lvcreate-thin-pool-full.txt"
+    ))
+    .unwrap();
+    f.vg.lock().unwrap().fail.push(("lvcreate", stderr));
+    let err = b
+        .create(&spec("t1", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Lvm(LvmError::PoolUnusable { .. })),
         "{err}"
     );
 }

@@ -114,6 +114,8 @@ fn lvm_error_text_is_classified() {
     assert!(is_vg_not_found(&fixture!("lvremove-missing-vg.txt")));
     assert!(is_lv_not_found(&fixture!("lvremove-missing-lv.txt")));
     assert!(is_pool_not_found(&fixture!("lvcreate-missing-pool.txt")));
+    assert!(is_pool_full(&fixture!("lvcreate-thin-pool-full.txt")));
+    assert!(!is_no_space(&fixture!("lvcreate-thin-pool-full.txt")));
     assert!(is_in_use(&fixture!("lvremove-fs-in-use.txt")));
     assert!(is_in_use(&fixture!("lvremove-open.txt")));
     for other in [

@@ -289,6 +289,7 @@ impl Fixture {
             layout: Layout::Thin {
                 pool: "pool0".into(),
                 overprovision_ratio: ratio,
+                thresholds: crate::config::PoolThresholds::default(),
             },
             lvcreate_options: Vec::new(),
             dax: false,
