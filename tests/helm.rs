@@ -16,8 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use localvol::config::FileConfig;
-use localvol_testkit::tools::{helm, kubectl};
-use serde::Deserialize;
+use localvol_testkit::tools::{helm, kustomize, yaml_documents};
 use serde_yaml::{Mapping, Value};
 
 const CHART: &str = "deploy/helm/localvol";
@@ -58,13 +57,6 @@ fn values_file(case: &str) -> PathBuf {
     repo(&format!("{CHART}/ci/{case}-values.yaml"))
 }
 
-fn documents(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|doc| Value::deserialize(doc).unwrap())
-        .filter(|doc| !doc.is_null())
-        .collect()
-}
-
 /// `helm ARGS...` in the repository: its stdout, or its stderr as the error.
 fn run_helm(args: &[&str]) -> Result<String, String> {
     let out = Command::new(helm())
@@ -86,21 +78,7 @@ fn template(values: &[&Path]) -> Result<Vec<Value>, String> {
     for v in &values {
         args.extend(["--values", v]);
     }
-    run_helm(&args).map(|text| documents(&text))
-}
-
-fn kustomize(dir: &str) -> Vec<Value> {
-    let out = Command::new(kubectl())
-        .arg("kustomize")
-        .arg(repo(dir))
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {dir}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    documents(&String::from_utf8(out.stdout).unwrap())
+    run_helm(&args).map(|text| yaml_documents(&text))
 }
 
 /// kustomize's generated name of the config map, `localvol-config-<10-char hash>`, as
@@ -195,8 +173,9 @@ fn every_values_file_renders_what_its_kustomization_renders() {
         let chart = by_key(chart.into_iter().map(without_helm_conventions).collect());
         // The overlays make and label the namespace; a chart is installed into one
         // (deploy/helm/localvol/README.md says how to make it with the same labels).
-        let (namespaces, kustomized): (Vec<Value>, Vec<Value>) =
-            kustomize(dir).into_iter().partition(|d| d["kind"] == "Namespace");
+        let (namespaces, kustomized): (Vec<Value>, Vec<Value>) = kustomize(&repo(dir))
+            .into_iter()
+            .partition(|d| d["kind"] == "Namespace");
         assert_eq!(namespaces.len(), 1, "{dir}: one Namespace");
         assert_eq!(namespaces[0]["metadata"]["name"], NAMESPACE);
         let kustomized = by_key(kustomized);

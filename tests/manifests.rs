@@ -6,10 +6,8 @@
 //! they never skip.
 
 use std::path::Path;
-use std::process::Command;
 
-use localvol_testkit::tools::kubectl;
-use serde::Deserialize;
+use localvol_testkit::tools::kustomize;
 use serde_yaml::Value;
 
 const DEFAULT_ROOT: &str = "/var/lib/kubelet";
@@ -19,21 +17,7 @@ const ROOT_ANNOTATION: &str = "localvol.csi.dev/kubelet-root-dir";
 
 /// Every document `kubectl kustomize DIR` prints (DIR relative to the repository).
 fn render(dir: &str) -> Vec<Value> {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
-    let out = Command::new(kubectl())
-        .arg("kustomize")
-        .arg(&full)
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {dir}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).unwrap())
-        .collect()
+    kustomize(&Path::new(env!("CARGO_MANIFEST_DIR")).join(dir))
 }
 
 fn object<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {

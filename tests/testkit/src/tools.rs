@@ -3,6 +3,10 @@
 //! installs it; without one a test fails with how to get it, never skips.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_yaml::Value;
 
 fn find(setting: &str, name: &str, installed: &str, how: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(setting) {
@@ -37,4 +41,28 @@ pub fn helm() -> PathBuf {
         "/var/cache/localvol-tools/helm-4.1.4/helm",
         "run tests/tools/helm.sh",
     )
+}
+
+/// Every document of a YAML stream, empty ones left out.
+pub fn yaml_documents(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// Every document `kubectl kustomize DIR` prints.
+pub fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = Command::new(kubectl())
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_documents(&String::from_utf8(out.stdout).unwrap())
 }
