@@ -66,3 +66,31 @@ securityContext:
   capabilities:
     drop: ["ALL"]
 {{- end }}
+
+{{/* A binding of role NAME (a ClusterRole for a ClusterRoleBinding, else a Role in the
+     release's namespace) to the service account SA (default localvol-node):
+     include "localvol.binding" (list . KIND NAME [SA]). */}}
+{{- define "localvol.binding" -}}
+{{- $root := index . 0 -}}
+{{- $kind := index . 1 -}}
+{{- $name := index . 2 -}}
+{{- $sa := "localvol-node" -}}
+{{- if gt (len .) 3 }}{{ $sa = index . 3 }}{{ end -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ $kind }}
+metadata:
+  name: {{ $name }}
+  {{- if eq $kind "RoleBinding" }}
+  namespace: {{ $root.Release.Namespace }}
+  {{- end }}
+  labels:
+    {{- include "localvol.labels" $root | nindent 4 }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ $sa }}
+    namespace: {{ $root.Release.Namespace }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: {{ if eq $kind "RoleBinding" }}Role{{ else }}ClusterRole{{ end }}
+  name: {{ $name }}
+{{- end }}
