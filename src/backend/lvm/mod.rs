@@ -279,11 +279,7 @@ impl LvmBackend {
     /// Refuses a new LV in a pool whose state is critical, on a recent report: the
     /// cached one may predate an administrator's lvextend of the pool.
     async fn check_pool_usable(&self, state: &VgState) -> Result<(), BackendError> {
-        if self
-            .pool_health(state)
-            .and_then(|h| h.critical().map(str::to_string))
-            .is_none()
-        {
+        if self.pool_health(state).is_none_or(|h| h.critical().is_none()) {
             return Ok(());
         }
         let recent = self.vg.refusal_state().await?;
