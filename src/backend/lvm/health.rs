@@ -47,8 +47,10 @@ impl PoolHealth {
     }
 }
 
-/// The health of the thin pool `pool_lv` in VG `vg`, with its fill (`None` while the
-/// pool is inactive, when lvm reports no numbers).
+/// The health of the thin pool `pool_lv` in VG `vg`, with its fill (`None`, or `None`
+/// percentages, while the pool is inactive and lvm reports no numbers, or after a
+/// removal from it until the next report). An unknown fill refuses nothing: lvcreate's
+/// own threshold refusal is the same [`PoolUnusable`](super::LvmError::PoolUnusable).
 pub fn pool_health(vg: &str, pool_lv: &Lv, fill: Option<&ThinPool>, limits: PoolThresholds) -> PoolHealth {
     let name = format!("thin pool {vg}/{}", pool_lv.name);
     if let Some(problem) = attr_problem(pool_lv) {

@@ -151,13 +151,24 @@ impl VgState {
         self.vg.free = self.vg.free.saturating_sub(extents_bytes);
     }
 
-    /// The report after lvremove of `name`: a thick LV's extents are free again.
+    /// The report after lvremove of `name`: a thick LV's extents are free again. A thin
+    /// LV gives back an amount of its pool no report says (blocks it shares with its
+    /// snapshots stay), so the pool's fill becomes unknown until the next read, rather
+    /// than the old fill keeping a pool "critical" that its own deletion emptied.
     pub(super) fn removed(&mut self, name: &str) {
-        if let Some(i) = self.lvs.iter().position(|l| l.name == name) {
-            let lv = self.lvs.remove(i);
-            if lv.pool.is_none() && !lv.is_thin_volume() {
-                self.vg.free += lv.size;
+        let Some(i) = self.lvs.iter().position(|l| l.name == name) else {
+            return;
+        };
+        let lv = self.lvs.remove(i);
+        match &lv.pool {
+            Some(pool) => {
+                if let Some(fill) = self.pools.iter_mut().find(|p| p.name == *pool) {
+                    fill.data_percent = None;
+                    fill.metadata_percent = None;
+                }
             }
+            None if !lv.is_thin_volume() => self.vg.free += lv.size,
+            None => {}
         }
     }
 

@@ -247,6 +247,28 @@ async fn a_critical_thin_pool_takes_no_volume_and_its_volumes_are_abnormal() {
     assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
 }
 
+/// Deleting the volume that filled a pool empties it: the next create, at once, is not
+/// refused on the fill the report had before the delete (a CI run, 2026-12-02: a tenant
+/// filled pool0 to 98.4%, was deleted, and the next create was RESOURCE_EXHAUSTED).
+#[tokio::test(start_paused = true)]
+async fn a_pool_its_own_delete_emptied_takes_the_next_volume_at_once() {
+    let f = Fixture::new(Some(true));
+    let b = f.thin(2.0).await;
+    b.create(&spec("t1", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    f.vg.lock().unwrap().pool_fill = Some((98.4, 10.0));
+    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    assert_eq!(b.capacity().await.unwrap().available, 0, "the full pool, read");
+
+    b.delete(&Token::for_name("t1")).await.unwrap();
+    f.vg.lock().unwrap().pool_fill = Some((0.0, 9.0));
+    b.create(&spec("t2", 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert!(b.capacity().await.unwrap().available > 0);
+}
+
 /// lvm's own refusal of a thin LV in a full pool (the pool filled after the report
 /// the create read) is the same refusal.
 #[tokio::test]
