@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::host::{CommandError, CommandSpec, Host};
 
 pub mod fuzz;
+pub mod health;
 
 /// The filesystems localvol makes and grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

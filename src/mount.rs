@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::MsFlags;
 
-use crate::host::{Host, MountCall, SyscallError};
+use crate::host::{Host, MountCall, MountedAt, SyscallError};
 
 pub mod fuzz;
 
@@ -56,6 +56,19 @@ impl MountEntry {
 
     pub fn device_number(&self) -> u64 {
         nix::sys::stat::makedev(self.major.into(), self.minor.into())
+    }
+
+    /// The fields statmount(2) would give for this mount.
+    pub fn mounted_at(&self) -> MountedAt {
+        MountedAt {
+            major: self.major,
+            minor: self.minor,
+            root: self.root.clone(),
+            mount_point: self.mount_point.clone(),
+            fs_type: self.fs_type.clone(),
+            read_only: self.is_read_only(),
+            sb_read_only: self.super_options.iter().any(|o| o == "ro"),
+        }
     }
 }
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use localvol::host::{
-    CopyMethod, FsUsage, Host, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls, SystemCommands,
-    SystemSyscalls,
+    CopyMethod, FilesystemState, FsUsage, Host, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls,
+    SystemCommands, SystemSyscalls,
 };
 use localvol::locks::VolumeLocks;
 use localvol::proto::csi::v1 as csi;
@@ -98,6 +98,9 @@ impl Syscalls for HeldCopies {
     }
     async fn thaw(&self, path: &Path) -> Result<(), SyscallError> {
         self.real.thaw(path).await
+    }
+    async fn filesystem_state(&self, mount: &MountedAt) -> FilesystemState {
+        self.real.filesystem_state(mount).await
     }
 }
 

@@ -171,6 +171,90 @@ async fn xfs_lifecycle_with_online_growth() {
     }
 }
 
+/// The kernel name of the block device mounted at `path` (`loop3`), from the mount
+/// table and sysfs, as an administrator would find it.
+fn device_name_at(path: &std::path::Path) -> String {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mountinfo
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == path.to_str())
+        .unwrap_or_else(|| panic!("nothing mounted at {}", path.display()));
+    let dev = line.split(' ').nth(2).unwrap();
+    let link = std::fs::read_link(format!("/sys/dev/block/{dev}")).unwrap();
+    link.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+fn loop_backing_file(name: &str) -> String {
+    std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// What a filesystem says of itself reaches NodeGetVolumeStats' condition, and clears
+/// once it is repaired: ext4's error count (an error raised through sysfs, which the
+/// kernel records as it does a real one) until e2fsck, an xfs shut down (as after a
+/// failed metadata write) until it is mounted again.
+#[tokio::test]
+async fn a_filesystem_in_error_is_abnormal_until_repaired() {
+    if !privileged() {
+        return;
+    }
+    let d = InProcessDaemon::start(&[]).await;
+    for fs in ["ext4", "xfs"] {
+        let cap = mount_cap(fs);
+        let vol = create(&d, &format!("pvc-fault-{fs}"), 320 * MIB, &cap).await;
+        let id = &vol.volume_id;
+        stage(&d, id, &cap).await.unwrap();
+        publish(&d, id, &cap, "target").await.unwrap();
+        let condition = || async { stats(&d, id, "target").await.volume_condition.unwrap() };
+        let healthy = condition().await;
+        assert!(!healthy.abnormal, "{fs}: {healthy:?}");
+
+        let device = device_name_at(&d.path("stage"));
+        let backing = loop_backing_file(&device);
+        let (want, repair): (&str, &[&str]) = if fs == "ext4" {
+            std::fs::write(
+                format!("/sys/fs/ext4/{device}/trigger_fs_error"),
+                "localvol test: an error",
+            )
+            .unwrap();
+            (
+                "its ext4 filesystem recorded 1 error since its last fsck",
+                &["e2fsck", "-f", "-y"],
+            )
+        } else {
+            let out = std::process::Command::new("xfs_io")
+                .args(["-x", "-c", "shutdown"])
+                .arg(d.path("stage"))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "xfs_io: {out:?}");
+            ("its xfs filesystem answers I/O errors", &["xfs_repair"])
+        };
+        let c = condition().await;
+        assert!(c.abnormal && c.message.starts_with(want), "{fs}: {c:?}");
+        assert!(c.message.ends_with(&format!("(on /dev/{device})")), "{fs}: {c:?}");
+
+        // Taken down, repaired as the message says, staged again: healthy.
+        let csi = d.client().await;
+        csi.unpublish(id, &d.path("target")).await.unwrap();
+        csi.unstage(id, &d.path("stage")).await.unwrap();
+        let out = std::process::Command::new(repair[0])
+            .args(&repair[1..])
+            .arg(&backing)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{repair:?}: {out:?}");
+        stage(&d, id, &cap).await.unwrap();
+        publish(&d, id, &cap, "target").await.unwrap();
+        let c = condition().await;
+        assert!(!c.abnormal, "{fs} after {}: {c:?}", repair[0]);
+        teardown(&d, id, "target").await;
+    }
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
     if !privileged() {
@@ -506,15 +590,24 @@ async fn statmount_agrees_with_the_mount_table() {
     }
     let dir = tempfile::tempdir().unwrap();
     let at = |name: &str| dir.path().join(name);
-    for name in ["fs", "bind", "sub", "stacked", "ro"] {
+    for name in ["fs", "bind", "sub", "stacked", "ro", "rofs", "rofs-bind"] {
         std::fs::create_dir(at(name)).unwrap();
     }
     let none = None::<&str>;
     let _cleanup = localvol_testkit::Cleanup {
-        mounts: ["fs", "bind", "sub", "stacked", "stacked", "ro"]
-            .iter()
-            .map(|n| at(n))
-            .collect(),
+        mounts: [
+            "fs",
+            "bind",
+            "sub",
+            "stacked",
+            "stacked",
+            "ro",
+            "rofs",
+            "rofs-bind",
+        ]
+        .iter()
+        .map(|n| at(n))
+        .collect(),
         data: at("no-loop-devices"),
     };
     mount(
@@ -540,6 +633,19 @@ async fn statmount_agrees_with_the_mount_table() {
     mount(Some(&at("fs")), &at("ro"), none, MsFlags::MS_BIND, none).unwrap();
     let remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
     mount(none, &at("ro"), none, remount, none).unwrap();
+    // A filesystem read-only for every mount of it, and a writable bind of it: the
+    // shape of an ext4 the kernel turned read-only after an error.
+    mount(
+        Some("lv-rofs"),
+        &at("rofs"),
+        Some("tmpfs"),
+        MsFlags::MS_RDONLY,
+        Some("size=1m"),
+    )
+    .unwrap();
+    mount(Some(&at("rofs")), &at("rofs-bind"), none, MsFlags::MS_BIND, none).unwrap();
+    let writable = MsFlags::MS_BIND | MsFlags::MS_REMOUNT;
+    mount(none, &at("rofs-bind"), none, writable, none).unwrap();
 
     let syscalls = SystemSyscalls;
     // Before Linux 6.8 (the tests/vm guest runs 6.1) there is no statmount: the call
@@ -550,24 +656,24 @@ async fn statmount_agrees_with_the_mount_table() {
         return;
     }
     let table = MountTable::parse(&syscalls.mountinfo().await.unwrap()).unwrap();
-    let paths = ["fs", "bind", "sub", "stacked", "ro", "fs/dir"].map(at);
+    let paths = [
+        "fs",
+        "bind",
+        "sub",
+        "stacked",
+        "ro",
+        "rofs",
+        "rofs-bind",
+        "fs/dir",
+    ]
+    .map(at);
     for path in paths
         .iter()
         .map(|p| p.as_path())
         .chain([std::path::Path::new("/"), "/proc".as_ref()])
     {
         let fast = syscalls.mount_at(path).await.unwrap();
-        let fast = fast.map(|m| (m.major, m.minor, m.root, m.mount_point, m.fs_type, m.read_only));
-        let slow = table.at(path).map(|e| {
-            (
-                e.major,
-                e.minor,
-                e.root.clone(),
-                e.mount_point.clone(),
-                e.fs_type.clone(),
-                e.is_read_only(),
-            )
-        });
+        let slow = table.at(path).map(|e| e.mounted_at());
         assert_eq!(fast, slow, "{}", path.display());
     }
     // The cases the comparison must have covered.
@@ -580,6 +686,9 @@ async fn statmount_agrees_with_the_mount_table() {
         (fs.major, fs.minor),
         "the mount on top"
     );
-    assert!(syscalls.mount_at(&at("ro")).await.unwrap().unwrap().read_only);
+    let ro = syscalls.mount_at(&at("ro")).await.unwrap().unwrap();
+    assert!(ro.read_only && !ro.sb_read_only, "{ro:?}");
+    let rofs_bind = syscalls.mount_at(&at("rofs-bind")).await.unwrap().unwrap();
+    assert!(!rofs_bind.read_only && rofs_bind.sb_read_only, "{rofs_bind:?}");
     assert_eq!(syscalls.mount_at(&at("fs/dir")).await.unwrap(), None);
 }

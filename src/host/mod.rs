@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 pub use command::{CommandError, CommandOutput, CommandSpec, Commands, SystemCommands};
 pub use syscalls::{
-    CopyMethod, FsUsage, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls, SystemSyscalls,
-    io_is_terminal,
+    CopyMethod, FilesystemState, FsUsage, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls,
+    SystemSyscalls, io_is_terminal,
 };
 
 /// The machine, as the rest of localvol sees it.

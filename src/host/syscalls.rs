@@ -54,7 +54,24 @@ pub struct MountedAt {
     pub root: PathBuf,
     pub mount_point: PathBuf,
     pub fs_type: String,
+    /// The mount's own read-only flag (`ro` in mountinfo's mount options).
     pub read_only: bool,
+    /// The filesystem's: read-only for every mount of it (`ro` in mountinfo's super
+    /// options), as the kernel makes an ext4 mounted `errors=remount-ro` after an error.
+    pub sb_read_only: bool,
+}
+
+/// What a mounted filesystem says of itself beyond its mount flags
+/// ([`Syscalls::filesystem_state`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FilesystemState {
+    /// The errno of a `stat` of the mount point, when it failed: an xfs that shut down
+    /// after an I/O error answers EIO for every path in it, statvfs(2) excepted.
+    pub root_errno: Option<i32>,
+    /// ext4's count of the errors it has met since its last fsck, which it keeps in its
+    /// superblock (sysfs `/sys/fs/ext4/<device>/errors_count`); `None` for another
+    /// filesystem.
+    pub ext4_errors: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +184,10 @@ pub trait Syscalls: Send + Sync + 'static {
     async fn freeze(&self, path: &Path) -> Result<(), SyscallError>;
     /// Thaws it (FITHAW); EINVAL when it was not frozen.
     async fn thaw(&self, path: &Path) -> Result<(), SyscallError>;
+    /// What the filesystem of `mount` says of itself: a `stat` of its mount point, and
+    /// ext4's error count, found from its device number. Two or three syscalls whatever
+    /// the node holds; a counter that cannot be read is `None`, not an error.
+    async fn filesystem_state(&self, mount: &MountedAt) -> FilesystemState;
 }
 
 /// How [`Syscalls::copy_file`] copied.
@@ -179,6 +200,26 @@ pub enum CopyMethod {
 }
 
 /// A sysfs `dev` file's `MAJOR:MINOR` as a device number.
+fn filesystem_state_blocking(mount: &MountedAt) -> FilesystemState {
+    let root_errno = std::fs::metadata(&mount.mount_point)
+        .err()
+        .and_then(|e| e.raw_os_error());
+    let ext4_errors = (mount.fs_type == "ext4")
+        .then(|| {
+            // /sys/dev/block/M:m links to the device's directory, whose name is the one
+            // ext4 files its counters under (loop3, dm-2, pmem0.1).
+            let link = std::fs::read_link(format!("/sys/dev/block/{}:{}", mount.major, mount.minor)).ok()?;
+            let name = link.file_name()?.to_str()?.to_string();
+            let text = std::fs::read_to_string(format!("/sys/fs/ext4/{name}/errors_count")).ok()?;
+            text.trim().parse().ok()
+        })
+        .flatten();
+    FilesystemState {
+        root_errno,
+        ext4_errors,
+    }
+}
+
 fn parse_dev(text: &str) -> Option<u64> {
     let (major, minor) = text.trim().split_once(':')?;
     Some(nix::sys::stat::makedev(major.parse().ok()?, minor.parse().ok()?))
@@ -472,5 +513,12 @@ impl Syscalls for SystemSyscalls {
 
     async fn thaw(&self, path: &Path) -> Result<(), SyscallError> {
         blocking("FITHAW", path, |p| freeze_ioctl("FITHAW", p, true)).await
+    }
+
+    async fn filesystem_state(&self, mount: &MountedAt) -> FilesystemState {
+        let mount = mount.clone();
+        crate::host::blocking::run(move || filesystem_state_blocking(&mount))
+            .await
+            .unwrap_or_default()
     }
 }

@@ -14,6 +14,7 @@ use super::targets::create_dir;
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
 use crate::backend::{Backend, VolumeHealth, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType, Signature};
+use crate::host::Host;
 use crate::locks::VolumeGuard;
 use crate::model::{AccessMode, VolumeId, VolumeMode};
 use crate::mount::{self, MountOptions, MountTable};
@@ -404,20 +405,26 @@ impl Volumes {
 
     pub async fn stats(&self, req: &StatsRequest) -> Result<VolumeStats, VolumeError> {
         let (backend, record) = self.record(&req.id).await?;
-        let mount_point = self
-            .mount_point_of(backend, &req.id, req.volume_path.as_ref())
-            .await?;
-        let path = mount_point.as_path();
-        let condition = condition_of(backend, &req.id).await?;
+        let mount = self.mount_of(backend, &req.id, req.volume_path.as_ref()).await?;
+        let path = mount.mount_point.as_path();
         Ok(match record.mode {
             VolumeMode::Block => VolumeStats::Block {
                 size_bytes: self.host.syscalls.block_device_size(path).await?,
-                condition,
+                condition: condition_of(&self.host, backend, &req.id, None).await?,
             },
-            VolumeMode::Filesystem => VolumeStats::Filesystem {
-                usage: self.host.syscalls.statvfs(path).await?,
-                condition,
-            },
+            VolumeMode::Filesystem => {
+                let filesystem = self.host.syscalls.filesystem_state(&mount).await;
+                VolumeStats::Filesystem {
+                    usage: self.host.syscalls.statvfs(path).await?,
+                    condition: condition_of(
+                        &self.host,
+                        backend,
+                        &req.id,
+                        fs::health::problem(&mount, &filesystem),
+                    )
+                    .await?,
+                }
+            }
         })
     }
 }
@@ -433,30 +440,44 @@ async fn attach(backend: &Backend, req: &StageRequest, held: bool) -> Result<Pat
     })
 }
 
-/// Healthy when the backend still provides the device behind the volume.
-async fn condition_of(backend: &Backend, id: &VolumeId) -> Result<VolumeCondition, VolumeError> {
+/// Healthy when the backend still provides the device behind the volume, finds nothing
+/// wrong under it, and its filesystem (`filesystem`: what is wrong with it, if anything)
+/// is sound. The storage's failure comes first: it is usually what the filesystem's is
+/// the effect of.
+async fn condition_of(
+    host: &Host,
+    backend: &Backend,
+    id: &VolumeId,
+    filesystem: Option<String>,
+) -> Result<VolumeCondition, VolumeError> {
     Ok(match backend.device(&id.token).await {
-        Ok(Some(device)) if device_exists(&device).await => match backend.volume_health(&id.token).await {
-            Ok(VolumeHealth::Healthy) => VolumeCondition {
-                abnormal: false,
-                message: format!("healthy on {}", device.display()),
-            },
-            Ok(VolumeHealth::Warning(why)) => VolumeCondition {
-                abnormal: false,
-                message: format!("healthy on {}; {why}", device.display()),
-            },
-            Ok(VolumeHealth::Abnormal(why)) => VolumeCondition {
-                abnormal: true,
-                message: format!("{why} (on {})", device.display()),
-            },
-            Err(e) => {
-                warn!(volume.id = %id, error = %e, "cannot check the volume's storage");
-                VolumeCondition {
+        Ok(Some(device)) if matches!(host.syscalls.device_number(&device).await, Ok(Some(_))) => {
+            match (backend.volume_health(&id.token).await, filesystem) {
+                (Ok(VolumeHealth::Healthy | VolumeHealth::Warning(_)), Some(why)) => VolumeCondition {
                     abnormal: true,
-                    message: format!("cannot check the volume's storage: {e}"),
+                    message: format!("{why} (on {})", device.display()),
+                },
+                (Ok(VolumeHealth::Healthy), None) => VolumeCondition {
+                    abnormal: false,
+                    message: format!("healthy on {}", device.display()),
+                },
+                (Ok(VolumeHealth::Warning(why)), None) => VolumeCondition {
+                    abnormal: false,
+                    message: format!("healthy on {}; {why}", device.display()),
+                },
+                (Ok(VolumeHealth::Abnormal(why)), _) => VolumeCondition {
+                    abnormal: true,
+                    message: format!("{why} (on {})", device.display()),
+                },
+                (Err(e), _) => {
+                    warn!(volume.id = %id, error = %e, "cannot check the volume's storage");
+                    VolumeCondition {
+                        abnormal: true,
+                        message: format!("cannot check the volume's storage: {e}"),
+                    }
                 }
             }
-        },
+        }
         Ok(_) => VolumeCondition {
             abnormal: true,
             message: "the volume's block device is gone".to_string(),
@@ -469,11 +490,4 @@ async fn condition_of(backend: &Backend, id: &VolumeId) -> Result<VolumeConditio
             }
         }
     })
-}
-
-async fn device_exists(device: &std::path::Path) -> bool {
-    let owned = device.to_path_buf();
-    crate::host::blocking::run(move || std::fs::metadata(owned).is_ok())
-        .await
-        .unwrap_or(false)
 }

@@ -201,18 +201,18 @@ impl Volumes {
         Ok(self.mounted_at(backend, id, Some(path)).await?.1)
     }
 
-    /// `path`, proven to be a mount of this volume, as [`mounted_at`](Self::mounted_at)
+    /// The mount at `path`, proven to be this volume's, as [`mounted_at`](Self::mounted_at)
     /// proves it, but asking the kernel for that one mount (statmount) instead of reading
     /// the whole table: kubelet asks every volume's stats every minute, and a node with
     /// hundreds of volumes has a table of a thousand lines. Whatever the short way
     /// cannot confirm (another mount there, nothing, an older kernel) goes the long way,
     /// which answers as it always did.
-    pub(super) async fn mount_point_of(
+    pub(super) async fn mount_of(
         &self,
         backend: &Backend,
         id: &VolumeId,
         path: Option<&HostPath>,
-    ) -> Result<PathBuf, VolumeError> {
+    ) -> Result<MountedAt, VolumeError> {
         let path = inside_roots(id, path)?;
         let (links, mounted, identity) = tokio::join!(
             check_no_symlinks(path),
@@ -226,11 +226,11 @@ impl Volumes {
         if let (Ok(Some(mounted)), Some(identity)) = (mounted, identity.as_ref())
             && identity.is_shown_by(&mounted)
         {
-            return Ok(mounted.mount_point);
+            return Ok(mounted);
         }
         // The long way, with the symlink check and the identity already in hand.
         let table = MountTable::read(&self.host).await?;
-        Ok(held_at(&table, id, path, identity.as_ref())?.mount_point)
+        Ok(held_at(&table, id, path, identity.as_ref())?.mounted_at())
     }
 
     /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of

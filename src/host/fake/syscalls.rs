@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::host::{CopyMethod, FsUsage, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls};
+use crate::host::{
+    CopyMethod, FilesystemState, FsUsage, LoopDevice, MountCall, MountedAt, SyscallError, Syscalls,
+};
 
 #[derive(Debug, Clone)]
 struct FakeMount {
@@ -37,6 +39,10 @@ struct SyscallState {
     mountinfo_reads: usize,
     /// A kernel before statmount(2): `mount_at` answers ENOSYS.
     no_statmount: bool,
+    /// Filesystems (by device) the kernel made read-only, and what they say of
+    /// themselves (`filesystem_state`); healthy when not set.
+    sb_read_only: std::collections::HashSet<(u32, u32)>,
+    filesystem_states: HashMap<(u32, u32), FilesystemState>,
 }
 
 /// How the fake FITRIM behaves: how long it takes, what it reports, what it does.
@@ -64,6 +70,22 @@ pub struct FakeSyscalls {
 }
 
 impl FakeSyscalls {
+    /// The kernel makes the filesystem on device `dev` read-only for every mount of it
+    /// (`false`: writable again), as after an error under `errors=remount-ro`.
+    pub fn set_filesystem_read_only(&self, dev: (u32, u32), read_only: bool) {
+        let mut s = self.state.lock().unwrap();
+        if read_only {
+            s.sb_read_only.insert(dev);
+        } else {
+            s.sb_read_only.remove(&dev);
+        }
+    }
+
+    /// What the filesystem on device `dev` says of itself from now on.
+    pub fn set_filesystem_state(&self, dev: (u32, u32), state: FilesystemState) {
+        self.state.lock().unwrap().filesystem_states.insert(dev, state);
+    }
+
     /// Declares a block device node and its major:minor.
     pub fn add_device(&self, path: impl Into<PathBuf>, major: u32, minor: u32, size: u64) {
         let mut s = self.state.lock().unwrap();
@@ -261,8 +283,13 @@ impl Syscalls for FakeSyscalls {
             } else {
                 m.call.source.display().to_string()
             };
+            let sb = if s.sb_read_only.contains(&m.dev) {
+                "ro"
+            } else {
+                "rw"
+            };
             text.push_str(&format!(
-                "{} 1 {}:{} / {} {ro},relatime - {fs} {source} rw\n",
+                "{} 1 {}:{} / {} {ro},relatime - {fs} {source} {sb}\n",
                 100 + i,
                 m.dev.0,
                 m.dev.1,
@@ -293,6 +320,7 @@ impl Syscalls for FakeSyscalls {
                 mount_point: m.call.target.clone(),
                 fs_type: m.call.fs_type.clone().unwrap_or_else(|| "ext4".to_string()),
                 read_only: m.call.flags.contains(nix::mount::MsFlags::MS_RDONLY),
+                sb_read_only: s.sb_read_only.contains(&m.dev),
             }))
     }
 
@@ -421,5 +449,14 @@ impl Syscalls for FakeSyscalls {
 
     async fn thaw(&self, path: &Path) -> Result<(), SyscallError> {
         self.record("FITHAW", path)
+    }
+
+    async fn filesystem_state(&self, mount: &MountedAt) -> FilesystemState {
+        let s = self.state.lock().unwrap();
+        let state = s.filesystem_states.get(&(mount.major, mount.minor)).copied();
+        state.unwrap_or(FilesystemState {
+            root_errno: None,
+            ext4_errors: (mount.fs_type == "ext4").then_some(0),
+        })
     }
 }

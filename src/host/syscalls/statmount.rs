@@ -23,6 +23,8 @@ const WANTED: u64 =
     STATMOUNT_SB_BASIC | STATMOUNT_MNT_BASIC | STATMOUNT_MNT_ROOT | STATMOUNT_MNT_POINT | STATMOUNT_FS_TYPE;
 /// `MOUNT_ATTR_RDONLY` in `statmount.mnt_attr`.
 const MOUNT_ATTR_RDONLY: u64 = 0x01;
+/// `SB_RDONLY` in `statmount.sb_flags` (linux/fs.h).
+const SB_RDONLY: u32 = 0x01;
 
 /// `struct mnt_id_req` (linux/mount.h), version 0.
 #[repr(C)]
@@ -169,6 +171,7 @@ fn parse(bytes: &[u8]) -> Option<MountedAt> {
         mount_point: path(header.mnt_point)?,
         fs_type: String::from_utf8_lossy(string(header.fs_type)?).into_owned(),
         read_only: header.mnt_attr & MOUNT_ATTR_RDONLY != 0,
+        sb_read_only: header.sb_flags & SB_RDONLY != 0,
     })
 }
 
@@ -193,6 +196,7 @@ mod tests {
         put32(&mut bytes, 16, 7);
         put32(&mut bytes, 20, 3);
         put32(&mut bytes, 36, offsets[0]);
+        put32(&mut bytes, 32, SB_RDONLY);
         put64(&mut bytes, 64, MOUNT_ATTR_RDONLY | 0x02);
         put32(&mut bytes, 104, offsets[1]);
         put32(&mut bytes, 108, offsets[2]);
@@ -202,6 +206,7 @@ mod tests {
     #[test]
     fn the_header_is_laid_out_as_linux_mount_h_defines_it() {
         assert_eq!(std::mem::offset_of!(StatmountHeader, sb_dev_major), 16);
+        assert_eq!(std::mem::offset_of!(StatmountHeader, sb_flags), 32);
         assert_eq!(std::mem::offset_of!(StatmountHeader, fs_type), 36);
         assert_eq!(std::mem::offset_of!(StatmountHeader, mnt_attr), 64);
         assert_eq!(std::mem::offset_of!(StatmountHeader, mnt_root), 104);
@@ -221,6 +226,7 @@ mod tests {
                 mount_point: "/var/lib/kubelet/pods/a/mount".into(),
                 fs_type: "ext4".into(),
                 read_only: true,
+                sb_read_only: true,
             })
         );
     }
