@@ -215,7 +215,7 @@ fn lvm_code(e: &LvmError) -> Code {
         | LvmError::Locked { .. } => Code::Unavailable,
         // CSI's "out of capacity" for CreateVolume: the provisioner sends the claim to
         // another node, and retries here once the pool has room again.
-        LvmError::PoolUnusable { .. } => Code::ResourceExhausted,
+        LvmError::PoolUnusable { .. } | LvmError::VgPartial { .. } => Code::ResourceExhausted,
         LvmError::PoolNotZeroing { .. } => Code::FailedPrecondition,
         LvmError::NameTaken { .. } => Code::AlreadyExists,
         LvmError::Report { .. } | LvmError::Extension { .. } => Code::Internal,

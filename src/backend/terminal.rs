@@ -32,6 +32,7 @@ impl Terminal for LvmError {
             LvmError::VgNotFound { .. }
             | LvmError::PoolNotFound { .. }
             | LvmError::PoolUnusable { .. }
+            | LvmError::VgPartial { .. }
             | LvmError::ReportUnavailable { .. }
             | LvmError::Locked { .. } => false,
             LvmError::PoolNotZeroing { .. } | LvmError::NameTaken { .. } => true,

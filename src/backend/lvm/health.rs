@@ -9,7 +9,7 @@
 //!   the pool for the volumes already in it) and its volumes are reported abnormal,
 //!   before their writes fail.
 
-use super::report::{Lv, ThinPool};
+use super::report::{Lv, ThinPool, Vg};
 use crate::config::PoolThresholds;
 
 /// lvm's verdict on an LV, from `lv_attr`'s ninth character, when it is bad news. `w`
@@ -76,6 +76,17 @@ pub fn pool_health(vg: &str, pool_lv: &Lv, fill: Option<&ThinPool>, limits: Pool
         }
     }
     health
+}
+
+/// The warning on a volume of a VG that lost a PV the volume does not use.
+pub fn vg_missing_pvs(vg: &Vg) -> String {
+    let n = vg.missing_pvs;
+    format!(
+        "volume group {} is missing {n} physical volume{} (its extents are on the others; \
+         the group takes no new volume until pvs shows it whole)",
+        vg.name,
+        if n == 1 { "" } else { "s" }
+    )
 }
 
 /// What is wrong under a volume whose LV is `lv`: lvm's verdict on the LV, else its thin

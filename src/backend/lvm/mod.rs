@@ -253,6 +253,9 @@ impl LvmBackend {
                     (limit, available)
                 }
             };
+        // Nor does a VG that lost a disk: its free extents may be on the missing one, and
+        // a new LV's data would share the fate of a failing set of disks.
+        let available = if state.vg.missing_pvs > 0 { 0 } else { available };
         let available = align_down(available, self.alignment);
         Ok(ClassCapacity {
             available,
@@ -276,13 +279,22 @@ impl LvmBackend {
         Some(health::pool_health(&self.vg.name, pool_lv, fill, *thresholds))
     }
 
-    /// Refuses a new LV in a pool whose state is critical, on a recent report: the
-    /// cached one may predate an administrator's lvextend of the pool.
-    async fn check_pool_usable(&self, state: &VgState) -> Result<(), BackendError> {
-        if self.pool_health(state).is_none_or(|h| h.critical().is_none()) {
+    /// Refuses a new LV in a VG missing a PV, or a pool whose state is critical, on a
+    /// recent report: the cached one may predate an administrator's repair.
+    async fn check_usable(&self, state: &VgState) -> Result<(), BackendError> {
+        let refused =
+            |s: &VgState| s.vg.missing_pvs > 0 || self.pool_health(s).is_some_and(|h| h.critical().is_some());
+        if !refused(state) {
             return Ok(());
         }
         let recent = self.vg.refusal_state().await?;
+        if recent.vg.missing_pvs > 0 {
+            return Err(LvmError::VgPartial {
+                vg: self.vg.name.clone(),
+                missing: recent.vg.missing_pvs,
+            }
+            .into());
+        }
         match (&self.settings.layout, self.pool_health(&recent)) {
             (Layout::Thin { pool, .. }, Some(PoolHealth::Critical(reason))) => Err(LvmError::PoolUnusable {
                 vg: self.vg.name.clone(),
@@ -295,7 +307,8 @@ impl LvmBackend {
     }
 
     /// What is wrong under the volume, from the cached report: lvm's verdict on its LV,
-    /// its thin pool's critical state, or the pool's warning.
+    /// its thin pool's critical state, or a warning: the pool's, or its VG's missing PV
+    /// (the volume's own extents are on the others, or lvm would say it partial).
     /// The report is the one capacity reads (at most a minute old): what it judges
     /// changes behind localvol's back.
     pub async fn volume_health(&self, token: &Token) -> Result<VolumeHealth, BackendError> {
@@ -306,6 +319,7 @@ impl LvmBackend {
         let pool = self.pool_health(&state);
         Ok(match health::volume_problem(&self.vg.name, lv, pool.as_ref()) {
             Some(problem) => VolumeHealth::Abnormal(problem),
+            None if state.vg.missing_pvs > 0 => VolumeHealth::Warning(health::vg_missing_pvs(&state.vg)),
             None => match pool {
                 Some(PoolHealth::Warning(w)) => VolumeHealth::Warning(w),
                 _ => VolumeHealth::Healthy,

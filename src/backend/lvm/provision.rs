@@ -155,7 +155,7 @@ impl LvmBackend {
             // recent one.
             available = self.capacity_of(&*self.vg.refusal_state().await?)?.available;
         }
-        self.check_pool_usable(state).await?;
+        self.check_usable(state).await?;
         if spec.size_bytes > available {
             return Err(self.no_space(spec.size_bytes, available));
         }

@@ -12,8 +12,8 @@ use serde::Deserialize;
 /// The LV fields localvol reads (the fixture captures use the same list).
 pub const LV_FIELDS: &str = "lv_name,lv_uuid,vg_name,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,lv_path,lv_dm_path";
 /// The VG fields localvol reads.
-pub const VG_FIELDS: &str =
-    "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size,vg_extent_count,vg_free_count,vg_tags";
+pub const VG_FIELDS: &str = "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size,vg_extent_count,vg_free_count,vg_tags,\
+                             vg_attr,vg_missing_pv_count";
 /// The segment fields read for placing a zeroed extension (`lvs --segments`).
 pub const SEG_FIELDS: &str = "lv_name,seg_pe_ranges";
 
@@ -86,6 +86,9 @@ pub struct Vg {
     pub free: u64,
     pub extent_size: u64,
     pub tags: Vec<String>,
+    /// Physical volumes of the VG lvm cannot find (a disk failed or was pulled); the VG
+    /// is then partial (`vg_attr`'s fourth character `p`).
+    pub missing_pvs: u64,
 }
 
 /// One segment of an LV and the physical extents it occupies (`/dev/vda:16-31`).
@@ -145,6 +148,10 @@ struct RawVg {
     vg_extent_size: String,
     #[serde(default)]
     vg_tags: String,
+    #[serde(default)]
+    vg_attr: String,
+    #[serde(default)]
+    vg_missing_pv_count: String,
 }
 
 #[derive(Deserialize)]
@@ -225,11 +232,18 @@ pub fn parse_vgs(json: &[u8]) -> Result<Vec<Vg>, String> {
     let mut vgs = Vec::new();
     for section in sections::<VgSection>(json)? {
         for raw in section.vg {
+            let counted = match raw.vg_missing_pv_count.as_str() {
+                "" => 0,
+                n => number("vg_missing_pv_count", n)?,
+            };
+            // A partial VG whose count lvm did not give still misses one at least.
+            let partial = raw.vg_attr.chars().nth(3) == Some('p');
             vgs.push(Vg {
                 size: number("vg_size", &raw.vg_size)?,
                 free: number("vg_free", &raw.vg_free)?,
                 extent_size: number("vg_extent_size", &raw.vg_extent_size)?,
                 tags: tags(&raw.vg_tags),
+                missing_pvs: if partial { counted.max(1) } else { counted },
                 name: raw.vg_name,
             });
         }
@@ -378,6 +392,7 @@ mod tests {
                 free: 2940207104,
                 extent_size: 4 << 20,
                 tags: vec!["localvol.csi.dev/node=node-1".into()],
+                missing_pvs: 0,
             }
         );
         assert_eq!(vgs[1].free, vgs[1].size);

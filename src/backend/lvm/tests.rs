@@ -57,6 +57,8 @@ struct FakeVg {
     pool_health: char,
     /// The thin pools' data and metadata fill in percent, reported when set.
     pool_fill: Option<(f64, f64)>,
+    /// PVs lvm cannot find: the VG is reported partial.
+    missing_pvs: u64,
 }
 
 impl FakeVg {
@@ -190,11 +192,13 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
             if a.last().unwrap() != &v.name {
                 return failed(cmd, 5, format!("  Volume group \"{}\" not found\n", a.last().unwrap()));
             }
+            let attr = if v.missing_pvs > 0 { "wz-pn-" } else { "wz--n-" };
             ok(format!(
-                r#"{{"report":[{{"vg":[{{"vg_name":"{}", "vg_size":"{}", "vg_free":"{}", "vg_extent_size":"{EXTENT}", "vg_tags":""}}]}}]}}"#,
+                r#"{{"report":[{{"vg":[{{"vg_name":"{}", "vg_size":"{}", "vg_free":"{}", "vg_extent_size":"{EXTENT}", "vg_tags":"", "vg_attr":"{attr}", "vg_missing_pv_count":"{}"}}]}}]}}"#,
                 v.name,
                 v.size,
-                v.free()
+                v.free(),
+                v.missing_pvs
             ))
         });
     }
@@ -375,6 +379,7 @@ impl Fixture {
             fail: Vec::new(),
             pool_health: '-',
             pool_fill: None,
+            missing_pvs: 0,
         }));
         let commands = Arc::new(FakeCommands::default());
         simulate(&commands, &vg);

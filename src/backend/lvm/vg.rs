@@ -46,6 +46,12 @@ pub enum LvmError {
     VgNotFound { vg: String },
     #[error("thin pool {vg}/{pool} does not exist")]
     PoolNotFound { vg: String, pool: String },
+    #[error(
+        "volume group {vg} takes no new volume: {missing} of its physical volumes {verb} missing \
+         (a disk failed or was removed; pvs shows which)",
+        verb = if *missing == 1 { "is" } else { "are" }
+    )]
+    VgPartial { vg: String, missing: u64 },
     #[error("thin pool {vg}/{pool} takes no new volume: {reason}")]
     PoolUnusable {
         vg: String,

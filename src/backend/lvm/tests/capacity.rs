@@ -247,6 +247,52 @@ async fn a_critical_thin_pool_takes_no_volume_and_its_volumes_are_abnormal() {
     assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
 }
 
+/// A VG that lost a disk offers nothing, on either layout: capacity 0 and a create
+/// refused before any lvcreate (RESOURCE_EXHAUSTED, naming the VG and the count), while
+/// a volume lvm does not report partial is healthy with the VG's state said. The VG
+/// whole again, all of it comes back.
+#[tokio::test(start_paused = true)]
+async fn a_vg_missing_a_disk_takes_no_volume_and_its_volumes_are_warned() {
+    for thin in [false, true] {
+        let f = Fixture::new(thin.then_some(true));
+        let b = if thin { f.thin(2.0).await } else { f.thick(0).await };
+        b.create(&spec("v1", 8 * MIB, VolumeMode::Filesystem))
+            .await
+            .unwrap();
+        let token = Token::for_name("v1");
+        f.vg.lock().unwrap().missing_pvs = 1;
+        tokio::time::advance(std::time::Duration::from_secs(61)).await;
+        assert_eq!(b.capacity().await.unwrap().available, 0, "thin {thin}");
+        let before = f.changes().len();
+        let err = b
+            .create(&spec("v2", 8 * MIB, VolumeMode::Filesystem))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "volume group vg1 takes no new volume: 1 of its physical volumes is missing \
+             (a disk failed or was removed; pvs shows which)"
+        );
+        assert_eq!(f.changes().len(), before, "refused before any lvcreate");
+        assert_eq!(
+            b.volume_health(&token).await.unwrap(),
+            VolumeHealth::Warning(
+                "volume group vg1 is missing 1 physical volume (its extents are on the others; \
+                 the group takes no new volume until pvs shows it whole)"
+                    .into()
+            )
+        );
+
+        f.vg.lock().unwrap().missing_pvs = 0;
+        tokio::time::advance(std::time::Duration::from_secs(61)).await;
+        assert!(b.capacity().await.unwrap().available > 0);
+        b.create(&spec("v2", 8 * MIB, VolumeMode::Filesystem))
+            .await
+            .unwrap();
+        assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
+    }
+}
+
 /// Deleting the volume that filled a pool empties it: the next create, at once, is not
 /// refused on the fill the report had before the delete (a CI run, 2026-12-02: a tenant
 /// filled pool0 to 98.4%, was deleted, and the next create was RESOURCE_EXHAUSTED).
