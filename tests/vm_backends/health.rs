@@ -1,5 +1,5 @@
-//! A thin pool that fills up under a volume, on real device-mapper: reported before the
-//! next claim or the volume's writes find it.
+//! A thin pool that fills up under a volume, and a volume group that loses a disk, on
+//! real device-mapper: reported before the next claim or the volume's writes find it.
 
 use super::*;
 
@@ -9,18 +9,26 @@ use super::*;
 /// RESOURCE_EXHAUSTED and the pool's state before any lvcreate, and NodeGetVolumeStats
 /// reports the volume abnormal with the reason. Once an administrator extends the pool,
 /// all of it serves again, without a restart.
+///
+/// Meanwhile, in the same minute of reports, a thick class's VG of two disks loses the
+/// second: the volume with extents on it is abnormal (lvm reports its LV partial), the
+/// one wholly on the first is healthy with the VG's state said, the class offers
+/// nothing and refuses a create. The disk back, the class serves again.
 pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
     const FULL_VG: &str = "fullvg";
+    const LOSSY_VG: &str = "lossyvg";
     let config = Path::new(CONFIG_DIR).join("full.yaml");
     std::fs::write(
         &config,
         "device-classes:\n  - name: full\n    kind: lvm-thin\n    volume-group: fullvg\n    default: true\n    \
-         thin-pool: {name: pool, overprovision-ratio: 4.0, warning-percent: 50, critical-percent: 90}\n",
+         thin-pool: {name: pool, overprovision-ratio: 4.0, warning-percent: 50, critical-percent: 90}\n  \
+         - name: lossy\n    kind: lvm\n    volume-group: lossyvg\n",
     )
     .unwrap();
     let dir = tempfile::Builder::new().prefix("localvol-vm-").tempdir().unwrap();
     let backing = dir.path().join("fullvg.img");
     let loop_dev = guest::volume_group_on_loop(FULL_VG, &backing, 64 * MIB);
+    let lossy = guest::FailableVg::create(LOSSY_VG, dir.path(), 2, 32 * MIB);
     sh(
         "lvcreate",
         &[
@@ -48,6 +56,29 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
     c.publish(&vol.volume_id, "filled", &cap).await.unwrap();
     assert!(c.capacity("full").await.0 > 0);
     t.done("a volume of 48 MiB in a 16 MiB pool");
+    // 24 MiB wholly on the first disk (of 7 extents), then 24 MiB reaching the second.
+    let mut lossy_volumes = Vec::new();
+    for name in ["on-first", "on-second"] {
+        let v = c.create("lossy", name, 24 * MIB, &cap).await.unwrap();
+        c.stage(&v.volume_id, name, &cap).await.unwrap();
+        c.publish(&v.volume_id, name, &cap).await.unwrap();
+        lossy_volumes.push(v);
+    }
+    let on_pv = |name: &str| {
+        let lv = lvs_named(LOSSY_VG, name).pop().unwrap();
+        sh(
+            "lvs",
+            &["--noheadings", "-o", "devices", &format!("{LOSSY_VG}/{lv}")],
+        )
+    };
+    assert!(!on_pv("on-first").contains(&lossy.pv(1)), "{}", on_pv("on-first"));
+    assert!(
+        on_pv("on-second").contains(&lossy.pv(1)),
+        "{}",
+        on_pv("on-second")
+    );
+    assert!(c.capacity("lossy").await.0 > 0);
+    t.done("two volumes on a VG of two disks");
 
     // The writer fills the pool: a write past its end fails (errorwhenfull).
     let device = c.target("filled");
@@ -64,21 +95,61 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
         .unwrap();
     assert!(!written.success(), "32 MiB fit in a 16 MiB pool");
     t.done("the writer filled the pool");
+    lossy.fail(1);
+    t.done("the lossy VG's second disk failed");
 
     // Seen at the next report: at most a minute (the cached report's age).
+    let condition_of = |id: String, name: &'static str| {
+        let c = &c;
+        async move {
+            let stats = c.client.stats(&id, &c.target(name)).await.unwrap();
+            stats.volume_condition.unwrap()
+        }
+    };
     let deadline = Instant::now() + Duration::from_secs(90);
-    let condition = loop {
-        let stats = c.client.stats(&vol.volume_id, &device).await.unwrap();
-        let condition = stats.volume_condition.unwrap();
-        if condition.abnormal {
-            break condition;
+    let (condition, first, second) = loop {
+        let conditions = (
+            condition_of(vol.volume_id.clone(), "filled").await,
+            condition_of(lossy_volumes[0].volume_id.clone(), "on-first").await,
+            condition_of(lossy_volumes[1].volume_id.clone(), "on-second").await,
+        );
+        if conditions.0.abnormal && conditions.2.abnormal {
+            break conditions;
         }
         assert!(
             Instant::now() < deadline,
-            "not abnormal within 90 s: {condition:?}"
+            "not abnormal within 90 s: {conditions:?}"
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
+    assert!(
+        second.message.starts_with(&format!("logical volume {LOSSY_VG}/"))
+            && second
+                .message
+                .contains("is partial: a physical volume of its volume group is missing"),
+        "{second:?}"
+    );
+    assert!(
+        !first.abnormal
+            && first
+                .message
+                .contains("volume group lossyvg is missing 1 physical volume"),
+        "{first:?}"
+    );
+    assert_eq!(
+        c.capacity("lossy").await.0,
+        0,
+        "a VG missing a disk offers nothing"
+    );
+    let refused = c.create("lossy", "more", 4 * MIB, &cap).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("volume group lossyvg takes no new volume: 1 of its physical volumes is missing"),
+        "{refused:?}"
+    );
+    t.done("the lost disk: its volume abnormal, the other warned, a create refused");
     assert!(
         condition
             .message
@@ -96,15 +167,27 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
     );
     t.done("reported abnormal, no capacity, a create refused");
 
-    // The pool extended by hand: it serves again, the volume is healthy.
+    // The pool extended by hand, the disk back: both serve again, the volumes are
+    // healthy.
     sh("lvextend", &["-q", "-L", "+24M", &format!("{FULL_VG}/pool")]);
+    lossy.restore(1);
     let deadline = Instant::now() + Duration::from_secs(90);
-    while c.capacity("full").await.0 == 0 {
+    while c.capacity("full").await.0 == 0 || c.capacity("lossy").await.0 == 0 {
         assert!(
             Instant::now() < deadline,
-            "the extended pool not served within 90 s"
+            "the extended pool or the restored VG not served within 90 s"
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    for (v, name) in lossy_volumes.iter().zip(["on-first", "on-second"]) {
+        let condition = condition_of(v.volume_id.clone(), name).await;
+        assert!(
+            !condition.abnormal && condition.message.starts_with("healthy on "),
+            "{name}: {condition:?}"
+        );
+        c.unpublish(&v.volume_id, name).await.unwrap();
+        c.unstage(&v.volume_id, name).await.unwrap();
+        c.delete(&v.volume_id).await.unwrap();
     }
     let stats = c.client.stats(&vol.volume_id, &device).await.unwrap();
     assert!(
@@ -121,4 +204,5 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
     c.delete(&vol.volume_id).await.unwrap();
     d.stop().await;
     guest::remove_volume_group_on_loop(FULL_VG, &loop_dev);
+    lossy.remove();
 }

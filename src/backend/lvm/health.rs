@@ -234,6 +234,44 @@ mod tests {
         );
     }
 
+    /// tests/fixtures/lvm/{vgs,lvs}-missing-pv.stdout: vg3 after the second of its two
+    /// PVs was switched to the error target (captured in the tests/vm guest).
+    #[test]
+    fn the_captured_vg_that_lost_a_disk_is_partial_and_so_is_the_lv_on_it() {
+        use crate::backend::lvm::report::parse_vgs;
+        let whole = parse_vgs(include_bytes!("../../../tests/fixtures/lvm/vgs-whole.json")).unwrap();
+        assert_eq!(whole[0].missing_pvs, 0);
+        let lost = parse_vgs(include_bytes!(
+            "../../../tests/fixtures/lvm/vgs-missing-pv.stdout"
+        ))
+        .unwrap();
+        assert_eq!(lost[0].missing_pvs, 1);
+        assert_eq!(
+            vg_missing_pvs(&lost[0]),
+            "volume group vg3 is missing 1 physical volume (its extents are on the others; \
+             the group takes no new volume until pvs shows it whole)"
+        );
+        let report = parse_lv_report(include_bytes!(
+            "../../../tests/fixtures/lvm/lvs-missing-pv.stdout"
+        ))
+        .unwrap();
+        let problems: Vec<_> = report
+            .lvs
+            .iter()
+            .map(|lv| volume_problem("vg3", lv, None))
+            .collect();
+        assert_eq!(
+            problems,
+            [
+                None,
+                Some(
+                    "logical volume vg3/onb is partial: a physical volume of its volume group is missing"
+                        .into()
+                )
+            ]
+        );
+    }
+
     #[test]
     fn the_captured_full_pool_is_critical_and_the_healthy_one_is_not() {
         let t = PoolThresholds::default();

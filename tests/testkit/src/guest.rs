@@ -134,6 +134,94 @@ pub fn remove_volume_group_on_loop(vg: &str, loop_dev: &str) {
     sh("losetup", &["-d", loop_dev]);
 }
 
+/// A VG on disks that can fail: each PV a device-mapper linear device, which
+/// [`fail`](Self::fail) switches to the `error` target, as a dead disk answers every
+/// I/O, and [`restore`](Self::restore) switches back. Under each, an LV of a backing VG
+/// on a loop file: lvm does not look inside LVs for PVs (`scan_lvs=0`), so the dm device
+/// is the disk's one path, as a real disk's is (over a loop device, lvm would find each
+/// PV twice and refuse the duplicates).
+pub struct FailableVg {
+    pub vg: String,
+    backing_vg: String,
+    loop_dev: String,
+    /// The device-mapper name of each disk.
+    disks: Vec<String>,
+    sectors: u64,
+}
+
+impl FailableVg {
+    /// `vg` on `disks` disks of `bytes` each, their backing file in `dir`.
+    pub fn create(vg: &str, dir: &Path, disks: usize, bytes: u64) -> Self {
+        let sectors = bytes / 512;
+        let backing_vg = format!("{vg}-backing");
+        let file = dir.join(format!("{backing_vg}.img"));
+        let loop_dev = volume_group_on_loop(&backing_vg, &file, (disks as u64 + 1) * bytes);
+        let disks: Vec<String> = (0..disks)
+            .map(|i| {
+                let lv = format!("disk{i}");
+                sh(
+                    "lvcreate",
+                    &["-q", "-y", "-n", &lv, "-L", &format!("{bytes}b"), &backing_vg],
+                );
+                let name = format!("{vg}-{lv}");
+                let table = format!("0 {sectors} linear /dev/{backing_vg}/{lv} 0");
+                sh("dmsetup", &["create", &name, "--table", &table]);
+                name
+            })
+            .collect();
+        let pvs: Vec<String> = disks.iter().map(|name| format!("/dev/mapper/{name}")).collect();
+        let mut pvcreate = vec!["-q"];
+        pvcreate.extend(pvs.iter().map(String::as_str));
+        sh("pvcreate", &pvcreate);
+        let mut vgcreate = vec!["-q", vg];
+        vgcreate.extend(pvs.iter().map(String::as_str));
+        sh("vgcreate", &vgcreate);
+        Self {
+            vg: vg.to_string(),
+            backing_vg,
+            loop_dev,
+            disks,
+            sectors,
+        }
+    }
+
+    /// The PV of disk `i`, as lvm names it.
+    pub fn pv(&self, i: usize) -> String {
+        format!("/dev/mapper/{}", self.disks[i])
+    }
+
+    fn load(&self, i: usize, table: &str) {
+        let name = &self.disks[i];
+        sh("dmsetup", &["suspend", name]);
+        sh(
+            "dmsetup",
+            &["load", name, "--table", &format!("0 {} {table}", self.sectors)],
+        );
+        sh("dmsetup", &["resume", name]);
+    }
+
+    /// Disk `i` fails: every read and write of it is an I/O error.
+    pub fn fail(&self, i: usize) {
+        self.load(i, "error");
+    }
+
+    /// Disk `i` answers again, with what it held.
+    pub fn restore(&self, i: usize) {
+        let table = format!("linear /dev/{}/disk{i} 0", self.backing_vg);
+        self.load(i, &table);
+    }
+
+    /// Removes the VG, its PVs, the device-mapper devices and the backing VG.
+    pub fn remove(self) {
+        sh("vgremove", &["-q", "-f", &self.vg]);
+        for name in &self.disks {
+            sh("pvremove", &["-q", &format!("/dev/mapper/{name}")]);
+            sh("dmsetup", &["remove", name]);
+        }
+        remove_volume_group_on_loop(&self.backing_vg, &self.loop_dev);
+    }
+}
+
 /// Empties the region: its labels initialised, so it offers all its space to new
 /// namespaces (a region nobody labelled holds one label-less raw namespace).
 pub fn reset_region() {
