@@ -362,7 +362,14 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                VolumeError::Backend(LvmError::VgNotFound { vg: "vg1".into() }.into()).into(),
+                VolumeError::Backend(
+                    LvmError::VgNotFound {
+                        vg: "vg1".into(),
+                        active_lvs: 0,
+                    }
+                    .into(),
+                )
+                .into(),
                 Code::Unavailable,
             ),
             (

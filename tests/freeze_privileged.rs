@@ -99,6 +99,9 @@ impl Syscalls for HeldCopies {
     async fn thaw(&self, path: &Path) -> Result<(), SyscallError> {
         self.real.thaw(path).await
     }
+    async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError> {
+        self.real.device_mapper_names().await
+    }
     async fn filesystem_state(&self, mount: &MountedAt) -> FilesystemState {
         self.real.filesystem_state(mount).await
     }

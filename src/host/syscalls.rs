@@ -157,6 +157,9 @@ pub trait Syscalls: Send + Sync + 'static {
     /// The device numbers of the block devices a device-mapper device `dev` is built on
     /// (sysfs `slaves`); empty for a device built on none, or one that is gone.
     async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError>;
+    /// The names of the device-mapper devices the kernel holds (sysfs
+    /// `/sys/block/dm-*/dm/name`), whatever any tool knows of them.
+    async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError>;
     /// Discards unused blocks of the filesystem mounted at `path` (FITRIM); returns the
     /// number of bytes the filesystem reports as trimmed.
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError>;
@@ -454,6 +457,19 @@ impl Syscalls for SystemSyscalls {
                 }
             }
             Ok(slaves)
+        })
+        .await
+    }
+
+    async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError> {
+        blocking("read sysfs", Path::new("/sys/block"), |dir| {
+            let entries = std::fs::read_dir(dir).map_err(|e| SyscallError::new("read sysfs", dir, e))?;
+            Ok(entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("dm-"))
+                .filter_map(|e| std::fs::read_to_string(e.path().join("dm/name")).ok())
+                .map(|name| name.trim().to_string())
+                .collect())
         })
         .await
     }

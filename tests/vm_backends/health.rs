@@ -22,7 +22,7 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
         &config,
         "device-classes:\n  - name: full\n    kind: lvm-thin\n    volume-group: fullvg\n    default: true\n    \
          thin-pool: {name: pool, overprovision-ratio: 4.0, warning-percent: 50, critical-percent: 90}\n  \
-         - name: lossy\n    kind: lvm\n    volume-group: lossyvg\n",
+         - name: lossy\n    kind: lvm\n    volume-group: lossyvg\n    spare-gb: 0\n",
     )
     .unwrap();
     let dir = tempfile::Builder::new().prefix("localvol-vm-").tempdir().unwrap();

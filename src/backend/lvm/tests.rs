@@ -353,6 +353,7 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
 struct Fixture {
     vg: Shared,
     commands: Arc<FakeCommands>,
+    syscalls: FakeSyscalls,
     group: Arc<VolumeGroup>,
     host: Host,
 }
@@ -383,14 +384,16 @@ impl Fixture {
         }));
         let commands = Arc::new(FakeCommands::default());
         simulate(&commands, &vg);
+        let syscalls = FakeSyscalls::default();
         let host = Host {
             commands: commands.clone(),
-            syscalls: Arc::new(FakeSyscalls::default()),
+            syscalls: Arc::new(syscalls.clone()),
         };
         let group = VolumeGroup::new("vg1".into(), host.clone());
         Self {
             vg,
             commands,
+            syscalls,
             group,
             host,
         }

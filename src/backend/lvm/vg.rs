@@ -42,8 +42,13 @@ pub fn lvm_command(program: &'static str) -> CommandSpec {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LvmError {
-    #[error("volume group {vg} does not exist on this node")]
-    VgNotFound { vg: String },
+    #[error("{}", vg_not_found(vg, *active_lvs))]
+    VgNotFound {
+        vg: String,
+        /// Its LVs the kernel still holds: the VG was here, and its disks are what lvm
+        /// cannot find.
+        active_lvs: usize,
+    },
     #[error("thin pool {vg}/{pool} does not exist")]
     PoolNotFound { vg: String, pool: String },
     #[error(
@@ -93,6 +98,31 @@ pub enum LvmError {
         #[source]
         source: CommandError,
     },
+}
+
+fn vg_not_found(vg: &str, active_lvs: usize) -> String {
+    match active_lvs {
+        0 => format!("volume group {vg} does not exist on this node"),
+        n => format!(
+            "volume group {vg} is not found by lvm, but {n} of its logical volumes {} still active in \
+             the kernel: the disks under it failed or are missing (see pvs and the kernel log)",
+            if n == 1 { "is" } else { "are" }
+        ),
+    }
+}
+
+/// How many of the device-mapper devices `names` are LVs of VG `vg`: lvm names them
+/// `VG-LV` with every `-` of each name doubled, so `a--b-x` is LV `x` of VG `a-b`, not of
+/// `a`.
+pub fn lvs_of_vg_in(vg: &str, names: &[String]) -> usize {
+    let prefix = format!("{}-", vg.replace('-', "--"));
+    names
+        .iter()
+        .filter(|n| {
+            n.strip_prefix(&prefix)
+                .is_some_and(|lv| !lv.is_empty() && !lv.starts_with('-'))
+        })
+        .count()
 }
 
 /// Classifiers of lvm's error text (LC_ALL=C; see `tests/fixtures/lvm/*.txt`).
@@ -279,7 +309,22 @@ impl VolumeGroup {
         }
     }
 
+    /// [`read_report`](Self::read_report); a VG lvm does not find is told apart from
+    /// one that never was by the kernel's device-mapper devices of its LVs.
     async fn read(&self) -> Result<VgState, LvmError> {
+        match self.read_report().await {
+            Err(LvmError::VgNotFound { vg, .. }) => {
+                let names = self.host.syscalls.device_mapper_names().await.unwrap_or_default();
+                Err(LvmError::VgNotFound {
+                    active_lvs: lvs_of_vg_in(&vg, &names),
+                    vg,
+                })
+            }
+            other => other,
+        }
+    }
+
+    async fn read_report(&self) -> Result<VgState, LvmError> {
         let parse_error = |what, reason| LvmError::Report {
             vg: self.name.clone(),
             what,
@@ -293,6 +338,7 @@ impl VolumeGroup {
             .find(|v| v.name == self.name)
             .ok_or_else(|| LvmError::VgNotFound {
                 vg: self.name.clone(),
+                active_lvs: 0,
             })?;
         Ok(VgState {
             vg,
@@ -307,6 +353,7 @@ impl VolumeGroup {
         if stderr::is_vg_not_found(s) {
             LvmError::VgNotFound {
                 vg: self.name.clone(),
+                active_lvs: 0,
             }
         } else if stderr::is_lock_failure(s) {
             LvmError::Locked {

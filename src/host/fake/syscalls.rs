@@ -42,6 +42,8 @@ struct SyscallState {
     /// Filesystems (by device) the kernel made read-only, and what they say of
     /// themselves (`filesystem_state`); healthy when not set.
     sb_read_only: std::collections::HashSet<(u32, u32)>,
+    /// What `device_mapper_names` lists.
+    dm_names: Vec<String>,
     filesystem_states: HashMap<(u32, u32), FilesystemState>,
 }
 
@@ -79,6 +81,11 @@ impl FakeSyscalls {
         } else {
             s.sb_read_only.remove(&dev);
         }
+    }
+
+    /// The device-mapper devices the kernel holds from now on, by name.
+    pub fn set_device_mapper_names(&self, names: &[&str]) {
+        self.state.lock().unwrap().dm_names = names.iter().map(|n| n.to_string()).collect();
     }
 
     /// What the filesystem on device `dev` says of itself from now on.
@@ -339,6 +346,10 @@ impl Syscalls for FakeSyscalls {
         Ok(s.devices
             .get(path)
             .map(|(major, minor)| nix::sys::stat::makedev((*major).into(), (*minor).into())))
+    }
+
+    async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError> {
+        Ok(self.state.lock().unwrap().dm_names.clone())
     }
 
     async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError> {

@@ -146,16 +146,38 @@ async fn a_missing_vg_or_pool_fails_at_open() {
     };
     let err = LvmBackend::open(
         ClassName::parse("a").unwrap(),
-        settings(thick),
+        settings(thick.clone()),
         missing_vg,
         f.host.clone(),
     )
     .await
     .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "volume group nosuchvg does not exist on this node"
+    );
+    // A VG lvm no longer finds while the kernel still holds LVs of it (its only disk
+    // failed) is said so; a VG whose name extends this one's is not counted.
+    f.syscalls
+        .set_device_mapper_names(&["nosuchvg-a", "nosuchvg-b", "nosuchvg--x-c", "vg1-pool0"]);
+    let err = LvmBackend::open(
+        ClassName::parse("a").unwrap(),
+        settings(thick.clone()),
+        VolumeGroup::new("nosuchvg".into(), f.host.clone()),
+        f.host.clone(),
+    )
+    .await
+    .unwrap_err();
     assert!(
-        matches!(err, BackendError::Lvm(LvmError::VgNotFound { .. })),
+        matches!(err, BackendError::Lvm(LvmError::VgNotFound { active_lvs: 2, .. })),
         "{err}"
     );
+    assert_eq!(
+        err.to_string(),
+        "volume group nosuchvg is not found by lvm, but 2 of its logical volumes are still active in the \
+         kernel: the disks under it failed or are missing (see pvs and the kernel log)"
+    );
+    f.syscalls.set_device_mapper_names(&[]);
     let thin = Layout::Thin {
         pool: "pool0".into(),
         overprovision_ratio: 1.0,
