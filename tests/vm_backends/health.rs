@@ -196,7 +196,7 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
         stats.volume_condition
     );
     let another = c.create("full", "another", 4 * MIB, &cap).await.unwrap();
-    t.done("extended: served again");
+    t.done("the pool extended, the disk back: served again");
 
     c.delete(&another.volume_id).await.unwrap();
     c.unpublish(&vol.volume_id, "filled").await.unwrap();
