@@ -270,6 +270,20 @@ pub fn dm_name(vg: &str, lv: &str) -> String {
     format!("{}-{}", vg.replace('-', "--"), lv.replace('-', "--"))
 }
 
+/// How many of the device-mapper devices `names` are LVs of VG `vg`, by
+/// [`dm_name`]'s rule: `a--b-x` is LV `x` of VG `a-b`, not of `a` (an LV name never
+/// starts with `-`).
+pub fn lvs_of_vg_in(vg: &str, names: &[String]) -> usize {
+    let prefix = dm_name(vg, "");
+    names
+        .iter()
+        .filter(|n| {
+            n.strip_prefix(&prefix)
+                .is_some_and(|lv| !lv.is_empty() && !lv.starts_with('-'))
+        })
+        .count()
+}
+
 /// From `dmsetup status` of a thin LV (`<start> <length> thin <mapped sectors>
 /// <highest mapped sector>`), the sectors it has mapped in its pool; `None` for any
 /// other line, and for a device of more than one segment.

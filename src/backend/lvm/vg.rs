@@ -111,20 +111,6 @@ fn vg_not_found(vg: &str, active_lvs: usize) -> String {
     }
 }
 
-/// How many of the device-mapper devices `names` are LVs of VG `vg`: lvm names them
-/// `VG-LV` with every `-` of each name doubled, so `a--b-x` is LV `x` of VG `a-b`, not of
-/// `a`.
-pub fn lvs_of_vg_in(vg: &str, names: &[String]) -> usize {
-    let prefix = format!("{}-", vg.replace('-', "--"));
-    names
-        .iter()
-        .filter(|n| {
-            n.strip_prefix(&prefix)
-                .is_some_and(|lv| !lv.is_empty() && !lv.starts_with('-'))
-        })
-        .count()
-}
-
 /// Classifiers of lvm's error text (LC_ALL=C; see `tests/fixtures/lvm/*.txt`).
 pub mod stderr {
     pub fn is_vg_not_found(s: &str) -> bool {
@@ -316,7 +302,7 @@ impl VolumeGroup {
             Err(LvmError::VgNotFound { vg, .. }) => {
                 let names = self.host.syscalls.device_mapper_names().await.unwrap_or_default();
                 Err(LvmError::VgNotFound {
-                    active_lvs: lvs_of_vg_in(&vg, &names),
+                    active_lvs: report::lvs_of_vg_in(&vg, &names),
                     vg,
                 })
             }
