@@ -174,13 +174,12 @@ async fn xfs_lifecycle_with_online_growth() {
 /// The kernel name of the block device mounted at `path` (`loop3`), from the mount
 /// table and sysfs, as an administrator would find it.
 fn device_name_at(path: &std::path::Path) -> String {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = mountinfo
-        .lines()
-        .rfind(|l| l.split(' ').nth(4) == path.to_str())
+    let table = localvol::mount::MountTable::parse(&std::fs::read_to_string("/proc/self/mountinfo").unwrap())
+        .unwrap();
+    let mount = table
+        .at(path)
         .unwrap_or_else(|| panic!("nothing mounted at {}", path.display()));
-    let dev = line.split(' ').nth(2).unwrap();
-    let link = std::fs::read_link(format!("/sys/dev/block/{dev}")).unwrap();
+    let link = std::fs::read_link(format!("/sys/dev/block/{}:{}", mount.major, mount.minor)).unwrap();
     link.file_name().unwrap().to_string_lossy().into_owned()
 }
 
