@@ -197,6 +197,22 @@ async fn a_missing_vg_or_pool_fails_at_open() {
     );
 }
 
+/// Past the cached report's lifetime: the next call reads lvm again.
+async fn past_the_report_ttl() {
+    tokio::time::advance(crate::backend::cache::DEFAULT_TTL + std::time::Duration::from_secs(1)).await;
+}
+
+/// Once the storage is repaired, at the next report: capacity again, a create of `name`
+/// served, and the volume `token` healthy.
+async fn serves_again(b: &LvmBackend, token: &Token, name: &str) {
+    past_the_report_ttl().await;
+    assert!(b.capacity().await.unwrap().available > 0);
+    b.create(&spec(name, 8 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    assert_eq!(b.volume_health(token).await.unwrap(), VolumeHealth::Healthy);
+}
+
 /// A thin pool lvm reports out of data space (or past the class's critical fill) offers
 /// nothing: capacity 0, so the scheduler sends no claim here, and a create is refused
 /// with the pool's state before any lvcreate (RESOURCE_EXHAUSTED, which sends the claim
@@ -213,7 +229,7 @@ async fn a_critical_thin_pool_takes_no_volume_and_its_volumes_are_abnormal() {
     assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
 
     f.vg.lock().unwrap().pool_fill = Some((85.0, 10.0));
-    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    past_the_report_ttl().await;
     assert_eq!(
         b.volume_health(&token).await.unwrap(),
         VolumeHealth::Warning("thin pool vg1/pool0: data 85.0% full (warning at 80%)".into())
@@ -237,7 +253,7 @@ async fn a_critical_thin_pool_takes_no_volume_and_its_volumes_are_abnormal() {
             vg.pool_health = health;
             vg.pool_fill = Some(fill);
         }
-        tokio::time::advance(std::time::Duration::from_secs(61)).await;
+        past_the_report_ttl().await;
         assert_eq!(b.capacity().await.unwrap().available, 0, "{why}");
         let before = f.changes().len();
         let err = b
@@ -261,12 +277,7 @@ async fn a_critical_thin_pool_takes_no_volume_and_its_volumes_are_abnormal() {
         vg.pool_health = '-';
         vg.pool_fill = Some((40.0, 10.0));
     }
-    tokio::time::advance(std::time::Duration::from_secs(61)).await;
-    assert!(b.capacity().await.unwrap().available > 0);
-    b.create(&spec("t2", 8 * MIB, VolumeMode::Filesystem))
-        .await
-        .unwrap();
-    assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
+    serves_again(&b, &token, "t2").await;
 }
 
 /// A VG that lost a disk offers nothing, on either layout: capacity 0 and a create
@@ -283,7 +294,7 @@ async fn a_vg_missing_a_disk_takes_no_volume_and_its_volumes_are_warned() {
             .unwrap();
         let token = Token::for_name("v1");
         f.vg.lock().unwrap().missing_pvs = 1;
-        tokio::time::advance(std::time::Duration::from_secs(61)).await;
+        past_the_report_ttl().await;
         assert_eq!(b.capacity().await.unwrap().available, 0, "thin {thin}");
         let before = f.changes().len();
         let err = b
@@ -306,12 +317,7 @@ async fn a_vg_missing_a_disk_takes_no_volume_and_its_volumes_are_warned() {
         );
 
         f.vg.lock().unwrap().missing_pvs = 0;
-        tokio::time::advance(std::time::Duration::from_secs(61)).await;
-        assert!(b.capacity().await.unwrap().available > 0);
-        b.create(&spec("v2", 8 * MIB, VolumeMode::Filesystem))
-            .await
-            .unwrap();
-        assert_eq!(b.volume_health(&token).await.unwrap(), VolumeHealth::Healthy);
+        serves_again(&b, &token, "v2").await;
     }
 }
 
@@ -326,7 +332,7 @@ async fn a_pool_its_own_delete_emptied_takes_the_next_volume_at_once() {
         .await
         .unwrap();
     f.vg.lock().unwrap().pool_fill = Some((98.4, 10.0));
-    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    past_the_report_ttl().await;
     assert_eq!(b.capacity().await.unwrap().available, 0, "the full pool, read");
 
     b.delete(&Token::for_name("t1")).await.unwrap();
