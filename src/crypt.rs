@@ -304,6 +304,31 @@ pub async fn find(host: &Host, mapping: &Mapping, device: &Path) -> Result<Optio
     }
 }
 
+/// An open mapping's state, for the health of its volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MappingState {
+    Open,
+    /// Suspended (`dmsetup suspend`, or a tool that never resumed it): its I/O waits.
+    Suspended,
+    NotOpen,
+}
+
+/// The state of `mapping` on `device`: a sysfs read beyond [`find`]'s, which it
+/// shares the refusal of a mapping on another device with.
+pub async fn state(host: &Host, mapping: &Mapping, device: &Path) -> Result<MappingState, CryptError> {
+    if find(host, mapping, device).await?.is_none() {
+        return Ok(MappingState::NotOpen);
+    }
+    let Some(dev) = not_found_is_none(host.syscalls.device_number(&mapping.path()).await)? else {
+        return Ok(MappingState::NotOpen);
+    };
+    Ok(if host.syscalls.device_mapper_suspended(dev).await? {
+        MappingState::Suspended
+    } else {
+        MappingState::Open
+    })
+}
+
 fn not_found_is_none(found: Result<Option<u64>, SyscallError>) -> Result<Option<u64>, SyscallError> {
     match found {
         Err(e) if e.is_not_found() => Ok(None),

@@ -102,6 +102,9 @@ impl Syscalls for HeldCopies {
     async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError> {
         self.real.device_mapper_names().await
     }
+    async fn device_mapper_suspended(&self, dev: u64) -> Result<bool, SyscallError> {
+        self.real.device_mapper_suspended(dev).await
+    }
     async fn filesystem_state(&self, mount: &MountedAt) -> FilesystemState {
         self.real.filesystem_state(mount).await
     }

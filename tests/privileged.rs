@@ -254,6 +254,81 @@ async fn a_filesystem_in_error_is_abnormal_until_repaired() {
     d.stop().await;
 }
 
+/// What fails under a loop volume reaches its condition: the disk under the class's
+/// images filled by something else (the sparse image's next first writes would fail)
+/// until space is freed, then the image deleted while its device still holds it. The
+/// class's images are on a 96 MiB ext4 of the test's own, so filling it touches
+/// nothing else.
+#[tokio::test]
+async fn a_full_disk_or_a_deleted_image_under_a_loop_volume_is_abnormal() {
+    use localvol_testkit::guest::sh;
+    if !privileged() {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("localvol-test-")
+        .tempdir()
+        .unwrap();
+    let disk = dir.path().join("disk.img");
+    let images = dir.path().join("data/loop");
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(96 * MIB as u64)
+        .unwrap();
+    sh("mkfs.ext4", &["-q", "-F", "-m", "0", disk.to_str().unwrap()]);
+    sh(
+        "mount",
+        &["-o", "loop", disk.to_str().unwrap(), images.to_str().unwrap()],
+    );
+    let d = InProcessDaemon::start_in(dir, &[]).await;
+    let cap = mount_cap("ext4");
+    let vol = create(&d, "pvc-loop-health", 32 * MIB, &cap).await;
+    let id = &vol.volume_id;
+    stage(&d, id, &cap).await.unwrap();
+    publish(&d, id, &cap, "target").await.unwrap();
+    let condition = || async { stats(&d, id, "target").await.volume_condition.unwrap() };
+    assert!(!condition().await.abnormal, "{:?}", condition().await);
+
+    // Something else takes the rest of the disk.
+    let filler = images.join("filler");
+    {
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0x5A; 64 << 10];
+        while file.write_all(&chunk).is_ok() {}
+        let _ = file.sync_all();
+    }
+    let c = condition().await;
+    assert!(c.abnormal, "{c:?}");
+    let want = format!(
+        "the filesystem holding its image ({}/default) is full",
+        images.display()
+    );
+    assert!(c.message.starts_with(&want), "{c:?}");
+    std::fs::remove_file(&filler).unwrap();
+    let c = condition().await;
+    assert!(!c.abnormal, "space freed: {c:?}");
+
+    // The image unlinked under the staged volume: its data lives on in the device only.
+    let device = device_name_at(&d.path("stage"));
+    let image = images.join(format!("default/{}.img", id.split_once('.').unwrap().1));
+    std::fs::remove_file(&image).unwrap();
+    let c = condition().await;
+    assert!(c.abnormal, "{c:?}");
+    assert!(
+        c.message.starts_with(&format!(
+            "its image {} was deleted while /dev/{device} still holds it",
+            image.display()
+        )),
+        "{c:?}"
+    );
+    // Taken down as usual: the device is detached, the volume deleted.
+    teardown(&d, id, "target").await;
+    assert!(loops_under(&images).is_empty(), "{:?}", loops_under(&images));
+    d.stop().await;
+    sh("umount", &[images.to_str().unwrap()]);
+}
+
 #[tokio::test]
 async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
     if !privileged() {

@@ -416,6 +416,7 @@ fn remove_files([record, rest @ ..]: &[PathBuf; 4]) -> Result<(), BackendError> 
 
 mod capacity;
 mod devices;
+mod health;
 mod snapshots;
 
 #[cfg(test)]

@@ -258,16 +258,18 @@ impl Backend {
         }
     }
 
-    /// The volume's block device if it is available now.
-    /// What is wrong under the volume (LVM: the LV and its thin pool in the cached
-    /// report); loop files and PMEM namespaces are healthy while their device exists.
-    pub async fn volume_health(&self, token: &Token) -> Result<VolumeHealth, BackendError> {
+    /// What is wrong under a staged volume: for LVM, the LV and its thin pool in the
+    /// cached report; for a loop file, its image on its device and the disk under it.
+    /// PMEM namespaces are healthy while their device exists.
+    pub async fn volume_health(&self, record: &VolumeRecord) -> Result<VolumeHealth, BackendError> {
         match self {
-            Backend::Lvm(b) => b.volume_health(token).await,
-            Backend::Loop(_) | Backend::Pmem(_) => Ok(VolumeHealth::Healthy),
+            Backend::Lvm(b) => b.volume_health(&record.id.token).await,
+            Backend::Loop(b) => b.volume_health(record).await,
+            Backend::Pmem(_) => Ok(VolumeHealth::Healthy),
         }
     }
 
+    /// The volume's block device if it is available now.
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
         match self {
             Backend::Loop(b) => b.device(token).await,

@@ -160,6 +160,10 @@ pub trait Syscalls: Send + Sync + 'static {
     /// The names of the device-mapper devices the kernel holds (sysfs
     /// `/sys/block/dm-*/dm/name`), whatever any tool knows of them.
     async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError>;
+    /// Whether the device-mapper device `dev` is suspended (sysfs `dm/suspended`): its
+    /// I/O waits until it is resumed. False for a device that is not device-mapper's or
+    /// is gone.
+    async fn device_mapper_suspended(&self, dev: u64) -> Result<bool, SyscallError>;
     /// Discards unused blocks of the filesystem mounted at `path` (FITRIM); returns the
     /// number of bytes the filesystem reports as trimmed.
     async fn fitrim(&self, path: &Path) -> Result<u64, SyscallError>;
@@ -470,6 +474,17 @@ impl Syscalls for SystemSyscalls {
                 .filter_map(|e| std::fs::read_to_string(e.path().join("dm/name")).ok())
                 .map(|name| name.trim().to_string())
                 .collect())
+        })
+        .await
+    }
+
+    async fn device_mapper_suspended(&self, dev: u64) -> Result<bool, SyscallError> {
+        let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+        let path = PathBuf::from(format!("/sys/dev/block/{major}:{minor}/dm/suspended"));
+        blocking("read sysfs", &path, |path| match std::fs::read_to_string(path) {
+            Ok(text) => Ok(text.trim() == "1"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(SyscallError::new("read sysfs", path, e)),
         })
         .await
     }

@@ -12,8 +12,9 @@ use tracing::info;
 
 use super::{VolumeError, Volumes};
 use crate::backend::{Backend, FormatMark, VolumeRecord};
-use crate::crypt::{self, CryptError, Mapping, Passphrase};
+use crate::crypt::{self, CryptError, Mapping, MappingState, Passphrase};
 use crate::fs::{self, Signature};
+use crate::host::Host;
 use crate::model::{Encryption, Token, VolumeId};
 
 /// What stage does next on an opened mapping.
@@ -49,6 +50,23 @@ impl DataPath {
 
 pub(super) fn mapping_of(id: &VolumeId) -> Mapping {
     Mapping::for_volume(&id.to_string())
+}
+
+/// What is wrong with the mapping of encrypted volume `id` staged on `device`, if
+/// anything, as its condition says it.
+pub(super) async fn mapping_problem(host: &Host, id: &VolumeId, device: &Path) -> Option<String> {
+    let mapping = mapping_of(id);
+    match crypt::state(host, &mapping, device).await {
+        Ok(MappingState::Open) => None,
+        Ok(MappingState::Suspended) => Some(format!(
+            "its dm-crypt mapping {mapping} is suspended: its I/O waits until `dmsetup resume {mapping}`"
+        )),
+        Ok(MappingState::NotOpen) => Some(format!(
+            "its dm-crypt mapping {mapping} is not open, so its data cannot be reached: unpublish and \
+             unstage the volume, and stage it again"
+        )),
+        Err(e) => Some(format!("cannot check its dm-crypt mapping: {e}")),
+    }
 }
 
 /// A cryptsetup failure as the volume's error.

@@ -16,7 +16,7 @@ use crate::backend::{Backend, VolumeHealth, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType, Signature};
 use crate::host::Host;
 use crate::locks::VolumeGuard;
-use crate::model::{AccessMode, VolumeId, VolumeMode};
+use crate::model::{AccessMode, VolumeMode};
 use crate::mount::{self, MountOptions, MountTable};
 use crate::request::{NodeExpandRequest, StageRequest, StatsRequest, UnstageRequest};
 
@@ -410,7 +410,7 @@ impl Volumes {
         Ok(match record.mode {
             VolumeMode::Block => VolumeStats::Block {
                 size_bytes: self.host.syscalls.block_device_size(path).await?,
-                condition: condition_of(&self.host, backend, &req.id, None).await?,
+                condition: condition_of(&self.host, backend, &record, None).await?,
             },
             VolumeMode::Filesystem => {
                 let filesystem = self.host.syscalls.filesystem_state(&mount).await;
@@ -419,7 +419,7 @@ impl Volumes {
                     condition: condition_of(
                         &self.host,
                         backend,
-                        &req.id,
+                        &record,
                         fs::health::problem(&mount, &filesystem),
                     )
                     .await?,
@@ -441,52 +441,66 @@ async fn attach(backend: &Backend, req: &StageRequest, held: bool) -> Result<Pat
 }
 
 /// Healthy when the backend still provides the device behind the volume, finds nothing
-/// wrong under it, and its filesystem (`filesystem`: what is wrong with it, if anything)
-/// is sound. The storage's failure comes first: it is usually what the filesystem's is
-/// the effect of.
+/// wrong under it, an encrypted volume's mapping is open and running, and its
+/// filesystem (`filesystem`: what is wrong with it, if anything) is sound. The storage's
+/// failure comes first, then the mapping's: each is usually what the next one's is the
+/// effect of. A device gone is said in the backend's words where it can tell why (a
+/// loop image deleted under its device).
 async fn condition_of(
     host: &Host,
     backend: &Backend,
-    id: &VolumeId,
+    record: &VolumeRecord,
     filesystem: Option<String>,
 ) -> Result<VolumeCondition, VolumeError> {
-    Ok(match backend.device(&id.token).await {
-        Ok(Some(device)) if matches!(host.syscalls.device_number(&device).await, Ok(Some(_))) => {
-            match (backend.volume_health(&id.token).await, filesystem) {
-                (Ok(VolumeHealth::Healthy | VolumeHealth::Warning(_)), Some(why)) => VolumeCondition {
-                    abnormal: true,
-                    message: format!("{why} (on {})", device.display()),
-                },
-                (Ok(VolumeHealth::Healthy), None) => VolumeCondition {
-                    abnormal: false,
-                    message: format!("healthy on {}", device.display()),
-                },
-                (Ok(VolumeHealth::Warning(why)), None) => VolumeCondition {
-                    abnormal: false,
-                    message: format!("healthy on {}; {why}", device.display()),
-                },
-                (Ok(VolumeHealth::Abnormal(why)), _) => VolumeCondition {
-                    abnormal: true,
-                    message: format!("{why} (on {})", device.display()),
-                },
-                (Err(e), _) => {
-                    warn!(volume.id = %id, error = %e, "cannot check the volume's storage");
-                    VolumeCondition {
-                        abnormal: true,
-                        message: format!("cannot check the volume's storage: {e}"),
-                    }
-                }
-            }
+    let id = &record.id;
+    let device = match backend.device(&id.token).await {
+        Ok(Some(device)) if matches!(host.syscalls.device_number(&device).await, Ok(Some(_))) => device,
+        Ok(_) => {
+            let message = match backend.volume_health(record).await {
+                Ok(VolumeHealth::Abnormal(why)) => why,
+                _ => "the volume's block device is gone".to_string(),
+            };
+            return Ok(VolumeCondition {
+                abnormal: true,
+                message,
+            });
         }
-        Ok(_) => VolumeCondition {
-            abnormal: true,
-            message: "the volume's block device is gone".to_string(),
-        },
         Err(e) => {
             warn!(volume.id = %id, error = %e, "cannot check the volume's device");
-            VolumeCondition {
+            return Ok(VolumeCondition {
                 abnormal: true,
                 message: format!("cannot check the volume's device: {e}"),
+            });
+        }
+    };
+    // Between the storage and the filesystem: an encrypted volume's mapping.
+    let above = match record.encryption {
+        Some(_) => super::encryption::mapping_problem(host, id, &device).await,
+        None => None,
+    }
+    .or(filesystem);
+    Ok(match (backend.volume_health(record).await, above) {
+        (Ok(VolumeHealth::Healthy | VolumeHealth::Warning(_)), Some(why)) => VolumeCondition {
+            abnormal: true,
+            message: format!("{why} (on {})", device.display()),
+        },
+        (Ok(VolumeHealth::Healthy), None) => VolumeCondition {
+            abnormal: false,
+            message: format!("healthy on {}", device.display()),
+        },
+        (Ok(VolumeHealth::Warning(why)), None) => VolumeCondition {
+            abnormal: false,
+            message: format!("healthy on {}; {why}", device.display()),
+        },
+        (Ok(VolumeHealth::Abnormal(why)), _) => VolumeCondition {
+            abnormal: true,
+            message: format!("{why} (on {})", device.display()),
+        },
+        (Err(e), _) => {
+            warn!(volume.id = %id, error = %e, "cannot check the volume's storage");
+            VolumeCondition {
+                abnormal: true,
+                message: format!("cannot check the volume's storage: {e}"),
             }
         }
     })

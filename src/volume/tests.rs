@@ -26,8 +26,9 @@ mod encryption;
 /// Stats, publish and unpublish asking the kernel about their paths.
 mod kernel_view;
 
-/// The volume condition stats report: the filesystem's own verdicts.
-mod filesystem_health;
+/// The volume condition stats report: the filesystem's own verdicts, and a loop
+/// volume's image and disk (an encrypted volume's mapping is in `encryption`).
+mod condition;
 
 /// A staging path named as a target and a target named as a staging path (issue 33).
 mod stage_or_target;

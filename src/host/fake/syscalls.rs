@@ -44,6 +44,8 @@ struct SyscallState {
     sb_read_only: std::collections::HashSet<(u32, u32)>,
     /// What `device_mapper_names` lists.
     dm_names: Vec<String>,
+    /// Device-mapper devices suspended (`device_mapper_suspended`), by major:minor.
+    dm_suspended: std::collections::HashSet<(u32, u32)>,
     filesystem_states: HashMap<(u32, u32), FilesystemState>,
 }
 
@@ -86,6 +88,16 @@ impl FakeSyscalls {
     /// The device-mapper devices the kernel holds from now on, by name.
     pub fn set_device_mapper_names(&self, names: &[&str]) {
         self.state.lock().unwrap().dm_names = names.iter().map(|n| n.to_string()).collect();
+    }
+
+    /// Suspends the device-mapper device `dev` (`false`: resumes it).
+    pub fn set_device_mapper_suspended(&self, dev: (u32, u32), suspended: bool) {
+        let mut s = self.state.lock().unwrap();
+        if suspended {
+            s.dm_suspended.insert(dev);
+        } else {
+            s.dm_suspended.remove(&dev);
+        }
     }
 
     /// What the filesystem on device `dev` says of itself from now on.
@@ -144,6 +156,17 @@ impl FakeSyscalls {
             device,
             backing_file: shown_path.into(),
         });
+    }
+
+    /// The image behind loop device `device` is unlinked while attached: sysfs shows
+    /// its path with ` (deleted)` from now on.
+    pub fn delete_loop_backing(&self, device: &Path) {
+        let mut s = self.state.lock().unwrap();
+        for l in s.loops.iter_mut().filter(|l| l.device == device) {
+            let mut shown = l.backing_file.clone().into_os_string();
+            shown.push(" (deleted)");
+            l.backing_file = shown.into();
+        }
     }
 
     pub fn detach_loop(&self, device: &Path) {
@@ -350,6 +373,14 @@ impl Syscalls for FakeSyscalls {
 
     async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError> {
         Ok(self.state.lock().unwrap().dm_names.clone())
+    }
+
+    async fn device_mapper_suspended(&self, dev: u64) -> Result<bool, SyscallError> {
+        let key = (
+            nix::sys::stat::major(dev) as u32,
+            nix::sys::stat::minor(dev) as u32,
+        );
+        Ok(self.state.lock().unwrap().dm_suspended.contains(&key))
     }
 
     async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError> {

@@ -206,3 +206,45 @@ async fn the_key_shows_in_no_argv_or_error() {
         assert!(!shown.contains(key), "{key} in the error: {shown}");
     }
 }
+
+/// A staged encrypted volume's condition says when its mapping stops carrying its I/O:
+/// suspended, until it is resumed. (One closed by hand under a published block device
+/// leaves a bind no longer proven the volume's: stats then answers that the volume is
+/// not at the path.)
+#[tokio::test]
+async fn a_suspended_or_closed_mapping_makes_the_volume_abnormal() {
+    let f = Fixture::new();
+    play_cryptsetup(&f);
+    let id = encrypted(&f, "pvc-blk", AccessType::Block).await;
+    f.stage(&with_key(f.stage_req(&id, AccessType::Block), KEY))
+        .await
+        .unwrap();
+    f.publish(&f.publish_req(&id, "target", AccessType::Block, false))
+        .await
+        .unwrap();
+    let req = crate::request::StatsRequest {
+        id: id.clone(),
+        volume_path: Some(f.host_path("target")),
+    };
+    let condition = || async {
+        match f.volumes.stats(&req).await.unwrap() {
+            VolumeStats::Block { condition, .. } => condition,
+            other => panic!("{other:?}"),
+        }
+    };
+    let healthy = condition().await;
+    assert!(!healthy.abnormal, "{healthy:?}");
+
+    f.syscalls.set_device_mapper_suspended((253, 40), true);
+    let c = condition().await;
+    assert!(c.abnormal, "{c:?}");
+    assert_eq!(
+        c.message,
+        format!(
+            "its dm-crypt mapping localvol-crypt-{id} is suspended: its I/O waits until \
+             `dmsetup resume localvol-crypt-{id}` (on {LOOP_DEV})"
+        )
+    );
+    f.syscalls.set_device_mapper_suspended((253, 40), false);
+    assert_eq!(condition().await, healthy);
+}

@@ -1,6 +1,7 @@
-//! NodeGetVolumeStats' condition for what the filesystem says of itself: I/O errors at
+//! NodeGetVolumeStats' condition for what the filesystem says of itself (I/O errors at
 //! its root, a read-only turn the kernel made, ext4's error count; each clears when the
-//! filesystem does.
+//! filesystem does) and for what fails under a loop volume (its image deleted, the disk
+//! under it full).
 
 use super::*;
 use crate::host::FilesystemState;
@@ -64,4 +65,48 @@ async fn a_filesystem_the_kernel_found_errors_in_is_abnormal_until_it_is_sound()
         },
     );
     assert_eq!(condition().await, healthy);
+}
+
+/// A loop volume's image deleted under its device, and the disk under the images
+/// filled by something else: each in the condition, in the backend's words.
+#[tokio::test]
+async fn a_loop_image_deleted_under_its_device_or_a_full_disk_is_reported() {
+    let f = Fixture::new();
+    let id = f.published("pvc-1", "target").await;
+    let req = crate::request::StatsRequest {
+        id: id.clone(),
+        volume_path: Some(f.host_path("target")),
+    };
+    let condition = || async {
+        match f.volumes.stats(&req).await.unwrap() {
+            VolumeStats::Filesystem { condition, .. } => condition,
+            other => panic!("{other:?}"),
+        }
+    };
+    let healthy = condition().await;
+    assert!(!healthy.abnormal, "{healthy:?}");
+    let image = f.path("loop").join(format!("{}.img", id.token));
+    let disk = |available_bytes| crate::host::FsUsage {
+        total_bytes: 100 << 30,
+        available_bytes,
+        ..crate::host::FsUsage::default()
+    };
+
+    f.syscalls.set_usage(disk(0));
+    let c = condition().await;
+    assert!(c.abnormal, "{c:?}");
+    assert!(c.message.contains("/loop) is full (0 KiB free)"), "{c:?}");
+    f.syscalls.set_usage(disk(50 << 30));
+    assert_eq!(condition().await, healthy);
+
+    f.syscalls.delete_loop_backing(Path::new(LOOP_DEV));
+    let c = condition().await;
+    assert_eq!(
+        c.message,
+        format!(
+            "its image {} was deleted while {LOOP_DEV} still holds it: the data is lost once the \
+             device is detached; copy it off the device before unstaging the volume",
+            image.display()
+        )
+    );
 }
