@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::MissedTickBehavior;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, StorageHealth};
 use crate::metrics::{ClassGauges, Metrics};
-use crate::model::full_message;
+use crate::model::{ClassName, full_message};
 use crate::volume::Volumes;
 
 async fn class_stats(backend: &Backend) -> Result<ClassGauges, BackendError> {
@@ -46,12 +46,33 @@ pub async fn refresh(volumes: &Volumes, metrics: &Metrics) {
             Ok(stats) => {
                 debug!(device_class = %backend.class(), ?stats, "class stats");
                 metrics.set_class_stats(backend.class(), stats);
+                match backend.storage_health().await {
+                    Ok(health) => report_storage_health(metrics, backend.class(), &health),
+                    Err(e) => {
+                        warn!(device_class = %backend.class(), error = %full_message(&e), "cannot check the class's storage health");
+                        metrics.class_stats_failed(backend.class());
+                    }
+                }
             }
             Err(e) => {
                 warn!(device_class = %backend.class(), error = %full_message(&e), "cannot refresh class stats");
                 metrics.class_stats_failed(backend.class());
             }
         }
+    }
+}
+
+/// Sets the class's storage health gauge, and logs a change once: a warning while it
+/// is degraded or critical, with what to look at, and a line when it is healthy again.
+fn report_storage_health(metrics: &Metrics, class: &ClassName, health: &StorageHealth) {
+    if !metrics.set_storage_health(class, health) {
+        return;
+    }
+    match health.reason() {
+        Some(reason) => {
+            warn!(device_class = %class, status = health.status(), reason, "the class's storage is not healthy")
+        }
+        None => info!(device_class = %class, "the class's storage is healthy again"),
     }
 }
 
@@ -173,6 +194,77 @@ mod tests {
         assert!(!text.contains(r#"storage_bytes{device_class="broken""#), "{text}");
     }
 
+    /// The disk under a loop class's images filled by something else: degraded once it
+    /// cannot hold what the volumes may still write, critical once full, healthy again
+    /// when space is freed; each change is one `true` of set_storage_health.
+    #[tokio::test]
+    async fn the_storage_health_gauge_follows_the_disk_under_a_loop_class() {
+        use crate::host::FsUsage;
+        let dir = tempfile::tempdir().unwrap();
+        let (commands, syscalls) = crate::host::fake::loop_machine(std::path::Path::new("/dev/loop7"), 0);
+        let host = Host {
+            commands,
+            syscalls: std::sync::Arc::new(syscalls.clone()),
+        };
+        let fast = ClassName::parse("fast").unwrap();
+        let class = LoopBackend::new(fast.clone(), dir.path().join("fast"), 1 << 30, host.clone());
+        class.prepare().await.unwrap();
+        class
+            .create(&CreateSpec {
+                token: Token::for_name("pvc-a"),
+                name: "pvc-a".to_string(),
+                size_bytes: 16 << 20,
+                mode: VolumeMode::Filesystem,
+                fs_type: None,
+                claim: Default::default(),
+                encryption: None,
+            })
+            .await
+            .unwrap();
+        let volumes = Volumes::new(
+            vec![Backend::Loop(class)],
+            fast.clone(),
+            BTreeMap::new(),
+            host,
+            "node-1".into(),
+        );
+        let metrics = Metrics::new();
+        let status = |metrics: &Metrics| {
+            let text = metrics.render();
+            StorageHealth::STATUSES
+                .into_iter()
+                .filter(|s| {
+                    value(
+                        &text,
+                        &format!(r#"localvol_storage_health{{device_class="fast",status="{s}"}}"#),
+                    ) == Some(1.0)
+                })
+                .collect::<Vec<_>>()
+        };
+        let disk = |available_bytes| FsUsage {
+            total_bytes: 100 << 30,
+            available_bytes,
+            ..FsUsage::default()
+        };
+        refresh(&volumes, &metrics).await;
+        assert_eq!(status(&metrics), ["healthy"]);
+        for (available, want) in [(4 << 20, "degraded"), (0, "critical"), (50 << 30, "healthy")] {
+            syscalls.set_usage(disk(available));
+            refresh(&volumes, &metrics).await;
+            assert_eq!(status(&metrics), [want], "{available} bytes free");
+        }
+        // Changes, and only changes, are reported for the log.
+        let critical = StorageHealth::Critical("full".into());
+        assert!(metrics.set_storage_health(&fast, &critical));
+        assert!(!metrics.set_storage_health(&fast, &critical));
+        assert!(metrics.set_storage_health(&fast, &StorageHealth::Healthy));
+        let other = ClassName::parse("other").unwrap();
+        assert!(
+            !metrics.set_storage_health(&other, &StorageHealth::Healthy),
+            "a first healthy status"
+        );
+    }
+
     fn value(text: &str, series: &str) -> Option<f64> {
         line(text, &format!("{series} "))?
             .rsplit(' ')
@@ -285,6 +377,26 @@ mod tests {
         let metadata = ratio("metadata", "thin").expect("metadata ratio exported");
         assert!((metadata - 0.1201).abs() < 1e-9, "{metadata}");
         assert_eq!(ratio("data", "ssd"), None, "a thick class has no pool: {text}");
+        let health = |text: &str, class: &str, status: &str| {
+            value(
+                text,
+                &format!(r#"localvol_storage_health{{device_class="{class}",status="{status}"}}"#),
+            )
+        };
+        assert_eq!(health(&text, "ssd", "healthy"), Some(1.0), "{text}");
+        assert_eq!(health(&text, "thin", "healthy"), Some(1.0), "{text}");
+
+        // The pool out of data space, as lvm marks it: the thin class is critical, the
+        // thick one on the same VG is not.
+        *lvs.lock().unwrap() = LVS
+            .replace(r#""data_percent":"6.25""#, r#""data_percent":"100.00""#)
+            .replace("twi-aotz--", "twi-aotzD-");
+        group.invalidate();
+        refresh(&volumes, &metrics).await;
+        let text = metrics.render();
+        assert_eq!(health(&text, "thin", "critical"), Some(1.0), "{text}");
+        assert_eq!(health(&text, "thin", "healthy"), Some(0.0), "{text}");
+        assert_eq!(health(&text, "ssd", "healthy"), Some(1.0), "{text}");
 
         // The pool is deactivated: lvm reports no fill, and the gauges go rather than
         // stay at their last values; the thick class is unaffected.

@@ -19,7 +19,7 @@ use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::backend::{ClassCapacity, StoreUsage};
+use crate::backend::{ClassCapacity, StorageHealth, StoreUsage};
 use crate::health::Health;
 use crate::model::ClassName;
 
@@ -40,6 +40,7 @@ pub struct Metrics {
     storage_bytes: IntGaugeVec,
     stats_errors: IntCounterVec,
     class_available: IntGaugeVec,
+    storage_health: IntGaugeVec,
     thin_pool: Arc<OnceLock<ThinPoolMetrics>>,
     pub reclaim: ReclaimMetrics,
     resize: Arc<OnceLock<IntCounterVec>>,
@@ -224,6 +225,14 @@ impl Metrics {
              it is missing (the class then offers no capacity here)",
             &["device_class"],
         );
+        let storage_health = int_gauges(
+            &registry,
+            "storage_health",
+            "1 for the status a device class's storage is in (healthy, degraded: a disk of its \
+             VG missing or a pool or disk filling up; critical: its volumes' writes fail or are \
+             about to), 0 for the others",
+            &["device_class", "status"],
+        );
         let build_info = int_gauges(
             &registry,
             "build_info",
@@ -261,6 +270,7 @@ impl Metrics {
             storage_bytes,
             stats_errors,
             class_available,
+            storage_health,
             thin_pool: Arc::default(),
             reclaim,
             resize: Arc::default(),
@@ -336,6 +346,24 @@ impl Metrics {
             .set(i64::from(available));
     }
 
+    /// The status of `class`'s storage, one-hot over [`StorageHealth::STATUSES`].
+    /// Returns whether it changed (a class's first status counts as a change only when
+    /// it is not healthy), for the refresh to log it once.
+    pub fn set_storage_health(&self, class: &ClassName, health: &StorageHealth) -> bool {
+        let class = class.as_str();
+        let previous = StorageHealth::STATUSES.into_iter().find(|status| {
+            self.storage_health
+                .get_metric_with_label_values(&[class, status])
+                .is_ok_and(|g| g.get() == 1)
+        });
+        for status in StorageHealth::STATUSES {
+            self.storage_health
+                .with_label_values(&[class, status])
+                .set(i64::from(status == health.status()));
+        }
+        previous.unwrap_or("healthy") != health.status()
+    }
+
     /// Records a failed refresh of `class`: its gauges are removed rather than left
     /// showing old numbers, and the failure is counted.
     pub fn class_stats_failed(&self, class: &ClassName) {
@@ -349,6 +377,9 @@ impl Metrics {
         }
         self.clear_storage(class);
         self.clear_thin_pool_usage(class);
+        for status in StorageHealth::STATUSES {
+            let _ = self.storage_health.remove_label_values(&[class, status]);
+        }
         self.stats_errors.with_label_values(&[class]).inc();
     }
 

@@ -25,8 +25,8 @@ pub use lvm::{LvmBackend, LvmError};
 pub use open::Opener;
 pub use pmem::{PmemBackend, PmemError};
 pub use records::{
-    ClassCapacity, CopySource, CreateSpec, FormatMark, SnapshotRecord, SnapshotSpec, StoreUsage,
-    ThinPoolFill, VolumeHealth, VolumeRecord,
+    ClassCapacity, CopySource, CreateSpec, FormatMark, SnapshotRecord, SnapshotSpec, StorageHealth,
+    StoreUsage, ThinPoolFill, VolumeHealth, VolumeRecord,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +213,16 @@ impl Backend {
             Backend::Loop(b) => b.capacity().await,
             Backend::Lvm(b) => b.capacity().await,
             Backend::Pmem(b) => b.capacity().await,
+        }
+    }
+
+    /// The state of the class's storage as a whole, from what its refresh reads anyway.
+    /// A PMEM region says nothing of its health in the listing localvol reads: healthy.
+    pub async fn storage_health(&self) -> Result<StorageHealth, BackendError> {
+        match self {
+            Backend::Loop(b) => b.storage_health().await,
+            Backend::Lvm(b) => b.storage_health().await,
+            Backend::Pmem(_) => Ok(StorageHealth::Healthy),
         }
     }
 

@@ -100,6 +100,38 @@ pub enum VolumeHealth {
     Abnormal(String),
 }
 
+/// The state of the storage under a whole device class (the VG, the thin pool, the
+/// filesystem of a loop class's images), as its refresh finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageHealth {
+    Healthy,
+    /// Still serving, but a part of it failed or it is filling up: said, and the
+    /// operator acts before it becomes critical.
+    Degraded(String),
+    /// Its volumes' writes fail or are about to, and it takes no new volume.
+    Critical(String),
+}
+
+impl StorageHealth {
+    /// The `status` label of `localvol_storage_health`.
+    pub const STATUSES: [&'static str; 3] = ["healthy", "degraded", "critical"];
+
+    pub fn status(&self) -> &'static str {
+        match self {
+            StorageHealth::Healthy => "healthy",
+            StorageHealth::Degraded(_) => "degraded",
+            StorageHealth::Critical(_) => "critical",
+        }
+    }
+
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            StorageHealth::Healthy => None,
+            StorageHealth::Degraded(why) | StorageHealth::Critical(why) => Some(why),
+        }
+    }
+}
+
 /// Space in a device class, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClassCapacity {

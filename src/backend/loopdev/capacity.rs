@@ -9,7 +9,7 @@ impl LoopBackend {
     /// Bytes promised to volumes, and bytes of those promises not yet backed by disk.
     /// Two trips to the blocking pool whatever the number of volumes: every create
     /// makes this count under the allocation lock.
-    async fn allocated(&self) -> Result<(u64, u64), BackendError> {
+    pub(super) async fn allocated(&self) -> Result<(u64, u64), BackendError> {
         let records = self.list().await?;
         let images = records.iter().map(|r| self.image_path(&r.id.token)).collect();
         let used = files::allocated_bytes_of(&self.dir, images).await?;

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::{ALIGNMENT, LoopBackend};
-use crate::backend::{BackendError, VolumeHealth, VolumeRecord};
+use crate::backend::{BackendError, StorageHealth, VolumeHealth, VolumeRecord};
 
 impl LoopBackend {
     /// The health of a staged volume: its image on a loop device, and room on the disk
@@ -31,30 +31,65 @@ impl LoopBackend {
         }
         let (disk, used) = tokio::join!(self.host.syscalls.statvfs(&self.dir), self.allocated_bytes(token));
         let unbacked = record.size_bytes.saturating_sub(used?);
-        Ok(disk_health(&self.dir, disk?.available_bytes, unbacked))
+        Ok(disk_health(
+            &self.dir,
+            disk?.available_bytes,
+            unbacked,
+            Whose::Volume,
+        ))
     }
 }
 
+impl LoopBackend {
+    /// Whether the filesystem under the class's images holds what all its volumes may
+    /// still write: the count capacity makes (a walk over the class, which the refresh
+    /// that asks this makes anyway).
+    pub async fn storage_health(&self) -> Result<StorageHealth, BackendError> {
+        let (_, unbacked) = self.allocated().await?;
+        let disk = self.host.syscalls.statvfs(&self.dir).await?;
+        Ok(
+            match disk_health(&self.dir, disk.available_bytes, unbacked, Whose::Class) {
+                VolumeHealth::Healthy => StorageHealth::Healthy,
+                VolumeHealth::Warning(why) => StorageHealth::Degraded(why),
+                VolumeHealth::Abnormal(why) => StorageHealth::Critical(why),
+            },
+        )
+    }
+}
+
+/// Whose writes [`disk_health`] speaks of.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Whose {
+    /// One volume's: the condition of its stats.
+    Volume,
+    /// All the class's volumes': its storage health.
+    Class,
+}
+
 /// Whether the filesystem holding the images (`dir`, with `free` bytes available) can
-/// take the volume's `unbacked` bytes not yet on disk. A sparse image needs space for
-/// every first write to a block: without it the loop device answers the write with an
-/// I/O error. Capacity keeps room for every volume's unbacked bytes, so a shortfall
-/// means something else filled the disk.
-pub(super) fn disk_health(dir: &Path, free: u64, unbacked: u64) -> VolumeHealth {
+/// take the `unbacked` bytes not yet on disk (one volume's, or the class's). A sparse
+/// image needs space for every first write to a block: without it the loop device
+/// answers the write with an I/O error. Capacity keeps room for every volume's unbacked
+/// bytes, so a shortfall means something else filled the disk.
+pub(super) fn disk_health(dir: &Path, free: u64, unbacked: u64, whose: Whose) -> VolumeHealth {
+    let (images, volumes) = match whose {
+        Whose::Volume => ("its image", "the volume"),
+        Whose::Class => ("the class's images", "its volumes"),
+    };
     if unbacked == 0 || free >= unbacked {
         VolumeHealth::Healthy
     } else if free < ALIGNMENT {
         VolumeHealth::Abnormal(format!(
-            "the filesystem holding its image ({}) is full ({} free): its writes to the {} of \
-             the volume not yet on disk fail with I/O errors; free space there",
+            "the filesystem holding {images} ({}) is full ({} free): writes to the {} of \
+             {volumes} not yet on disk fail with I/O errors; free space there",
             dir.display(),
             mib(free),
             mib(unbacked)
         ))
     } else {
         VolumeHealth::Warning(format!(
-            "the filesystem holding its image ({}) has {} free, less than the {} of the volume \
-             not yet on disk: its writes fail once that is full",
+            "the filesystem holding {images} ({}) has {} free, less than the {} of {volumes} \
+             not yet on disk: their writes fail once that is full",
             dir.display(),
             mib(free),
             mib(unbacked)
@@ -80,23 +115,33 @@ mod tests {
     #[test]
     fn a_disk_that_holds_what_the_image_may_still_write_is_healthy() {
         let dir = Path::new("/var/lib/localvol/loop/fast");
-        assert_eq!(disk_health(dir, 0, 0), VolumeHealth::Healthy, "fully written");
-        assert_eq!(disk_health(dir, 64 * MIB, 64 * MIB), VolumeHealth::Healthy);
+        let volume = |free, unbacked| disk_health(dir, free, unbacked, Whose::Volume);
+        assert_eq!(volume(0, 0), VolumeHealth::Healthy, "fully written");
+        assert_eq!(volume(64 * MIB, 64 * MIB), VolumeHealth::Healthy);
         assert_eq!(
-            disk_health(dir, 8 * MIB, 64 * MIB),
+            volume(8 * MIB, 64 * MIB),
             VolumeHealth::Warning(
                 "the filesystem holding its image (/var/lib/localvol/loop/fast) has 8.0 MiB free, \
-                 less than the 64.0 MiB of the volume not yet on disk: its writes fail once that \
-                 is full"
+                 less than the 64.0 MiB of the volume not yet on disk: their writes fail once \
+                 that is full"
                     .to_string()
             )
         );
         assert_eq!(
-            disk_health(dir, 4096, 64 * MIB),
+            volume(4096, 64 * MIB),
             VolumeHealth::Abnormal(
                 "the filesystem holding its image (/var/lib/localvol/loop/fast) is full (4 KiB \
-                 free): its writes to the 64.0 MiB of the volume not yet on disk fail with I/O \
+                 free): writes to the 64.0 MiB of the volume not yet on disk fail with I/O \
                  errors; free space there"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            disk_health(dir, 4096, 640 * MIB, Whose::Class),
+            VolumeHealth::Abnormal(
+                "the filesystem holding the class's images (/var/lib/localvol/loop/fast) is full \
+                 (4 KiB free): writes to the 640.0 MiB of its volumes not yet on disk fail with \
+                 I/O errors; free space there"
                     .to_string()
             )
         );

@@ -40,7 +40,9 @@ pub use self::health::PoolHealth;
 use self::report::Lv;
 use self::tags::Ownership;
 pub use self::vg::{CONTAINER_CONFIG, LvmError, VgState, VolumeGroup, lvm_command};
-use super::{BackendError, ClassCapacity, StoreUsage, ThinPoolFill, VolumeHealth, VolumeRecord};
+use super::{
+    BackendError, ClassCapacity, StorageHealth, StoreUsage, ThinPoolFill, VolumeHealth, VolumeRecord,
+};
 use crate::config::PoolThresholds;
 use crate::fs::FormatOptions;
 use crate::host::{CommandError, CommandSpec, Host};
@@ -324,6 +326,19 @@ impl LvmBackend {
                 Some(PoolHealth::Warning(w)) => VolumeHealth::Warning(w),
                 _ => VolumeHealth::Healthy,
             },
+        })
+    }
+
+    /// The VG and, for lvm-thin, its pool, from the cached report: critical for the
+    /// pool's critical state, degraded for a VG missing a PV or a pool past its warning
+    /// threshold.
+    pub async fn storage_health(&self) -> Result<StorageHealth, BackendError> {
+        let state = self.vg.state().await?;
+        Ok(match self.pool_health(&state) {
+            Some(PoolHealth::Critical(why)) => StorageHealth::Critical(why),
+            _ if state.vg.missing_pvs > 0 => StorageHealth::Degraded(health::vg_missing_pvs(&state.vg)),
+            Some(PoolHealth::Warning(why)) => StorageHealth::Degraded(why),
+            Some(PoolHealth::Healthy) | None => StorageHealth::Healthy,
         })
     }
 
