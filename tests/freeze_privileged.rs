@@ -105,6 +105,9 @@ impl Syscalls for HeldCopies {
     async fn device_mapper_suspended(&self, dev: u64) -> Result<bool, SyscallError> {
         self.real.device_mapper_suspended(dev).await
     }
+    async fn bad_sectors(&self, dev: u64) -> Result<u64, SyscallError> {
+        self.real.bad_sectors(dev).await
+    }
     async fn filesystem_state(&self, mount: &MountedAt) -> FilesystemState {
         self.real.filesystem_state(mount).await
     }

@@ -269,13 +269,13 @@ impl Backend {
     }
 
     /// What is wrong under a staged volume: for LVM, the LV and its thin pool in the
-    /// cached report; for a loop file, its image on its device and the disk under it.
-    /// PMEM namespaces are healthy while their device exists.
+    /// cached report; for a loop file, its image on its device and the disk under it;
+    /// for a PMEM namespace, the media errors the kernel knows of.
     pub async fn volume_health(&self, record: &VolumeRecord) -> Result<VolumeHealth, BackendError> {
         match self {
             Backend::Lvm(b) => b.volume_health(&record.id.token).await,
             Backend::Loop(b) => b.volume_health(record).await,
-            Backend::Pmem(_) => Ok(VolumeHealth::Healthy),
+            Backend::Pmem(b) => b.volume_health(&record.id.token).await,
         }
     }
 

@@ -104,6 +104,27 @@ async fn block_lifecycle(c: &Csi, class: &str, size: u64, grown: u64) {
     if class == "pmem" {
         let err = c.expand_controller(&id, grown).await.unwrap_err();
         assert_eq!(err.code(), Code::OutOfRange, "{}", err.message());
+        // Media errors, as the kernel records them (the badblocks list the pmem driver
+        // answers EIO from): the volume is abnormal. They go with the namespace.
+        let disk = block_device_name(&dev);
+        let sector = got / 512 / 2;
+        std::fs::write(format!("/sys/block/{disk}/badblocks"), format!("{sector} 8")).unwrap();
+        assert!(
+            std::fs::File::open(&dev)
+                .and_then(|mut f| {
+                    f.seek(SeekFrom::Start(sector * 512))?;
+                    f.read_exact(&mut [0u8; 512])
+                })
+                .is_err(),
+            "a bad sector reads as an error"
+        );
+        let condition = c.client.stats(&id, &dev).await.unwrap().volume_condition.unwrap();
+        assert!(condition.abnormal, "{condition:?}");
+        assert!(
+            condition.message.contains("has 8 bad sectors (media errors"),
+            "{condition:?}"
+        );
+        t.done("media errors reported");
     } else {
         let expanded = c.expand_controller(&id, grown).await.unwrap();
         assert_eq!(expanded.capacity_bytes as u64, grown);
@@ -130,6 +151,15 @@ async fn block_lifecycle(c: &Csi, class: &str, size: u64, grown: u64) {
         "{class}: {:?}",
         leftovers(class, &name)
     );
+}
+
+/// The kernel's name of the block device whose node is `dev` (`pmem0.1`).
+fn block_device_name(dev: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(dev).unwrap().rdev();
+    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+    let link = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).unwrap();
+    link.file_name().unwrap().to_string_lossy().into_owned()
 }
 
 /// ext4 and xfs filesystem volumes, then a block volume, in `class`; the xfs volume grows

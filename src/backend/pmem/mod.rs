@@ -47,7 +47,7 @@ use tracing::{info, warn};
 use self::ndctl::{Namespace, Region};
 use super::cache::{DEFAULT_TTL, KNOWN_TTL, ReportCache};
 use super::files;
-use super::{BackendError, ClassCapacity, VolumeRecord};
+use super::{BackendError, ClassCapacity, VolumeHealth, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::{CommandError, CommandSpec, Host};
 use crate::model::{CapacityRange, ClaimRef, DEFAULT_VOLUME_BYTES, ValidationError};
@@ -378,6 +378,35 @@ impl PmemBackend {
 
     pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
         Ok(self.capacity_of(&*self.sized_state().await?))
+    }
+
+    /// Media errors under the volume: the bad sectors the kernel lists for its
+    /// namespace's block device (one sysfs read). Reads of them fail with EIO, and what
+    /// they held is lost.
+    pub async fn volume_health(&self, token: &Token) -> Result<VolumeHealth, BackendError> {
+        let Some((_, ns)) = self.volume(token).await? else {
+            return Ok(VolumeHealth::Healthy);
+        };
+        let Some(device) = self.device_of(&ns) else {
+            return Ok(VolumeHealth::Healthy);
+        };
+        let Some(dev) = self.host.syscalls.device_number(&device).await? else {
+            return Ok(VolumeHealth::Healthy);
+        };
+        let bad = self.host.syscalls.bad_sectors(dev).await?;
+        Ok(if bad == 0 {
+            VolumeHealth::Healthy
+        } else {
+            VolumeHealth::Abnormal(format!(
+                "its namespace {} has {bad} bad sector{} (media errors the kernel lists in \
+                 /sys/block/{}/badblocks): reads of them fail and what they held is lost; copy \
+                 off what reads, then clear them (ndctl clear-errors {}) or delete the volume",
+                ns.dev,
+                if bad == 1 { "" } else { "s" },
+                ns.blockdev.as_deref().unwrap_or_default(),
+                ns.dev
+            ))
+        })
     }
 
     fn device_of(&self, ns: &Namespace) -> Option<PathBuf> {

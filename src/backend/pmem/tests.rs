@@ -180,22 +180,25 @@ async fn open(
     Arc<FakeCommands>,
     Result<PmemBackend, BackendError>,
     tempfile::TempDir,
+    FakeSyscalls,
 ) {
     let commands = Arc::new(FakeCommands::default());
     simulate(&commands, region);
+    let syscalls = FakeSyscalls::default();
     let host = Host {
         commands: commands.clone(),
-        syscalls: Arc::new(FakeSyscalls::default()),
+        syscalls: Arc::new(syscalls.clone()),
     };
     let dir = tempfile::tempdir().unwrap();
     let class = ClassName::parse("pmem").unwrap();
     let opened = PmemBackend::open(class, region_name.into(), dir.path().join("pmem"), host).await;
-    (commands, opened, dir)
+    (commands, opened, dir, syscalls)
 }
 
 struct Fixture {
     region: Shared,
     commands: Arc<FakeCommands>,
+    syscalls: FakeSyscalls,
     backend: PmemBackend,
     _dir: tempfile::TempDir,
 }
@@ -206,10 +209,11 @@ impl Fixture {
             size: 1 << 30,
             ..FakeRegion::default()
         }));
-        let (commands, opened, dir) = open(&region, "region0").await;
+        let (commands, opened, dir, syscalls) = open(&region, "region0").await;
         Self {
             region,
             commands,
+            syscalls,
             backend: opened.unwrap(),
             _dir: dir,
         }
@@ -426,6 +430,33 @@ async fn a_namespace_cannot_grow() {
     );
 }
 
+/// The kernel's list of bad sectors on a namespace's device makes the volume abnormal,
+/// naming the namespace and how to clear them.
+#[tokio::test]
+async fn media_errors_on_a_namespace_make_its_volume_abnormal() {
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
+    assert_eq!(
+        f.backend.volume_health(&token).await.unwrap(),
+        VolumeHealth::Healthy
+    );
+    f.syscalls.add_device("/dev/pmem0", 259, 0, 62 * MIB);
+    assert_eq!(
+        f.backend.volume_health(&token).await.unwrap(),
+        VolumeHealth::Healthy
+    );
+    f.syscalls.set_bad_sectors((259, 0), 8);
+    assert_eq!(
+        f.backend.volume_health(&token).await.unwrap(),
+        VolumeHealth::Abnormal(
+            "its namespace namespace0.0 has 8 bad sectors (media errors the kernel lists in \
+             /sys/block/pmem0/badblocks): reads of them fail and what they held is lost; copy \
+             off what reads, then clear them (ndctl clear-errors namespace0.0) or delete the \
+             volume"
+                .to_string()
+        )
+    );
+}
+
 #[tokio::test]
 async fn a_disabled_namespace_is_enabled_on_attach() {
     let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
@@ -451,7 +482,7 @@ async fn long_tokens_get_short_namespace_names() {
 
 #[tokio::test]
 async fn a_missing_region_fails_at_open() {
-    let (_, opened, _dir) = open(&Arc::new(Mutex::new(FakeRegion::default())), "region9").await;
+    let (_, opened, _dir, _) = open(&Arc::new(Mutex::new(FakeRegion::default())), "region9").await;
     let err = opened.unwrap_err();
     assert!(
         matches!(err, BackendError::Pmem(PmemError::RegionNotFound { .. })),

@@ -46,6 +46,8 @@ struct SyscallState {
     dm_names: Vec<String>,
     /// Device-mapper devices suspended (`device_mapper_suspended`), by major:minor.
     dm_suspended: std::collections::HashSet<(u32, u32)>,
+    /// Bad sectors per device (`bad_sectors`), by major:minor.
+    bad_sectors: HashMap<(u32, u32), u64>,
     filesystem_states: HashMap<(u32, u32), FilesystemState>,
 }
 
@@ -98,6 +100,11 @@ impl FakeSyscalls {
         } else {
             s.dm_suspended.remove(&dev);
         }
+    }
+
+    /// The kernel knows `sectors` bad sectors on device `dev` from now on.
+    pub fn set_bad_sectors(&self, dev: (u32, u32), sectors: u64) {
+        self.state.lock().unwrap().bad_sectors.insert(dev, sectors);
     }
 
     /// What the filesystem on device `dev` says of itself from now on.
@@ -381,6 +388,21 @@ impl Syscalls for FakeSyscalls {
             nix::sys::stat::minor(dev) as u32,
         );
         Ok(self.state.lock().unwrap().dm_suspended.contains(&key))
+    }
+
+    async fn bad_sectors(&self, dev: u64) -> Result<u64, SyscallError> {
+        let key = (
+            nix::sys::stat::major(dev) as u32,
+            nix::sys::stat::minor(dev) as u32,
+        );
+        Ok(self
+            .state
+            .lock()
+            .unwrap()
+            .bad_sectors
+            .get(&key)
+            .copied()
+            .unwrap_or(0))
     }
 
     async fn device_slaves(&self, dev: u64) -> Result<Vec<u64>, SyscallError> {
