@@ -4,8 +4,8 @@
 //! below it, a wrong passphrase changes nothing, the data comes back after an unstage
 //! and a restage, the mapping grows with the volume, a key rotation done as
 //! docs/encryption.md says keeps the data readable, a snapshot's restore and a clone
-//! open with the source's passphrase, and the real daemon finds an open mapping after
-//! a SIGKILL.
+//! open with the source's passphrase, a suspended mapping shows in the volume's
+//! condition, and the real daemon finds an open mapping after a SIGKILL.
 
 use std::collections::HashMap;
 
@@ -194,6 +194,28 @@ async fn encrypted_lifecycle(c: &Csi, class: &str, kind: &str, rotate: bool) {
     } else {
         "staged again; data read back"
     });
+    if rotate {
+        // A suspended mapping holds the volume's I/O: its condition says so, with the
+        // command that resumes it, and is healthy again once that ran.
+        let dm = format!("localvol-crypt-{id}");
+        sh("dmsetup", &["suspend", &dm]);
+        let condition = c
+            .client
+            .stats(&id, &target)
+            .await
+            .unwrap()
+            .volume_condition
+            .unwrap();
+        sh("dmsetup", &["resume", &dm]);
+        assert!(condition.abnormal, "{condition:?}");
+        assert!(
+            condition.message.starts_with(&format!(
+                "its dm-crypt mapping {dm} is suspended: its I/O waits until `dmsetup resume {dm}`"
+            )),
+            "{condition:?}"
+        );
+        t.done("suspended mapping reported");
+    }
     // Growth: the device, then the mapping, then the filesystem.
     let before = if block { 0 } else { c.stats_total(&id, &name).await };
     c.expand_controller(&id, grown).await.unwrap();
