@@ -154,7 +154,17 @@ async fn status_lists_volumes_as_table_and_json() {
     );
     assert_eq!(second["staged_paths"], json!([]));
     assert_eq!(second["published_paths"], json!([]));
+    assert!(second["condition"].is_null(), "not staged: {second:#}");
     if staged_too {
+        // The daemon's own condition for it, as kubelet would read it.
+        assert_eq!(first["condition"]["abnormal"], false, "{first:#}");
+        assert!(
+            first["condition"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("healthy on /dev/loop"),
+            "{first:#}"
+        );
         assert!(
             first["device"].as_str().unwrap().starts_with("/dev/loop"),
             "{first:#}"
@@ -194,7 +204,8 @@ async fn status_lists_volumes_as_table_and_json() {
     assert_eq!(lines[0], "NODE test-node");
     assert!(lines[1].starts_with("ID "), "{table}");
     assert_eq!(lines.len(), 4, "{table}");
-    // Cells are cut at the header's column starts: the last two may hold spaces.
+    // Cells are cut at the header's column starts: LAST-RECLAIM and RESIZE may hold
+    // spaces.
     let header = lines[1];
     let names = [
         "ID",
@@ -208,6 +219,7 @@ async fn status_lists_volumes_as_table_and_json() {
         "LAST-RECLAIM",
         "RESIZE",
         "ENCRYPTION",
+        "HEALTH",
     ];
     let starts: Vec<usize> = names
         .iter()
@@ -238,6 +250,7 @@ async fn status_lists_volumes_as_table_and_json() {
         unstaged[9].starts_with("128Mi, node expansion pending ("),
         "{table}"
     );
+    assert_eq!(unstaged[11], "-", "not staged: {table}");
     let staged_row = row(&ids[0]);
     assert_eq!(staged_row[1], "default", "{table}");
     assert_eq!(staged_row[6], "apps/data", "{table}");
@@ -257,6 +270,7 @@ async fn status_lists_volumes_as_table_and_json() {
             "failed to 128Mi (node, "
         };
         assert!(staged_row[9].starts_with(resize), "{table}");
+        assert_eq!(staged_row[11], "healthy", "{table}");
         csi.unpublish(&ids[0], &target).await.unwrap();
         // The pod no longer uses it; the claim, reclaim and resize are still known.
         let after: Value = serde_json::from_str(&stdout(&status(&daemon, &["-o", "json"]).await)).unwrap();

@@ -116,6 +116,16 @@ pub struct VolumeStatus {
     pub pods: Vec<ObjectName>,
     pub last_reclaim: Option<ReclaimStatus>,
     pub resize_state: Option<ResizeStatus>,
+    /// The daemon's NodeGetVolumeStats condition while the volume is staged: what
+    /// kubelet's volume health sees.
+    pub condition: Option<ConditionStatus>,
+}
+
+/// A volume's condition as the daemon reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConditionStatus {
+    pub abnormal: bool,
+    pub message: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -182,7 +192,9 @@ pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), S
     let channel = socket::connect(&path)
         .await
         .map_err(|source| StatusError::Connect { path, source })?;
-    let node = NodeClient::new(channel.clone())
+    let mut node_client = NodeClient::new(channel.clone());
+    let node = node_client
+        .clone()
         .node_get_info(csi::NodeGetInfoRequest {})
         .await
         .map_err(rpc("NodeGetInfo"))?
@@ -242,12 +254,39 @@ pub async fn collect(args: &StatusArgs) -> Result<(StatusReport, Vec<String>), S
                         Err(e) => warnings.push(format!("{}: {e}", status.id)),
                     }
                 }
+                if let Some(path) = status.published_paths.first().or(status.staged_paths.first()) {
+                    match condition_of(&mut node_client, &status.id, path).await {
+                        Ok(condition) => status.condition = condition,
+                        Err(e) => warnings.push(format!("{}: {e}", status.id)),
+                    }
+                }
             }
             Err(warning) => warnings.push(format!("{}: {warning}", status.id)),
         }
         report.volumes.push(status);
     }
     Ok((report, warnings))
+}
+
+/// The volume's condition, asked of the daemon at one of its paths as kubelet asks it.
+async fn condition_of(
+    client: &mut NodeClient<Channel>,
+    id: &str,
+    path: &std::path::Path,
+) -> Result<Option<ConditionStatus>, StatusError> {
+    let stats = client
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: id.to_string(),
+            volume_path: path.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .map_err(rpc("NodeGetVolumeStats"))?
+        .into_inner();
+    Ok(stats.volume_condition.map(|c| ConditionStatus {
+        abnormal: c.abnormal,
+        message: c.message,
+    }))
 }
 
 /// Every page of a paged listing: `call` gets a starting token and returns that page's
@@ -357,6 +396,7 @@ fn from_listing(volume: &csi::Volume) -> VolumeStatus {
         pods: Vec::new(),
         last_reclaim: None,
         resize_state: None,
+        condition: None,
     }
 }
 

@@ -89,8 +89,8 @@ pub fn render_table(report: &StatusReport) -> String {
     render_table_at(report, Timestamp::now())
 }
 
-/// The tables, with ages counted back from `now`: the volumes, then the snapshots per
-/// class when there are any. In the volume table the last two cells may hold spaces,
+/// The tables, with ages counted back from `now`: the volumes (and a line for each
+/// abnormal one, saying why), then the snapshots per class when there are any. In the volume table the last two cells may hold spaces,
 /// in the snapshot table the last one; every other cell is a single word.
 pub fn render_table_at(report: &StatusReport, now: Timestamp) -> String {
     let dash = || "-".to_string();
@@ -107,6 +107,7 @@ pub fn render_table_at(report: &StatusReport, now: Timestamp) -> String {
             "LAST-RECLAIM",
             "RESIZE",
             "ENCRYPTION",
+            "HEALTH",
         ]
         .map(str::to_string),
     ];
@@ -137,10 +138,21 @@ pub fn render_table_at(report: &StatusReport, now: Timestamp) -> String {
                 .map(|r| resize_cell(r, now))
                 .unwrap_or_else(dash),
             v.encryption.map(str::to_string).unwrap_or_else(dash),
+            match &v.condition {
+                Some(c) if c.abnormal => "abnormal".to_string(),
+                Some(_) => "healthy".to_string(),
+                None => dash(),
+            },
         ]);
     }
     let mut out = format!("NODE {}\n", report.node);
     aligned(&rows, &mut out);
+    // What is wrong, in the daemon's words: too long for a cell.
+    for v in &report.volumes {
+        if let Some(c) = v.condition.as_ref().filter(|c| c.abnormal) {
+            out.push_str(&format!("ABNORMAL {}: {}\n", v.id, one_line(&c.message)));
+        }
+    }
     if !report.snapshots.is_empty() {
         out.push('\n');
         let mut rows = vec![["SNAPSHOT", "CLASS", "SOURCE", "SIZE", "CREATED"].map(str::to_string)];

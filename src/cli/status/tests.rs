@@ -129,6 +129,7 @@ fn report() -> StatusReport {
                 pods: Vec::new(),
                 last_reclaim: None,
                 resize_state: None,
+                condition: None,
             },
             VolumeStatus {
                 id: "fast.pvc-2".into(),
@@ -144,6 +145,7 @@ fn report() -> StatusReport {
                 pods: Vec::new(),
                 last_reclaim: None,
                 resize_state: None,
+                condition: None,
             },
         ],
         snapshots: Vec::new(),
@@ -152,7 +154,12 @@ fn report() -> StatusReport {
 
 #[test]
 fn table_has_a_row_per_volume_and_dashes_for_unknowns() {
-    let text = render_table(&report());
+    let mut report = report();
+    report.volumes[0].condition = Some(ConditionStatus {
+        abnormal: true,
+        message: "its ext4 filesystem recorded 1 error since its last fsck (on /dev/loop3)".into(),
+    });
+    let text = render_table(&report);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "NODE node-1");
     let header: Vec<&str> = lines[1].split_whitespace().collect();
@@ -169,7 +176,8 @@ fn table_has_a_row_per_volume_and_dashes_for_unknowns() {
             "POD",
             "LAST-RECLAIM",
             "RESIZE",
-            "ENCRYPTION"
+            "ENCRYPTION",
+            "HEALTH"
         ]
     );
     let first: Vec<&str> = lines[2].split_whitespace().collect();
@@ -186,7 +194,8 @@ fn table_has_a_row_per_volume_and_dashes_for_unknowns() {
             "-",
             "-",
             "-",
-            "luks2"
+            "luks2",
+            "abnormal"
         ]
     );
     let second: Vec<&str> = lines[3].split_whitespace().collect();
@@ -203,20 +212,33 @@ fn table_has_a_row_per_volume_and_dashes_for_unknowns() {
             "-",
             "-",
             "-",
+            "-",
             "-"
         ]
     );
     // Columns line up: every row's second column starts where the header's does.
     let column = lines[1].find("CLASS").unwrap();
     assert_eq!(lines[2].find("fast ").unwrap(), column);
-    assert_eq!(lines.len(), 4);
+    // Why the abnormal one is, below the table.
+    assert_eq!(
+        lines[4],
+        "ABNORMAL fast.pvc-1: its ext4 filesystem recorded 1 error since its last fsck (on /dev/loop3)"
+    );
+    assert_eq!(lines.len(), 5);
 }
 
 #[test]
 fn json_has_nulls_for_what_is_not_known() {
     let value = serde_json::to_value(report()).unwrap();
     let second = &value["volumes"][1];
-    for field in ["used_bytes", "device", "pvc", "last_reclaim", "resize_state"] {
+    for field in [
+        "used_bytes",
+        "device",
+        "pvc",
+        "last_reclaim",
+        "resize_state",
+        "condition",
+    ] {
         assert!(second[field].is_null(), "{field}: {second}");
     }
     assert_eq!(second["staged_paths"], serde_json::json!([]));
