@@ -337,6 +337,13 @@ fn start_background(
     runner: Runner,
     stop: &Stop,
 ) -> Background {
+    // With the API, each change of a class's storage health is an event on the Node.
+    let changes = api.as_ref().map(|api| {
+        Arc::new(crate::k8s::StorageHealthEvents::new(
+            api.client.clone(),
+            &config.node_id,
+        )) as Arc<dyn gauges::HealthChanges>
+    });
     if let Some(api) = api.as_ref().filter(|_| config.resize.node_resizer) {
         crate::resize::spawn_node_resizer(
             &config.resize,
@@ -386,6 +393,7 @@ fn start_background(
     let stats = tokio::spawn(gauges::run(
         volumes,
         metrics,
+        changes,
         config.stats_interval,
         stop.signal(),
     ));

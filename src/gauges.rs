@@ -35,7 +35,7 @@ async fn class_stats(backend: &Backend) -> Result<ClassGauges, BackendError> {
 /// Refreshes every class's gauges once. A class that cannot be read loses its gauges
 /// (and the failure is counted) instead of showing stale numbers. Classes whose storage
 /// was missing are looked for first, so storage that appeared is served from now on.
-pub async fn refresh(volumes: &Volumes, metrics: &Metrics) {
+pub async fn refresh(volumes: &Volumes, metrics: &Metrics, changes: Option<&dyn HealthChanges>) {
     volumes.open_missing().await;
     for missing in volumes.missing_classes() {
         metrics.set_class_available(&missing.class, false);
@@ -47,7 +47,7 @@ pub async fn refresh(volumes: &Volumes, metrics: &Metrics) {
                 debug!(device_class = %backend.class(), ?stats, "class stats");
                 metrics.set_class_stats(backend.class(), stats);
                 match backend.storage_health().await {
-                    Ok(health) => report_storage_health(metrics, backend.class(), &health),
+                    Ok(health) => report_storage_health(metrics, changes, backend.class(), &health),
                     Err(e) => {
                         warn!(device_class = %backend.class(), error = %full_message(&e), "cannot check the class's storage health");
                         metrics.class_stats_failed(backend.class());
@@ -62,11 +62,26 @@ pub async fn refresh(volumes: &Volumes, metrics: &Metrics) {
     }
 }
 
-/// Sets the class's storage health gauge, and logs a change once: a warning while it
-/// is degraded or critical, with what to look at, and a line when it is healthy again.
-fn report_storage_health(metrics: &Metrics, class: &ClassName, health: &StorageHealth) {
+/// Told of each change of a device class's storage health, after the log line (with
+/// the API: an event on the Node, `k8s::StorageHealthEvents`).
+pub trait HealthChanges: Send + Sync {
+    fn changed(&self, class: &ClassName, health: &StorageHealth);
+}
+
+/// Sets the class's storage health gauge, and says a change once: a warning in the log
+/// while it is degraded or critical, with what to look at, a line when it is healthy
+/// again, and to `changes`.
+fn report_storage_health(
+    metrics: &Metrics,
+    changes: Option<&dyn HealthChanges>,
+    class: &ClassName,
+    health: &StorageHealth,
+) {
     if !metrics.set_storage_health(class, health) {
         return;
+    }
+    if let Some(changes) = changes {
+        changes.changed(class, health);
     }
     match health.reason() {
         Some(reason) => {
@@ -80,6 +95,7 @@ fn report_storage_health(metrics: &Metrics, class: &ClassName, health: &StorageH
 pub async fn run(
     volumes: Arc<Volumes>,
     metrics: Metrics,
+    changes: Option<Arc<dyn HealthChanges>>,
     interval: Duration,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -90,7 +106,9 @@ pub async fn run(
         tokio::select! {
             _ = &mut shutdown => return,
             _ = ticks.tick() => {
-                refresh(&volumes, &metrics).instrument(info_span!("stats_refresh")).await;
+                refresh(&volumes, &metrics, changes.as_deref())
+                    .instrument(info_span!("stats_refresh"))
+                    .await;
             }
         }
     }
@@ -146,7 +164,7 @@ mod tests {
             "node-1".into(),
         );
         let metrics = Metrics::new();
-        refresh(&volumes, &metrics).await;
+        refresh(&volumes, &metrics, None).await;
         let text = metrics.render();
         assert_eq!(
             line(&text, r#"localvol_volumes{device_class="fast"}"#),
@@ -246,13 +264,35 @@ mod tests {
             available_bytes,
             ..FsUsage::default()
         };
-        refresh(&volumes, &metrics).await;
+        /// The changes it is told of, as `class status`.
+        #[derive(Default)]
+        struct Told(std::sync::Mutex<Vec<String>>);
+        impl HealthChanges for Told {
+            fn changed(&self, class: &ClassName, health: &StorageHealth) {
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push(format!("{class} {}", health.status()));
+            }
+        }
+        let told = Told::default();
+        refresh(&volumes, &metrics, Some(&told)).await;
         assert_eq!(status(&metrics), ["healthy"]);
-        for (available, want) in [(4 << 20, "degraded"), (0, "critical"), (50 << 30, "healthy")] {
+        for (available, want) in [
+            (4 << 20, "degraded"),
+            (0, "critical"),
+            (0, "critical"),
+            (50 << 30, "healthy"),
+        ] {
             syscalls.set_usage(disk(available));
-            refresh(&volumes, &metrics).await;
+            refresh(&volumes, &metrics, Some(&told)).await;
             assert_eq!(status(&metrics), [want], "{available} bytes free");
         }
+        assert_eq!(
+            *told.0.lock().unwrap(),
+            ["fast degraded", "fast critical", "fast healthy"],
+            "each change once, none for the first healthy refresh"
+        );
         // Changes, and only changes, are reported for the log.
         let critical = StorageHealth::Critical("full".into());
         assert!(metrics.set_storage_health(&fast, &critical));
@@ -351,7 +391,7 @@ mod tests {
             "node-1".into(),
         );
         let metrics = Metrics::new();
-        refresh(&volumes, &metrics).await;
+        refresh(&volumes, &metrics, None).await;
         let text = metrics.render();
         let storage = |class: &str, kind: &str| {
             value(
@@ -392,7 +432,7 @@ mod tests {
             .replace(r#""data_percent":"6.25""#, r#""data_percent":"100.00""#)
             .replace("twi-aotz--", "twi-aotzD-");
         group.invalidate();
-        refresh(&volumes, &metrics).await;
+        refresh(&volumes, &metrics, None).await;
         let text = metrics.render();
         assert_eq!(health(&text, "thin", "critical"), Some(1.0), "{text}");
         assert_eq!(health(&text, "thin", "healthy"), Some(0.0), "{text}");
@@ -407,7 +447,7 @@ mod tests {
             )
             .replace("twi-aotz--", "twi---tz--");
         group.invalidate();
-        refresh(&volumes, &metrics).await;
+        refresh(&volumes, &metrics, None).await;
         let text = metrics.render();
         assert!(
             !text.contains(r#"thin_pool_data_ratio{device_class="thin"}"#),
@@ -446,6 +486,7 @@ mod tests {
         let task = tokio::spawn(run(
             Arc::clone(&volumes),
             metrics.clone(),
+            None,
             Duration::from_millis(50),
             async {
                 let _ = stopped.await;

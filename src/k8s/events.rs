@@ -25,6 +25,12 @@ pub const REASON_ENCRYPTED_NOT_OPENED: &str = "EncryptedVolumeNotOpened";
 /// The `reason` of the Warning on the Node for a device class whose storage is missing.
 pub const REASON_STORAGE_MISSING: &str = "DeviceClassStorageMissing";
 
+/// The `reason` of the event on the Node when a device class's storage changes health:
+/// a Warning for degraded and critical, Normal when it is healthy again.
+pub const REASON_STORAGE_DEGRADED: &str = "DeviceClassStorageDegraded";
+pub const REASON_STORAGE_CRITICAL: &str = "DeviceClassStorageCritical";
+pub const REASON_STORAGE_HEALTHY: &str = "DeviceClassStorageHealthy";
+
 /// Publishes events as one reporting component on one node, each under a deadline.
 #[derive(Clone)]
 pub struct Recorder {
@@ -135,6 +141,36 @@ impl Recorder {
         .await;
     }
 
+    /// An event on the Node `node`: device class `class`'s storage is now `status`
+    /// (`healthy`, `degraded` or `critical`), for `reason` unless healthy.
+    pub async fn storage_health(&self, node: &str, class: &str, status: &str, reason: Option<&str>) {
+        let (type_, event_reason, note) = match (status, reason) {
+            ("critical", Some(why)) => (
+                EventType::Warning,
+                REASON_STORAGE_CRITICAL,
+                format!("device class {class}'s storage is critical: {why}"),
+            ),
+            (_, Some(why)) => (
+                EventType::Warning,
+                REASON_STORAGE_DEGRADED,
+                format!("device class {class}'s storage is degraded: {why}"),
+            ),
+            (_, None) => (
+                EventType::Normal,
+                REASON_STORAGE_HEALTHY,
+                format!("device class {class}'s storage is healthy again"),
+            ),
+        };
+        let regarding = ObjectReference {
+            api_version: Some("v1".to_string()),
+            kind: Some("Node".to_string()),
+            name: Some(node.to_string()),
+            ..ObjectReference::default()
+        };
+        self.publish(type_, event_reason, "CheckStorageHealth", &note, &regarding, None)
+            .await;
+    }
+
     /// Records one event about `regarding` (`related`: a second object it concerns),
     /// its note cut to the API's limit.
     pub async fn publish(
@@ -204,6 +240,62 @@ mod tests {
         crate::k8s::warn_missing_storage(client, "node-a", missing)
             .await
             .unwrap();
+        api.finish().await;
+    }
+
+    #[tokio::test]
+    async fn a_change_of_storage_health_is_an_event_on_the_node() {
+        let event = |type_: &'static str, reason: &'static str, note: &'static str| {
+            Exchange::new(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/default/events?",
+                Reply::Json(StatusCode::CREATED, json!({})),
+            )
+            .check(move |body| {
+                assert_eq!(body["regarding"]["kind"], "Node", "{body}");
+                assert_eq!(body["regarding"]["name"], "node-a", "{body}");
+                assert_eq!(body["type"], type_, "{body}");
+                assert_eq!(body["reason"], reason, "{body}");
+                assert_eq!(body["action"], "CheckStorageHealth", "{body}");
+                assert_eq!(body["note"], note, "{body}");
+            })
+        };
+        let (client, api) = MockApi::scripted(vec![
+            event(
+                "Warning",
+                "DeviceClassStorageCritical",
+                "device class thin's storage is critical: thin pool vg1/pool0 is out of data space",
+            ),
+            event(
+                "Warning",
+                "DeviceClassStorageDegraded",
+                "device class thin's storage is degraded: thin pool vg1/pool0: data 81.0% full (warning at 80%)",
+            ),
+            event(
+                "Normal",
+                "DeviceClassStorageHealthy",
+                "device class thin's storage is healthy again",
+            ),
+        ]);
+        let events = super::Recorder::driver(client, "node-a", std::time::Duration::from_secs(5));
+        events
+            .storage_health(
+                "node-a",
+                "thin",
+                "critical",
+                Some("thin pool vg1/pool0 is out of data space"),
+            )
+            .await;
+        events
+            .storage_health(
+                "node-a",
+                "thin",
+                "degraded",
+                Some("thin pool vg1/pool0: data 81.0% full (warning at 80%)"),
+            )
+            .await;
+        events.storage_health("node-a", "thin", "healthy", None).await;
+        drop(events);
         api.finish().await;
     }
 }

@@ -48,8 +48,10 @@ pub use owner::{OwnerError, Refusal};
 pub use reflect::{Retry, Synced, WATCH_RETRY};
 
 use self::api::API_TIMEOUT;
+use crate::backend::StorageHealth;
 use crate::config::{Config, KubeMode};
 use crate::health::Health;
+use crate::model::ClassName;
 
 /// A Warning on this node's Node object for each `(device class, reason)` not served
 /// for lack of storage, in the background; best effort, as every event.
@@ -65,6 +67,44 @@ pub fn warn_missing_storage(
             events.storage_missing(&node, &class, &reason).await;
         }
     })
+}
+
+/// Publishes each change of a device class's storage health as an event on this
+/// node's Node object, in the background (the stats refresh does not wait for the API).
+#[derive(Clone, Debug)]
+pub struct StorageHealthEvents {
+    events: events::Recorder,
+    node: String,
+}
+
+impl StorageHealthEvents {
+    pub fn new(client: Client, node: &str) -> Self {
+        Self {
+            events: events::Recorder::driver(client, node, API_TIMEOUT),
+            node: node.to_string(),
+        }
+    }
+
+    /// Publishes `class`'s new `health` in the background.
+    pub fn publish(&self, class: &ClassName, health: &StorageHealth) -> tokio::task::JoinHandle<()> {
+        let (this, class, status, reason) = (
+            self.clone(),
+            class.to_string(),
+            health.status(),
+            health.reason().map(str::to_string),
+        );
+        tokio::spawn(async move {
+            this.events
+                .storage_health(&this.node, &class, status, reason.as_deref())
+                .await;
+        })
+    }
+}
+
+impl crate::gauges::HealthChanges for StorageHealthEvents {
+    fn changed(&self, class: &ClassName, health: &StorageHealth) {
+        drop(self.publish(class, health));
+    }
 }
 
 /// The in-cluster (or KUBECONFIG) client, named `localvol/<version>` in its requests,

@@ -169,7 +169,7 @@ async fn a_missing_volume_group_leaves_the_node_serving_and_is_picked_up_when_it
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
 
     let metrics = Metrics::new();
-    crate::gauges::refresh(&volumes, &metrics).await;
+    crate::gauges::refresh(&volumes, &metrics, None).await;
     assert_eq!(available(&metrics, "ssd").as_deref(), Some("0"));
     assert_eq!(available(&metrics, "files").as_deref(), Some("1"));
 
@@ -177,7 +177,7 @@ async fn a_missing_volume_group_leaves_the_node_serving_and_is_picked_up_when_it
     // report is old enough to be read again).
     present.store(true, Ordering::SeqCst);
     tokio::time::sleep(crate::backend::cache::RETRY_AFTER + std::time::Duration::from_millis(100)).await;
-    crate::gauges::refresh(&volumes, &metrics).await;
+    crate::gauges::refresh(&volumes, &metrics, None).await;
     assert!(
         volumes.missing_classes().is_empty(),
         "{:?}",
