@@ -13,7 +13,7 @@ pub mod pmem;
 mod records;
 mod terminal;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::fs::FormatOptions;
 use crate::host::{CommandError, SyscallError};
@@ -268,14 +268,23 @@ impl Backend {
         }
     }
 
-    /// What is wrong under a staged volume: for LVM, the LV and its thin pool in the
-    /// cached report; for a loop file, its image on its device and the disk under it;
-    /// for a PMEM namespace, the media errors the kernel knows of.
-    pub async fn volume_health(&self, record: &VolumeRecord) -> Result<VolumeHealth, BackendError> {
+    /// What is wrong under a staged volume whose device [`Backend::device`] found just
+    /// now (`device`: its node and device number), or found gone (`None`): for LVM, the
+    /// LV and its thin pool in the cached report; for a loop file, its image on its
+    /// device and the disk under it, or why no device holds it; for a PMEM namespace,
+    /// the media errors the kernel knows of.
+    pub async fn volume_health(
+        &self,
+        record: &VolumeRecord,
+        device: Option<(&Path, u64)>,
+    ) -> Result<VolumeHealth, BackendError> {
         match self {
             Backend::Lvm(b) => b.volume_health(&record.id.token).await,
-            Backend::Loop(b) => b.volume_health(record).await,
-            Backend::Pmem(b) => b.volume_health(&record.id.token).await,
+            Backend::Loop(b) => b.volume_health(record, device.is_some()).await,
+            Backend::Pmem(b) => match device {
+                Some((_, dev)) => b.volume_health(&record.id.token, dev).await,
+                None => Ok(VolumeHealth::Healthy),
+            },
         }
     }
 

@@ -453,10 +453,15 @@ async fn condition_of(
     filesystem: Option<String>,
 ) -> Result<VolumeCondition, VolumeError> {
     let id = &record.id;
-    let device = match backend.device(&id.token).await {
-        Ok(Some(device)) if matches!(host.syscalls.device_number(&device).await, Ok(Some(_))) => device,
-        Ok(_) => {
-            let message = match backend.volume_health(record).await {
+    let device = backend.device(&id.token).await;
+    let dev = match &device {
+        Ok(Some(device)) => host.syscalls.device_number(device).await.ok().flatten(),
+        _ => None,
+    };
+    let (device, dev) = match (device, dev) {
+        (Ok(Some(device)), Some(dev)) => (device, dev),
+        (Ok(_), _) => {
+            let message = match backend.volume_health(record, None).await {
                 Ok(VolumeHealth::Abnormal(why)) => why,
                 _ => "the volume's block device is gone".to_string(),
             };
@@ -465,7 +470,7 @@ async fn condition_of(
                 message,
             });
         }
-        Err(e) => {
+        (Err(e), _) => {
             warn!(volume.id = %id, error = %e, "cannot check the volume's device");
             return Ok(VolumeCondition {
                 abnormal: true,
@@ -479,29 +484,31 @@ async fn condition_of(
         None => None,
     }
     .or(filesystem);
-    Ok(match (backend.volume_health(record).await, above) {
-        (Ok(VolumeHealth::Healthy | VolumeHealth::Warning(_)), Some(why)) => VolumeCondition {
-            abnormal: true,
-            message: format!("{why} (on {})", device.display()),
-        },
-        (Ok(VolumeHealth::Healthy), None) => VolumeCondition {
-            abnormal: false,
-            message: format!("healthy on {}", device.display()),
-        },
-        (Ok(VolumeHealth::Warning(why)), None) => VolumeCondition {
-            abnormal: false,
-            message: format!("healthy on {}; {why}", device.display()),
-        },
-        (Ok(VolumeHealth::Abnormal(why)), _) => VolumeCondition {
-            abnormal: true,
-            message: format!("{why} (on {})", device.display()),
-        },
-        (Err(e), _) => {
-            warn!(volume.id = %id, error = %e, "cannot check the volume's storage");
-            VolumeCondition {
+    Ok(
+        match (backend.volume_health(record, Some((&device, dev))).await, above) {
+            (Ok(VolumeHealth::Healthy | VolumeHealth::Warning(_)), Some(why)) => VolumeCondition {
                 abnormal: true,
-                message: format!("cannot check the volume's storage: {e}"),
+                message: format!("{why} (on {})", device.display()),
+            },
+            (Ok(VolumeHealth::Healthy), None) => VolumeCondition {
+                abnormal: false,
+                message: format!("healthy on {}", device.display()),
+            },
+            (Ok(VolumeHealth::Warning(why)), None) => VolumeCondition {
+                abnormal: false,
+                message: format!("healthy on {}; {why}", device.display()),
+            },
+            (Ok(VolumeHealth::Abnormal(why)), _) => VolumeCondition {
+                abnormal: true,
+                message: format!("{why} (on {})", device.display()),
+            },
+            (Err(e), _) => {
+                warn!(volume.id = %id, error = %e, "cannot check the volume's storage");
+                VolumeCondition {
+                    abnormal: true,
+                    message: format!("cannot check the volume's storage: {e}"),
+                }
             }
-        }
-    })
+        },
+    )
 }

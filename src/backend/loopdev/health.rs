@@ -9,12 +9,17 @@ use super::{ALIGNMENT, LoopBackend};
 use crate::backend::{BackendError, StorageHealth, VolumeHealth, VolumeRecord};
 
 impl LoopBackend {
-    /// The health of a staged volume: its image on a loop device, and room on the disk
-    /// for the part of it not written yet.
-    pub async fn volume_health(&self, record: &VolumeRecord) -> Result<VolumeHealth, BackendError> {
+    /// The health of a staged volume: room on the disk for the part of it not written
+    /// yet while a device holds its image (`attached`, as [`LoopBackend::device`] just
+    /// found), else why none does.
+    pub async fn volume_health(
+        &self,
+        record: &VolumeRecord,
+        attached: bool,
+    ) -> Result<VolumeHealth, BackendError> {
         let token = &record.id.token;
         let image = self.image_path(token);
-        if self.device(token).await?.is_none() {
+        if !attached {
             return Ok(VolumeHealth::Abnormal(match self.holding_device(token).await? {
                 Some(device) => format!(
                     "its image {} was deleted while {} still holds it: the data is lost once the \

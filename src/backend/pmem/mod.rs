@@ -380,33 +380,26 @@ impl PmemBackend {
         Ok(self.capacity_of(&*self.sized_state().await?))
     }
 
-    /// Media errors under the volume: the bad sectors the kernel lists for its
-    /// namespace's block device (one sysfs read). Reads of them fail with EIO, and what
-    /// they held is lost.
-    pub async fn volume_health(&self, token: &Token) -> Result<VolumeHealth, BackendError> {
+    /// Media errors under the volume on device `dev`: the bad sectors the kernel lists
+    /// for its namespace's block device (one sysfs read; the namespace is looked up only
+    /// to name it). Reads of them fail with EIO, and what they held is lost.
+    pub async fn volume_health(&self, token: &Token, dev: u64) -> Result<VolumeHealth, BackendError> {
+        let bad = self.host.syscalls.bad_sectors(dev).await?;
+        if bad == 0 {
+            return Ok(VolumeHealth::Healthy);
+        }
         let Some((_, ns)) = self.volume(token).await? else {
             return Ok(VolumeHealth::Healthy);
         };
-        let Some(device) = self.device_of(&ns) else {
-            return Ok(VolumeHealth::Healthy);
-        };
-        let Some(dev) = self.host.syscalls.device_number(&device).await? else {
-            return Ok(VolumeHealth::Healthy);
-        };
-        let bad = self.host.syscalls.bad_sectors(dev).await?;
-        Ok(if bad == 0 {
-            VolumeHealth::Healthy
-        } else {
-            VolumeHealth::Abnormal(format!(
-                "its namespace {} has {bad} bad sector{} (media errors the kernel lists in \
-                 /sys/block/{}/badblocks): reads of them fail and what they held is lost; copy \
-                 off what reads, then clear them (ndctl clear-errors {}) or delete the volume",
-                ns.dev,
-                if bad == 1 { "" } else { "s" },
-                ns.blockdev.as_deref().unwrap_or_default(),
-                ns.dev
-            ))
-        })
+        Ok(VolumeHealth::Abnormal(format!(
+            "its namespace {} has {bad} bad sector{} (media errors the kernel lists in \
+             /sys/block/{}/badblocks): reads of them fail and what they held is lost; copy \
+             off what reads, then clear them (ndctl clear-errors {}) or delete the volume",
+            ns.dev,
+            if bad == 1 { "" } else { "s" },
+            ns.blockdev.as_deref().unwrap_or_default(),
+            ns.dev
+        )))
     }
 
     fn device_of(&self, ns: &Namespace) -> Option<PathBuf> {

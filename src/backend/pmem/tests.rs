@@ -435,18 +435,14 @@ async fn a_namespace_cannot_grow() {
 #[tokio::test]
 async fn media_errors_on_a_namespace_make_its_volume_abnormal() {
     let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
+    let dev = nix::sys::stat::makedev(259, 0);
     assert_eq!(
-        f.backend.volume_health(&token).await.unwrap(),
-        VolumeHealth::Healthy
-    );
-    f.syscalls.add_device("/dev/pmem0", 259, 0, 62 * MIB);
-    assert_eq!(
-        f.backend.volume_health(&token).await.unwrap(),
+        f.backend.volume_health(&token, dev).await.unwrap(),
         VolumeHealth::Healthy
     );
     f.syscalls.set_bad_sectors((259, 0), 8);
     assert_eq!(
-        f.backend.volume_health(&token).await.unwrap(),
+        f.backend.volume_health(&token, dev).await.unwrap(),
         VolumeHealth::Abnormal(
             "its namespace namespace0.0 has 8 bad sectors (media errors the kernel lists in \
              /sys/block/pmem0/badblocks): reads of them fail and what they held is lost; copy \
