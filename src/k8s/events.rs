@@ -15,6 +15,7 @@ pub use kube::runtime::events::EventType;
 
 use super::api::{call_within, truncate};
 use super::owner::{ObjectId, Refusal};
+use crate::backend::StorageHealth;
 use crate::model::DRIVER_NAME;
 
 /// The `reason` of a refusal event.
@@ -141,21 +142,20 @@ impl Recorder {
         .await;
     }
 
-    /// An event on the Node `node`: device class `class`'s storage is now `status`
-    /// (`healthy`, `degraded` or `critical`), for `reason` unless healthy.
-    pub async fn storage_health(&self, node: &str, class: &str, status: &str, reason: Option<&str>) {
-        let (type_, event_reason, note) = match (status, reason) {
-            ("critical", Some(why)) => (
+    /// An event on the Node `node`: device class `class`'s storage is now `health`.
+    pub async fn storage_health(&self, node: &str, class: &str, health: &StorageHealth) {
+        let (type_, event_reason, note) = match health {
+            StorageHealth::Critical(why) => (
                 EventType::Warning,
                 REASON_STORAGE_CRITICAL,
                 format!("device class {class}'s storage is critical: {why}"),
             ),
-            (_, Some(why)) => (
+            StorageHealth::Degraded(why) => (
                 EventType::Warning,
                 REASON_STORAGE_DEGRADED,
                 format!("device class {class}'s storage is degraded: {why}"),
             ),
-            (_, None) => (
+            StorageHealth::Healthy => (
                 EventType::Normal,
                 REASON_STORAGE_HEALTHY,
                 format!("device class {class}'s storage is healthy again"),
@@ -212,6 +212,7 @@ mod tests {
     use http::{Method, StatusCode};
     use serde_json::json;
 
+    use crate::backend::StorageHealth;
     use crate::k8s::mock_api::{Exchange, MockApi, Reply};
 
     #[tokio::test]
@@ -278,23 +279,13 @@ mod tests {
             ),
         ]);
         let events = super::Recorder::driver(client, "node-a", std::time::Duration::from_secs(5));
-        events
-            .storage_health(
-                "node-a",
-                "thin",
-                "critical",
-                Some("thin pool vg1/pool0 is out of data space"),
-            )
-            .await;
-        events
-            .storage_health(
-                "node-a",
-                "thin",
-                "degraded",
-                Some("thin pool vg1/pool0: data 81.0% full (warning at 80%)"),
-            )
-            .await;
-        events.storage_health("node-a", "thin", "healthy", None).await;
+        for health in [
+            StorageHealth::Critical("thin pool vg1/pool0 is out of data space".to_string()),
+            StorageHealth::Degraded("thin pool vg1/pool0: data 81.0% full (warning at 80%)".to_string()),
+            StorageHealth::Healthy,
+        ] {
+            events.storage_health("node-a", "thin", &health).await;
+        }
         drop(events);
         api.finish().await;
     }

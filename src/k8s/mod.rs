@@ -87,17 +87,8 @@ impl StorageHealthEvents {
 
     /// Publishes `class`'s new `health` in the background.
     pub fn publish(&self, class: &ClassName, health: &StorageHealth) -> tokio::task::JoinHandle<()> {
-        let (this, class, status, reason) = (
-            self.clone(),
-            class.to_string(),
-            health.status(),
-            health.reason().map(str::to_string),
-        );
-        tokio::spawn(async move {
-            this.events
-                .storage_health(&this.node, &class, status, reason.as_deref())
-                .await;
-        })
+        let (this, class, health) = (self.clone(), class.to_string(), health.clone());
+        tokio::spawn(async move { this.events.storage_health(&this.node, &class, &health).await })
     }
 }
 
