@@ -132,6 +132,19 @@ mod tests {
         )
     }
 
+    /// A 16 MiB filesystem volume named `name`.
+    fn volume(name: &str) -> CreateSpec {
+        CreateSpec {
+            token: Token::for_name(name),
+            name: name.to_string(),
+            size_bytes: 16 << 20,
+            mode: VolumeMode::Filesystem,
+            fs_type: None,
+            claim: Default::default(),
+            encryption: None,
+        }
+    }
+
     fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
         text.lines().find(|l| l.starts_with(prefix))
     }
@@ -142,17 +155,7 @@ mod tests {
         let fast = loop_class("fast", dir.path(), 1 << 30);
         fast.prepare().await.unwrap();
         for name in ["pvc-a", "pvc-b"] {
-            fast.create(&CreateSpec {
-                token: Token::for_name(name),
-                name: name.to_string(),
-                size_bytes: 16 << 20,
-                mode: VolumeMode::Filesystem,
-                fs_type: None,
-                claim: Default::default(),
-                encryption: None,
-            })
-            .await
-            .unwrap();
+            fast.create(&volume(name)).await.unwrap();
         }
         // Never prepared: its directory does not exist, so it cannot be listed.
         let broken = loop_class("broken", dir.path(), 1 << 30);
@@ -227,18 +230,7 @@ mod tests {
         let fast = ClassName::parse("fast").unwrap();
         let class = LoopBackend::new(fast.clone(), dir.path().join("fast"), 1 << 30, host.clone());
         class.prepare().await.unwrap();
-        class
-            .create(&CreateSpec {
-                token: Token::for_name("pvc-a"),
-                name: "pvc-a".to_string(),
-                size_bytes: 16 << 20,
-                mode: VolumeMode::Filesystem,
-                fs_type: None,
-                claim: Default::default(),
-                encryption: None,
-            })
-            .await
-            .unwrap();
+        class.create(&volume("pvc-a")).await.unwrap();
         let volumes = Volumes::new(
             vec![Backend::Loop(class)],
             fast.clone(),

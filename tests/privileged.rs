@@ -6,7 +6,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 
 use localvol::proto::csi::v1 as csi;
 use localvol_testkit::csi_client::{NewVolume, block_capability as block_cap, bytes_total, fs_capability};
-use localvol_testkit::{InProcessDaemon, loops_under, mounts_under, privileged};
+use localvol_testkit::{Cleanup, InProcessDaemon, loops_under, mounts_under, privileged};
 use tonic::Code;
 
 const MIB: i64 = 1 << 20;
@@ -281,6 +281,15 @@ async fn a_full_disk_or_a_deleted_image_under_a_loop_volume_is_abnormal() {
         "mount",
         &["-o", "loop", disk.to_str().unwrap(), images.to_str().unwrap()],
     );
+    // Whatever fails below, nothing of the test stays mounted or attached.
+    let _cleanup = Cleanup {
+        mounts: vec![
+            images.clone(),
+            dir.path().join("stage"),
+            dir.path().join("target"),
+        ],
+        data: dir.path().to_path_buf(),
+    };
     let d = InProcessDaemon::start_in(dir, &[]).await;
     let cap = mount_cap("ext4");
     let vol = create(&d, "pvc-loop-health", 32 * MIB, &cap).await;
@@ -326,7 +335,6 @@ async fn a_full_disk_or_a_deleted_image_under_a_loop_volume_is_abnormal() {
     teardown(&d, id, "target").await;
     assert!(loops_under(&images).is_empty(), "{:?}", loops_under(&images));
     d.stop().await;
-    sh("umount", &[images.to_str().unwrap()]);
 }
 
 #[tokio::test]

@@ -98,6 +98,17 @@ impl Fixture {
         id
     }
 
+    /// The condition NodeGetVolumeStats reports for `id` at the path `name`.
+    async fn condition(&self, id: &VolumeId, name: &str) -> VolumeCondition {
+        let req = crate::request::StatsRequest {
+            id: id.clone(),
+            volume_path: Some(self.host_path(name)),
+        };
+        match self.volumes.stats(&req).await.unwrap() {
+            VolumeStats::Filesystem { condition, .. } | VolumeStats::Block { condition, .. } => condition,
+        }
+    }
+
     fn stage_req(&self, id: &VolumeId, access: AccessType) -> StageRequest {
         std::fs::create_dir_all(self.path("stage")).unwrap();
         StageRequest {

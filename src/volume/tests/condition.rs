@@ -10,16 +10,7 @@ use crate::host::FilesystemState;
 async fn a_filesystem_the_kernel_found_errors_in_is_abnormal_until_it_is_sound() {
     let f = Fixture::new();
     let id = f.published("pvc-1", "target").await;
-    let req = crate::request::StatsRequest {
-        id: id.clone(),
-        volume_path: Some(f.host_path("target")),
-    };
-    let condition = || async {
-        match f.volumes.stats(&req).await.unwrap() {
-            VolumeStats::Filesystem { condition, .. } => condition,
-            other => panic!("{other:?}"),
-        }
-    };
+    let condition = || f.condition(&id, "target");
     let healthy = condition().await;
     assert!(!healthy.abnormal, "{healthy:?}");
     let mount = f.syscalls.mount_at(&f.path("target")).await.unwrap().unwrap();
@@ -73,16 +64,7 @@ async fn a_filesystem_the_kernel_found_errors_in_is_abnormal_until_it_is_sound()
 async fn a_loop_image_deleted_under_its_device_or_a_full_disk_is_reported() {
     let f = Fixture::new();
     let id = f.published("pvc-1", "target").await;
-    let req = crate::request::StatsRequest {
-        id: id.clone(),
-        volume_path: Some(f.host_path("target")),
-    };
-    let condition = || async {
-        match f.volumes.stats(&req).await.unwrap() {
-            VolumeStats::Filesystem { condition, .. } => condition,
-            other => panic!("{other:?}"),
-        }
-    };
+    let condition = || f.condition(&id, "target");
     let healthy = condition().await;
     assert!(!healthy.abnormal, "{healthy:?}");
     let image = f.path("loop").join(format!("{}.img", id.token));

@@ -222,16 +222,7 @@ async fn a_suspended_or_closed_mapping_makes_the_volume_abnormal() {
     f.publish(&f.publish_req(&id, "target", AccessType::Block, false))
         .await
         .unwrap();
-    let req = crate::request::StatsRequest {
-        id: id.clone(),
-        volume_path: Some(f.host_path("target")),
-    };
-    let condition = || async {
-        match f.volumes.stats(&req).await.unwrap() {
-            VolumeStats::Block { condition, .. } => condition,
-            other => panic!("{other:?}"),
-        }
-    };
+    let condition = || f.condition(&id, "target");
     let healthy = condition().await;
     assert!(!healthy.abnormal, "{healthy:?}");
 
