@@ -18,18 +18,19 @@ use crate::metrics::{ClassGauges, Metrics};
 use crate::model::{ClassName, full_message};
 use crate::volume::Volumes;
 
-async fn class_stats(backend: &Backend) -> Result<ClassGauges, BackendError> {
+async fn class_stats(backend: &Backend) -> Result<(ClassGauges, StorageHealth), BackendError> {
     let volumes = backend.list().await?;
-    let capacity = backend.capacity().await?;
+    let (capacity, health) = backend.capacity_and_health().await?;
     let storage = backend.store_usage().await?;
-    Ok(ClassGauges {
+    let gauges = ClassGauges {
         volumes: volumes.len() as u64,
         encrypted_volumes: volumes.iter().filter(|v| v.encryption.is_some()).count() as u64,
         snapshots: backend.list_snapshots().await?.len() as u64,
         provisioned_bytes: volumes.iter().map(|v| v.size_bytes).sum(),
         capacity,
         storage,
-    })
+    };
+    Ok((gauges, health))
 }
 
 /// Refreshes every class's gauges once. A class that cannot be read loses its gauges
@@ -43,16 +44,10 @@ pub async fn refresh(volumes: &Volumes, metrics: &Metrics, changes: Option<&dyn 
     for backend in volumes.backends() {
         metrics.set_class_available(backend.class(), true);
         match class_stats(backend).await {
-            Ok(stats) => {
+            Ok((stats, health)) => {
                 debug!(device_class = %backend.class(), ?stats, "class stats");
                 metrics.set_class_stats(backend.class(), stats);
-                match backend.storage_health().await {
-                    Ok(health) => report_storage_health(metrics, changes, backend.class(), &health),
-                    Err(e) => {
-                        warn!(device_class = %backend.class(), error = %full_message(&e), "cannot check the class's storage health");
-                        metrics.class_stats_failed(backend.class());
-                    }
-                }
+                report_storage_health(metrics, changes, backend.class(), &health);
             }
             Err(e) => {
                 warn!(device_class = %backend.class(), error = %full_message(&e), "cannot refresh class stats");

@@ -216,13 +216,14 @@ impl Backend {
         }
     }
 
-    /// The state of the class's storage as a whole, from what its refresh reads anyway.
-    /// A PMEM region says nothing of its health in the listing localvol reads: healthy.
-    pub async fn storage_health(&self) -> Result<StorageHealth, BackendError> {
+    /// The class's capacity and the state of its storage as a whole, from one look at
+    /// it (a loop class counts its images once for both). A PMEM region says nothing of
+    /// its health in the listing localvol reads: healthy.
+    pub async fn capacity_and_health(&self) -> Result<(ClassCapacity, StorageHealth), BackendError> {
         match self {
-            Backend::Loop(b) => b.storage_health().await,
-            Backend::Lvm(b) => b.storage_health().await,
-            Backend::Pmem(_) => Ok(StorageHealth::Healthy),
+            Backend::Loop(b) => b.capacity_and_health().await,
+            Backend::Lvm(b) => Ok((b.capacity().await?, b.storage_health().await?)),
+            Backend::Pmem(b) => Ok((b.capacity().await?, StorageHealth::Healthy)),
         }
     }
 

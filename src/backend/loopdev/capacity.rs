@@ -3,13 +3,13 @@
 //! snapshot and copy makes under the allocation lock before it takes space.
 
 use super::{ALIGNMENT, LoopBackend, files};
-use crate::backend::{BackendError, ClassCapacity, StoreUsage};
+use crate::backend::{BackendError, ClassCapacity, StorageHealth, StoreUsage};
 
 impl LoopBackend {
     /// Bytes promised to volumes, and bytes of those promises not yet backed by disk.
     /// Two trips to the blocking pool whatever the number of volumes: every create
     /// makes this count under the allocation lock.
-    pub(super) async fn allocated(&self) -> Result<(u64, u64), BackendError> {
+    async fn allocated(&self) -> Result<(u64, u64), BackendError> {
         let records = self.list().await?;
         let images = records.iter().map(|r| self.image_path(&r.id.token)).collect();
         let used = files::allocated_bytes_of(&self.dir, images).await?;
@@ -29,17 +29,26 @@ impl LoopBackend {
     }
 
     pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
+        Ok(self.capacity_and_health().await?.0)
+    }
+
+    /// The class's capacity, and the health of the filesystem under its images (see
+    /// `health::class_disk_health`), from one count of what the volumes promised and
+    /// one statvfs.
+    pub async fn capacity_and_health(&self) -> Result<(ClassCapacity, StorageHealth), BackendError> {
         let (promised, unbacked) = self.allocated().await?;
         let disk = self.host.syscalls.statvfs(&self.dir).await?;
+        let health = super::health::class_disk_health(&self.dir, disk.available_bytes, unbacked);
         // Every existing volume may still fill up: the disk must hold that first.
         let disk_free = disk.available_bytes.saturating_sub(unbacked);
         let available = self.capacity_limit.saturating_sub(promised).min(disk_free);
         let available = available / ALIGNMENT * ALIGNMENT;
-        Ok(ClassCapacity {
+        let capacity = ClassCapacity {
             available,
             total: self.capacity_limit.min(disk.total_bytes),
             max_volume: available,
-        })
+        };
+        Ok((capacity, health))
     }
 
     /// The filesystem holding the class's directory, as statvfs counts it (the class

@@ -45,20 +45,13 @@ impl LoopBackend {
     }
 }
 
-impl LoopBackend {
-    /// Whether the filesystem under the class's images holds what all its volumes may
-    /// still write: the count capacity makes (a walk over the class, which the refresh
-    /// that asks this makes anyway).
-    pub async fn storage_health(&self) -> Result<StorageHealth, BackendError> {
-        let (_, unbacked) = self.allocated().await?;
-        let disk = self.host.syscalls.statvfs(&self.dir).await?;
-        Ok(
-            match disk_health(&self.dir, disk.available_bytes, unbacked, Whose::Class) {
-                VolumeHealth::Healthy => StorageHealth::Healthy,
-                VolumeHealth::Warning(why) => StorageHealth::Degraded(why),
-                VolumeHealth::Abnormal(why) => StorageHealth::Critical(why),
-            },
-        )
+/// Whether the filesystem under a class's images (`dir`, `free` bytes available) holds
+/// the `unbacked` bytes all its volumes may still write: the count capacity makes.
+pub(super) fn class_disk_health(dir: &Path, free: u64, unbacked: u64) -> StorageHealth {
+    match disk_health(dir, free, unbacked, Whose::Class) {
+        VolumeHealth::Healthy => StorageHealth::Healthy,
+        VolumeHealth::Warning(why) => StorageHealth::Degraded(why),
+        VolumeHealth::Abnormal(why) => StorageHealth::Critical(why),
     }
 }
 
