@@ -147,6 +147,9 @@ pub struct FailableVg {
     /// The device-mapper name of each disk.
     disks: Vec<String>,
     sectors: u64,
+    /// The disks failed and not restored: a test that fails between the two leaves no
+    /// failing disk to the tests after it in the guest (see the `Drop`).
+    failed: std::sync::Mutex<std::collections::BTreeSet<usize>>,
 }
 
 impl FailableVg {
@@ -182,6 +185,7 @@ impl FailableVg {
             loop_dev,
             disks,
             sectors,
+            failed: Default::default(),
         }
     }
 
@@ -191,24 +195,31 @@ impl FailableVg {
     }
 
     fn load(&self, i: usize, table: &str) {
+        self.try_load(i, table).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    fn try_load(&self, i: usize, table: &str) -> Result<(), String> {
         let name = &self.disks[i];
-        sh("dmsetup", &["suspend", name]);
-        sh(
-            "dmsetup",
-            &["load", name, "--table", &format!("0 {} {table}", self.sectors)],
-        );
-        sh("dmsetup", &["resume", name]);
+        try_sh("dmsetup", &["suspend", name])?;
+        let table = format!("0 {} {table}", self.sectors);
+        try_sh("dmsetup", &["load", name, "--table", &table])?;
+        try_sh("dmsetup", &["resume", name]).map(drop)
+    }
+
+    fn linear(&self, i: usize) -> String {
+        format!("linear /dev/{}/disk{i} 0", self.backing_vg)
     }
 
     /// Disk `i` fails: every read and write of it is an I/O error.
     pub fn fail(&self, i: usize) {
         self.load(i, "error");
+        self.failed.lock().unwrap().insert(i);
     }
 
     /// Disk `i` answers again, with what it held.
     pub fn restore(&self, i: usize) {
-        let table = format!("linear /dev/{}/disk{i} 0", self.backing_vg);
-        self.load(i, &table);
+        self.load(i, &self.linear(i));
+        self.failed.lock().unwrap().remove(&i);
     }
 
     /// Removes the VG, its PVs, the device-mapper devices and the backing VG.
@@ -219,6 +230,20 @@ impl FailableVg {
             sh("dmsetup", &["remove", name]);
         }
         remove_volume_group_on_loop(&self.backing_vg, &self.loop_dev);
+    }
+}
+
+impl Drop for FailableVg {
+    /// Restores what is still failed (after a failed assertion): the guest's later
+    /// tests scan every disk, and a disk of I/O errors under them is not theirs to meet.
+    fn drop(&mut self) {
+        let failed = std::mem::take(&mut *self.failed.lock().unwrap_or_else(|e| e.into_inner()));
+        for i in failed {
+            // Not a panic while one unwinds: that would abort the guest's other tests.
+            if let Err(e) = self.try_load(i, &self.linear(i)) {
+                eprintln!("FailableVg {}: disk {i} not restored: {e}", self.vg);
+            }
+        }
     }
 }
 
