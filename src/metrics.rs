@@ -6,8 +6,9 @@
 //! Metrics that only some nodes produce (thin pools, resize) are registered on first
 //! use: a scrape never shows a series that nothing updates.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use axum::Router;
@@ -21,7 +22,9 @@ use prometheus::{
 
 use crate::backend::{ClassCapacity, StorageHealth, StoreUsage};
 use crate::health::Health;
-use crate::model::ClassName;
+use crate::model::{ClaimRef, ClassName, VolumeId};
+
+mod volume_health;
 
 /// Every metric localvol exports.
 #[derive(Clone)]
@@ -41,6 +44,9 @@ pub struct Metrics {
     stats_errors: IntCounterVec,
     class_available: IntGaugeVec,
     storage_health: IntGaugeVec,
+    volume_health: volume_health::VolumeHealthGauges,
+    /// Each device class whose storage is not healthy, with its health, for /readyz.
+    unhealthy_storage: Arc<Mutex<BTreeMap<String, StorageHealth>>>,
     thin_pool: Arc<OnceLock<ThinPoolMetrics>>,
     pub reclaim: ReclaimMetrics,
     resize: Arc<OnceLock<IntCounterVec>>,
@@ -233,6 +239,7 @@ impl Metrics {
              about to), 0 for the others",
             &["device_class", "status"],
         );
+        let volume_health = volume_health::VolumeHealthGauges::new(&registry);
         let build_info = int_gauges(
             &registry,
             "build_info",
@@ -271,6 +278,8 @@ impl Metrics {
             stats_errors,
             class_available,
             storage_health,
+            volume_health,
+            unhealthy_storage: Arc::default(),
             thin_pool: Arc::default(),
             reclaim,
             resize: Arc::default(),
@@ -361,7 +370,52 @@ impl Metrics {
                 .with_label_values(&[class, status])
                 .set(i64::from(status == health.status()));
         }
+        let mut unhealthy = self.unhealthy_storage();
+        match health {
+            StorageHealth::Healthy => unhealthy.remove(class),
+            _ => unhealthy.insert(class.to_string(), health.clone()),
+        };
+        drop(unhealthy);
         previous.unwrap_or("healthy") != health.status()
+    }
+
+    /// The condition NodeGetVolumeStats just found volume `id` (made for `claim`) in
+    /// (`localvol_volume_health`).
+    pub fn set_volume_health(&self, id: &VolumeId, claim: &ClaimRef, abnormal: bool) {
+        self.volume_health.set(id, claim, abnormal);
+    }
+
+    fn unhealthy_storage(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, StorageHealth>> {
+        // Each update is one insert or remove: a poisoned map is still whole.
+        self.unhealthy_storage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What /readyz adds to its answer, a line each: the device classes whose storage
+    /// the last refresh found degraded or critical, with why, and the volumes
+    /// NodeGetVolumeStats last found abnormal. None of it makes the daemon unready: it
+    /// still serves every class and every volume that works.
+    pub fn health_notes(&self) -> String {
+        let mut notes = String::new();
+        for (class, health) in self.unhealthy_storage().iter() {
+            let reason = health.reason().unwrap_or_default();
+            notes += &format!("device class {class}: storage {}: {reason}\n", health.status());
+        }
+        for (id, namespace, claim) in self.volume_health.abnormal() {
+            let claim = match (namespace.as_str(), claim.as_str()) {
+                ("", _) | (_, "") => String::new(),
+                _ => format!(" (claim {namespace}/{claim})"),
+            };
+            notes +=
+                &format!("volume {id}{claim}: abnormal (its claim's events and `localvol status` say why)\n");
+        }
+        notes
+    }
+
+    /// Volume `id` was deleted: its health series go with it.
+    pub fn forget_volume(&self, id: &VolumeId) {
+        self.volume_health.forget(id);
     }
 
     /// Records a failed refresh of `class`: its gauges are removed rather than left
@@ -380,6 +434,7 @@ impl Metrics {
         for status in StorageHealth::STATUSES {
             let _ = self.storage_health.remove_label_values(&[class, status]);
         }
+        self.unhealthy_storage().remove(class);
         self.stats_errors.with_label_values(&[class]).inc();
     }
 
@@ -469,16 +524,15 @@ async fn healthz(State(state): State<HttpState>) -> (StatusCode, String) {
 }
 
 async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
-    match state.health.readiness().await {
-        Ok(()) => {
-            let mut body = "ready\n".to_string();
-            for missing in state.health.missing_classes() {
-                body += &format!("device class {} not served: {}\n", missing.class, missing.reason);
-            }
-            (StatusCode::OK, body)
-        }
+    let (code, mut body) = match state.health.readiness().await {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+    };
+    for missing in state.health.missing_classes() {
+        body += &format!("device class {} not served: {}\n", missing.class, missing.reason);
     }
+    body += &state.metrics.health_notes();
+    (code, body)
 }
 
 /// Binds the metrics/health listener (so a bad address fails start-up) and returns the

@@ -1,10 +1,11 @@
 //! What the daemon remembers about each volume for `localvol status`: the claim and
-//! the pods it is published for, its last reclaim, its last resize.
+//! the pods it is published for, its last reclaim, its last resize; and whether its
+//! last condition was abnormal, so that a change is told once, not at every poll.
 //!
 //! Memory only: a restart forgets it all (the answer says since when the daemon
 //! knows), because none of it decides anything; the backends' records and the mount
-//! table stay the truth. An entry appears when a volume is published, reclaimed or
-//! resized, and goes when the volume is deleted.
+//! table stay the truth. An entry appears when a volume is published, reclaimed,
+//! resized or has its condition checked, and goes when the volume is deleted.
 //!
 //! Lock-light: one mutex around a map, held only to update or copy entries, never
 //! across an await, so recording never makes a CSI call wait on I/O. Nothing here can
@@ -96,6 +97,18 @@ pub struct VolumeState {
     pub publications: BTreeMap<PathBuf, Option<ObjectName>>,
     pub last_reclaim: Option<LastReclaim>,
     pub resize: Option<LastResize>,
+    /// Whether the last condition NodeGetVolumeStats found was abnormal (`None`: never
+    /// checked since the daemon started).
+    pub abnormal: Option<bool>,
+}
+
+/// A change of a volume's condition, told once (an event on its claim).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConditionChange {
+    /// Abnormal now, with why; healthy or never checked before.
+    Abnormal(String),
+    /// Healthy again after an abnormal condition.
+    Healthy,
 }
 
 /// The registry, shared by the CSI services and the reclaim runner (clones share it).
@@ -179,6 +192,22 @@ impl VolumeStates {
                 state: resize,
             });
         });
+    }
+
+    /// Records the condition NodeGetVolumeStats found (`abnormal`, `message`) and
+    /// returns the change to tell: abnormal after healthy or after nothing (a restart
+    /// tells a volume that is still abnormal again), healthy after abnormal. A first
+    /// healthy condition is no news, and an abnormal one whose message changes (a
+    /// pool's fill growing) is the same news.
+    pub fn condition_checked(&self, id: &VolumeId, abnormal: bool, message: &str) -> Option<ConditionChange> {
+        let mut map = self.map();
+        let state = map.entry(id.clone()).or_default();
+        let before = state.abnormal.replace(abnormal);
+        match (before, abnormal) {
+            (None | Some(false), true) => Some(ConditionChange::Abnormal(message.to_string())),
+            (Some(true), false) => Some(ConditionChange::Healthy),
+            (None | Some(false), false) | (Some(true), true) => None,
+        }
     }
 
     /// A copy of every entry, ordered by volume id.
@@ -285,6 +314,38 @@ mod tests {
         states.forget(&vol);
         assert_eq!(states.get(&vol), None);
         assert!(states.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_change_of_condition_is_told_once() {
+        let states = VolumeStates::new();
+        let vol = id("pvc-1");
+        let full = "thin pool vg1/pool is out of data space";
+        assert_eq!(states.condition_checked(&vol, false, "healthy"), None, "no news");
+        assert_eq!(states.condition_checked(&vol, false, "healthy"), None);
+        assert_eq!(
+            states.condition_checked(&vol, true, full),
+            Some(ConditionChange::Abnormal(full.into()))
+        );
+        assert_eq!(
+            states.condition_checked(&vol, true, "another message"),
+            None,
+            "the same news"
+        );
+        assert_eq!(
+            states.condition_checked(&vol, false, "healthy"),
+            Some(ConditionChange::Healthy)
+        );
+        assert_eq!(states.condition_checked(&vol, false, "healthy"), None);
+        // Abnormal at its first check (after a restart): told.
+        let other = id("pvc-2");
+        assert_eq!(
+            states.condition_checked(&other, true, full),
+            Some(ConditionChange::Abnormal(full.into()))
+        );
+        // Deleted: a new volume of the same name starts with nothing.
+        states.forget(&other);
+        assert_eq!(states.condition_checked(&other, false, "healthy"), None);
     }
 
     #[test]

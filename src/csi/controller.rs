@@ -163,6 +163,7 @@ impl Controller for ControllerService {
                 let guard = driver.lock(&id.token, "DeleteVolume")?;
                 driver.volumes.delete(&guard, &id).await?;
                 driver.volume_states.forget(&id);
+                driver.metrics.forget_volume(&id);
                 Ok(csi::DeleteVolumeResponse {})
             })
             .await

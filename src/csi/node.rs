@@ -11,7 +11,7 @@ use crate::proto::csi::v1::{self as csi, node_server::Node, node_service_capabil
 use crate::request::{
     NodeExpandRequest, PublishRequest, StageRequest, StatsRequest, UnpublishRequest, UnstageRequest,
 };
-use crate::volume::{VolumeCondition, VolumeStats};
+use crate::volume::{Usage, VolumeCondition};
 use crate::volume_states::{ObjectName, ResizeState, ResizeStep};
 
 #[derive(Debug)]
@@ -147,25 +147,27 @@ impl Node for NodeService {
             .observe_on_one_thread("NodeGetVolumeStats", raw.volume_id.clone(), |driver| async move {
                 // Read-only: no lock, so stats never make a stage or publish wait.
                 let req = StatsRequest::parse(&raw, &driver.roots)?;
-                let (usage, volume_condition) = match driver.volumes.stats(&req).await? {
-                    VolumeStats::Filesystem {
-                        usage: u,
-                        condition: c,
-                    } => (
-                        vec![
-                            usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
-                            usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
-                        ],
-                        c,
-                    ),
-                    VolumeStats::Block {
-                        size_bytes,
-                        condition: c,
-                    } => (vec![usage(Unit::Bytes, size_bytes, 0, 0)], c),
+                let stats = driver.volumes.stats(&req).await?;
+                let usage = match stats.usage {
+                    Usage::Filesystem(u) => vec![
+                        usage(Unit::Bytes, u.total_bytes, u.available_bytes, u.used_bytes),
+                        usage(Unit::Inodes, u.total_inodes, u.free_inodes, u.used_inodes),
+                    ],
+                    Usage::Block { size_bytes } => vec![usage(Unit::Bytes, size_bytes, 0, 0)],
                 };
+                let VolumeCondition { abnormal, message } = &stats.condition;
+                driver.metrics.set_volume_health(&req.id, &stats.claim, *abnormal);
+                if let Some(change) = driver
+                    .volume_states
+                    .condition_checked(&req.id, *abnormal, message)
+                {
+                    driver
+                        .owner_check
+                        .condition_changed(&stats.claim, &req.id.to_string(), change);
+                }
                 Ok(csi::NodeGetVolumeStatsResponse {
                     usage,
-                    volume_condition: condition(volume_condition),
+                    volume_condition: condition(stats.condition),
                 })
             })
             .await
@@ -280,9 +282,17 @@ mod tests {
     }
 
     fn node(checker: Checker) -> Node {
+        node_on(
+            checker,
+            Arc::new(FakeCommands::default()),
+            FakeSyscalls::default(),
+        )
+    }
+
+    /// The node on a fake machine of its own (`host::fake::loop_machine`: one that
+    /// attaches loop devices and formats them).
+    fn node_on(checker: Checker, commands: Arc<FakeCommands>, syscalls: FakeSyscalls) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let commands = Arc::new(FakeCommands::default());
-        let syscalls = FakeSyscalls::default();
         let host = Host {
             commands: commands.clone(),
             syscalls: Arc::new(syscalls.clone()),
@@ -477,6 +487,149 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(stage.code(), Code::Unavailable, "{}", stage.message());
+        drop(node);
+        server.finish().await;
+    }
+
+    /// NodeGetVolumeStats finding the volume abnormal, then healthy again: one event on
+    /// the claim the volume was made for at each change (none for the first healthy
+    /// answer, none for the same state asked again), and the volume's health series.
+    #[tokio::test]
+    async fn a_change_of_a_volumes_condition_is_an_event_on_its_claim() {
+        let (client, server) = MockApi::scripted(vec![]);
+        let (commands, syscalls) =
+            crate::host::fake::loop_machine(std::path::Path::new("/dev/loop-fake7"), 0);
+        let node = node_on(k8s::checker(client, vec![], true), commands, syscalls);
+        let driver = &node.service.0;
+        let backend = driver.volumes.backends().next().unwrap();
+        std::fs::create_dir_all(node.dir.path().join("loop")).unwrap();
+        let claim = crate::model::ClaimRef {
+            pvc_name: Some("web-0-data".into()),
+            pvc_namespace: Some(k8s::NS.into()),
+            pv_name: Some("pvc-1".into()),
+        };
+        backend
+            .create(&crate::backend::CreateSpec {
+                token: Token::for_name("pvc-1"),
+                name: "pvc-1".into(),
+                size_bytes: 64 << 20,
+                mode: crate::model::VolumeMode::Filesystem,
+                fs_type: None,
+                claim,
+                encryption: None,
+            })
+            .await
+            .unwrap();
+        // Staged and published with no claim in the context (no owner check): the
+        // claim the events name is the one the volume was made for.
+        let (staging, target) = (node.dir.path().join("staging"), node.dir.path().join("target"));
+        std::fs::create_dir_all(&staging).unwrap();
+        node.service
+            .node_stage_volume(Request::new(csi::NodeStageVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: staging.display().to_string(),
+                volume_capability: capability(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap();
+        node.service
+            .node_publish_volume(Request::new(csi::NodePublishVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: staging.display().to_string(),
+                target_path: target.display().to_string(),
+                volume_capability: capability(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap();
+        let stats = || async {
+            let answer = node
+                .service
+                .node_get_volume_stats(Request::new(csi::NodeGetVolumeStatsRequest {
+                    volume_id: volume_id(),
+                    volume_path: target.display().to_string(),
+                    staging_target_path: String::new(),
+                }))
+                .await
+                .unwrap()
+                .into_inner();
+            answer.volume_condition.unwrap()
+        };
+        let series = |status: &str| {
+            let text = driver.metrics.render();
+            let series = format!(
+                r#"localvol_volume_health{{device_class="default",namespace="{}",persistentvolumeclaim="web-0-data",status="{status}",volume_id="{}"}} "#,
+                k8s::NS,
+                volume_id()
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(series.as_str()).map(str::to_string))
+                .unwrap_or_else(|| format!("no {series} in {text}"))
+        };
+        let disk = |available_bytes| crate::host::FsUsage {
+            total_bytes: 100 << 30,
+            available_bytes,
+            ..crate::host::FsUsage::default()
+        };
+
+        for _ in 0..2 {
+            assert!(!stats().await.abnormal);
+        }
+        assert_eq!((series("healthy"), series("abnormal")), ("1".into(), "0".into()));
+        server
+            .assert_no_request_within(std::time::Duration::from_millis(100))
+            .await;
+
+        let abnormal = server.expect(k8s::event_for(
+            "VolumeConditionAbnormal",
+            "PersistentVolumeClaim",
+            "web-0-data",
+            vec![&format!("volume {} is abnormal: ", volume_id()), "is full"],
+        ));
+        node.syscalls.set_usage(disk(0));
+        for _ in 0..2 {
+            assert!(stats().await.abnormal);
+        }
+        abnormal.asked().await;
+        assert_eq!((series("healthy"), series("abnormal")), ("0".into(), "1".into()));
+
+        let healthy = server.expect(k8s::event_of(
+            "Normal",
+            "VolumeConditionHealthy",
+            "PersistentVolumeClaim",
+            "web-0-data",
+            vec!["is healthy again"],
+        ));
+        node.syscalls.set_usage(disk(50 << 30));
+        assert!(!stats().await.abnormal);
+        healthy.asked().await;
+        assert_eq!(series("healthy"), "1");
+
+        // Deleted: its series go.
+        node.service
+            .node_unpublish_volume(Request::new(csi::NodeUnpublishVolumeRequest {
+                volume_id: volume_id(),
+                target_path: target.display().to_string(),
+            }))
+            .await
+            .unwrap();
+        node.service
+            .node_unstage_volume(Request::new(csi::NodeUnstageVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: staging.display().to_string(),
+            }))
+            .await
+            .unwrap();
+        use crate::proto::csi::v1::controller_server::Controller as _;
+        super::super::controller::ControllerService(node.service.0.clone())
+            .delete_volume(Request::new(csi::DeleteVolumeRequest {
+                volume_id: volume_id(),
+                ..Default::default()
+            }))
+            .await
+            .unwrap();
+        assert!(!driver.metrics.render().contains("localvol_volume_health{"));
         drop(node);
         server.finish().await;
     }

@@ -23,6 +23,7 @@ use super::reflect::Synced;
 use crate::model::ClaimRef;
 use crate::model::DRIVER_NAME;
 use crate::request::{PodInfo, PublishRequest, StageRequest, VolumeContext};
+use crate::volume_states::ConditionChange;
 
 #[derive(Debug)]
 pub struct Checker {
@@ -407,6 +408,25 @@ impl OwnerCheck {
                 .claim_warning(&req.context.claim, reason, "NodeStageVolume", note)
                 .await;
         }
+    }
+
+    /// NodeGetVolumeStats found volume `volume`'s condition changed: an event on its
+    /// claim when it is named, in the background (stats do not wait for the API).
+    /// Nothing without the API.
+    pub fn condition_changed(&self, claim: &ClaimRef, volume: &str, change: ConditionChange) {
+        let OwnerCheck::On(checker) = self else {
+            return;
+        };
+        let (Some(namespace), Some(name)) = (claim.pvc_namespace.clone(), claim.pvc_name.clone()) else {
+            return;
+        };
+        let (checker, volume) = (checker.clone(), volume.to_string());
+        drop(tokio::spawn(async move {
+            checker
+                .events
+                .volume_condition(&namespace, &name, &volume, &change)
+                .await
+        }));
     }
 
     /// CreateVolume made a volume for `claim`: its stage will need the claim, which is

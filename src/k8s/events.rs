@@ -17,6 +17,7 @@ use super::api::{call_within, truncate};
 use super::owner::{ObjectId, Refusal};
 use crate::backend::StorageHealth;
 use crate::model::DRIVER_NAME;
+use crate::volume_states::ConditionChange;
 
 /// The `reason` of a refusal event.
 pub const REASON_OWNER_MISMATCH: &str = "ClaimOwnerMismatch";
@@ -31,6 +32,11 @@ pub const REASON_STORAGE_MISSING: &str = "DeviceClassStorageMissing";
 pub const REASON_STORAGE_DEGRADED: &str = "DeviceClassStorageDegraded";
 pub const REASON_STORAGE_CRITICAL: &str = "DeviceClassStorageCritical";
 pub const REASON_STORAGE_HEALTHY: &str = "DeviceClassStorageHealthy";
+
+/// The `reason` of the event on a claim when its volume's condition changes: a Warning
+/// when NodeGetVolumeStats finds it abnormal, Normal when it is healthy again.
+pub const REASON_VOLUME_ABNORMAL: &str = "VolumeConditionAbnormal";
+pub const REASON_VOLUME_HEALTHY: &str = "VolumeConditionHealthy";
 
 /// Publishes events as one reporting component on one node, each under a deadline.
 #[derive(Clone)]
@@ -117,6 +123,36 @@ impl Recorder {
             None,
         )
         .await;
+    }
+
+    /// An event on the claim `namespace/name`: its volume `volume`'s condition changed.
+    pub async fn volume_condition(
+        &self,
+        namespace: &str,
+        name: &str,
+        volume: &str,
+        change: &ConditionChange,
+    ) {
+        let (type_, reason, note) = match change {
+            ConditionChange::Abnormal(why) => (
+                EventType::Warning,
+                REASON_VOLUME_ABNORMAL,
+                format!("volume {volume} is abnormal: {why}"),
+            ),
+            ConditionChange::Healthy => (
+                EventType::Normal,
+                REASON_VOLUME_HEALTHY,
+                format!("volume {volume} is healthy again"),
+            ),
+        };
+        let claim = ObjectId {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid: String::new(),
+        };
+        let regarding = reference("PersistentVolumeClaim", &claim);
+        self.publish(type_, reason, "NodeGetVolumeStats", &note, &regarding, None)
+            .await;
     }
 
     /// A Warning on the Node `node`: a configured device class has no storage there and

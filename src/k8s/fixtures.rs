@@ -164,8 +164,20 @@ pub fn event_for(
     reason: &'static str,
     kind: &'static str,
     name: &'static str,
-    note_has: Vec<&'static str>,
+    note_has: Vec<&str>,
 ) -> Exchange {
+    event_of("Warning", reason, kind, name, note_has)
+}
+
+/// As [`event_for`], of event type `type_` (`Warning` or `Normal`).
+pub fn event_of(
+    type_: &'static str,
+    reason: &'static str,
+    kind: &'static str,
+    name: &'static str,
+    note_has: Vec<&str>,
+) -> Exchange {
+    let note_has: Vec<String> = note_has.into_iter().map(str::to_string).collect();
     Exchange::new(
         Method::POST,
         format!("/apis/events.k8s.io/v1/namespaces/{NS}/events?"),
@@ -174,7 +186,7 @@ pub fn event_for(
     .check(move |body: &Value| {
         assert_eq!(body["regarding"]["kind"], kind, "{body}");
         assert_eq!(body["regarding"]["name"], name, "{body}");
-        assert_eq!(body["type"], "Warning", "{body}");
+        assert_eq!(body["type"], type_, "{body}");
         assert_eq!(body["reason"], reason, "{body}");
         assert_eq!(body["reportingController"], "localvol.csi.dev", "{body}");
         let note = body["note"].as_str().unwrap_or_default();

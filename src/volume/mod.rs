@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 pub use classes::{MissingClass, OpenError};
 pub use controller::{CreatedVolume, ExpandedVolume};
-pub use node::{VolumeCondition, VolumeStats};
+pub use node::{Usage, VolumeCondition, VolumeStats};
 
 use crate::backend::{Backend, BackendError, Opener, VolumeRecord};
 use crate::fs::{FsError, FsType};

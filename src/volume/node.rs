@@ -16,7 +16,7 @@ use crate::backend::{Backend, VolumeHealth, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType, Signature};
 use crate::host::Host;
 use crate::locks::VolumeGuard;
-use crate::model::{AccessMode, VolumeMode};
+use crate::model::{AccessMode, ClaimRef, VolumeMode};
 use crate::mount::{self, MountOptions, MountTable};
 use crate::request::{NodeExpandRequest, StageRequest, StatsRequest, UnstageRequest};
 
@@ -27,16 +27,19 @@ pub struct VolumeCondition {
     pub message: String,
 }
 
+/// What NodeGetVolumeStats answers, with the claim the volume was made for: the edge
+/// tells it of a change of the condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VolumeStats {
-    Filesystem {
-        usage: crate::host::FsUsage,
-        condition: VolumeCondition,
-    },
-    Block {
-        size_bytes: u64,
-        condition: VolumeCondition,
-    },
+pub struct VolumeStats {
+    pub usage: Usage,
+    pub condition: VolumeCondition,
+    pub claim: ClaimRef,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Usage {
+    Filesystem(crate::host::FsUsage),
+    Block { size_bytes: u64 },
 }
 
 /// Whether a stage mounted (raw block: attached) the volume, or found it staged already.
@@ -407,24 +410,24 @@ impl Volumes {
         let (backend, record) = self.record(&req.id).await?;
         let mount = self.mount_of(backend, &req.id, req.volume_path.as_ref()).await?;
         let path = mount.mount_point.as_path();
-        Ok(match record.mode {
-            VolumeMode::Block => VolumeStats::Block {
-                size_bytes: self.host.syscalls.block_device_size(path).await?,
-                condition: condition_of(&self.host, backend, &record, None).await?,
-            },
+        let (usage, condition) = match record.mode {
+            VolumeMode::Block => (
+                Usage::Block {
+                    size_bytes: self.host.syscalls.block_device_size(path).await?,
+                },
+                condition_of(&self.host, backend, &record, None).await?,
+            ),
             VolumeMode::Filesystem => {
                 let filesystem = self.host.syscalls.filesystem_state(&mount).await;
-                VolumeStats::Filesystem {
-                    usage: self.host.syscalls.statvfs(path).await?,
-                    condition: condition_of(
-                        &self.host,
-                        backend,
-                        &record,
-                        fs::health::problem(&mount, &filesystem),
-                    )
-                    .await?,
-                }
+                let usage = Usage::Filesystem(self.host.syscalls.statvfs(path).await?);
+                let problem = fs::health::problem(&mount, &filesystem);
+                (usage, condition_of(&self.host, backend, &record, problem).await?)
             }
+        };
+        Ok(VolumeStats {
+            usage,
+            condition,
+            claim: record.claim,
         })
     }
 }

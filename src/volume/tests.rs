@@ -104,9 +104,7 @@ impl Fixture {
             id: id.clone(),
             volume_path: Some(self.host_path(name)),
         };
-        match self.volumes.stats(&req).await.unwrap() {
-            VolumeStats::Filesystem { condition, .. } | VolumeStats::Block { condition, .. } => condition,
-        }
+        self.volumes.stats(&req).await.unwrap().condition
     }
 
     fn stage_req(&self, id: &VolumeId, access: AccessType) -> StageRequest {
