@@ -21,6 +21,19 @@ LVM_VG=${LVM_VG:-localvol}            # the volume group of the lvm classes
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# netns_dir_shared: /run/netns a shared mount point of its own, as the first `ip netns
+# add` on a machine makes it, before any pod's network namespace is mounted there.
+# Made later (a guest cluster's first `ip netns add` while the host's cluster runs
+# pods), its bind over itself leaves each pod namespace's mount under the bind:
+# containerd then unmounts the copy on top and cannot remove the file (unlinkat:
+# device or resource busy), and the pod never goes (a CI rehearsal lost 25 minutes of
+# s11 to it). Both tests/cluster/run.sh and tests/vm/cluster.sh call this first.
+netns_dir_shared() {
+  mkdir -p /run/netns
+  mountpoint -q /run/netns || mount --bind /run/netns /run/netns
+  mount --make-shared /run/netns
+}
+
 # select_scenarios ARG...: sets `selected` to the scenarios of ALL (and EXTRA_SCENARIOS)
 # the arguments name, by number or by name, in their order; to ALL without arguments.
 # The callers take ALL and EXTRA_SCENARIOS from tests/plan.yaml (host_cluster,

@@ -178,6 +178,7 @@ YAML
   --audit-policy-file="$LOGS/audit-policy.yaml" --audit-log-path="$AUDIT_LOG" --audit-log-format=json \
   --audit-log-mode=batch --audit-log-batch-max-wait=1s >"$LOGS/start-kube.log" 2>&1 ||
   { tail -20 "$LOGS/start-kube.log"; exit 1; }
+netns_dir_shared   # lib.sh: before the node's first pod
 "$RECIPE/start-node.sh" >"$LOGS/start-node.log" 2>&1 || { tail -20 "$LOGS/start-node.log"; exit 1; }
 
 phase "images"

@@ -279,6 +279,7 @@ flock -u 8
 
 # This run's network namespace, and the part of this script that runs in it.
 NETNS=localvol-vm-${RUN##*.}
+netns_dir_shared   # lib.sh
 ip netns add "$NETNS" && ip -n "$NETNS" link set lo up ||
   { echo "tests/vm/cluster.sh: cannot make the network namespace $NETNS" >&2; exit 1; }
 rc=0
