@@ -1,0 +1,245 @@
+//! What a scenario knows of its run, and the cluster calls scenarios share.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+pub type Result<T = ()> = std::result::Result<T, Error>;
+
+/// The run's facts, as the shell entry exports them (the names tests/cluster/lib.sh
+/// uses), and a client of its API server.
+#[derive(Clone)]
+pub struct Run {
+    pub client: Client,
+    /// The scenario's own namespace.
+    pub namespace: String,
+    /// The overlay's StorageClass, and the device class and kind behind it.
+    pub storage_class: String,
+    pub device_class: String,
+    pub class_kind: String,
+    /// The size of a filesystem claim on this class.
+    pub fs_size: String,
+    pub node: String,
+    /// The loop class's images on the node (`/var/lib/localvol/loop`).
+    pub loop_dir: PathBuf,
+    /// The daemon's metrics port on the node's loopback (host network).
+    pub metrics_port: u16,
+}
+
+fn var(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+impl Run {
+    /// The run the environment describes; fails loudly without a cluster to run on.
+    pub async fn from_env(scenario: &str) -> Self {
+        assert!(
+            std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty()),
+            "{scenario}: KUBECONFIG must name the cluster under test (the scenario's shell entry sets it)"
+        );
+        let short = scenario.split('_').next().unwrap_or(scenario);
+        Self {
+            client: Client::try_default().await.expect("a client from KUBECONFIG"),
+            namespace: format!("lvtest-{short}"),
+            storage_class: var("SC", "localvol-loop"),
+            device_class: var("DEVICE_CLASS", "loop"),
+            class_kind: var("CLASS_KIND", "loop"),
+            fs_size: var("FS_SIZE", "64Mi"),
+            node: var("NODE_NAME", "node1"),
+            loop_dir: PathBuf::from(var("LOOP_DIR", "/var/lib/localvol/loop")),
+            metrics_port: var("LOCALVOL_METRICS_PORT", "9808").parse().expect("a port"),
+        }
+    }
+
+    /// A line in the run's log, as the shell scenarios print theirs.
+    pub fn note(&self, line: &str) {
+        let _ = writeln!(std::io::stderr(), "    {line}");
+    }
+
+    fn namespaced<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub async fn create_namespace(&self) {
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": self.namespace, "labels": {"lvtest": "1"}}
+        }))
+        .unwrap();
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("namespace {}: {e}", self.namespace));
+    }
+
+    /// Deletes the namespace and waits until it, and so its claims' volumes, are gone.
+    pub async fn delete_namespace(&self) -> Result {
+        let namespaces = Api::<Namespace>::all(self.client.clone());
+        namespaces
+            .delete(&self.namespace, &DeleteParams::default())
+            .await?;
+        self.wait_for("the namespace gone", Duration::from_secs(180), || async {
+            Ok(namespaces.get_opt(&self.namespace).await?.is_none().then_some(()))
+        })
+        .await
+    }
+
+    /// Polls `found` every second until it finds something, or fails after `limit`.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, limit: Duration, mut found: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Option<T>>>,
+    {
+        let start = Instant::now();
+        loop {
+            if let Some(found) = found().await? {
+                self.note(&format!("{what} ({} s)", start.elapsed().as_secs()));
+                return Ok(found);
+            }
+            if start.elapsed() > limit {
+                return Err(format!("timed out after {limit:?} waiting for: {what}").into());
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// A ReadWriteOnce filesystem claim `name` of the run's class and size.
+    pub async fn claim(&self, name: &str) -> Result {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": self.storage_class,
+                "resources": {"requests": {"storage": self.fs_size}}
+            }
+        }))?;
+        self.namespaced::<PersistentVolumeClaim>()
+            .create(&PostParams::default(), &claim)
+            .await?;
+        Ok(())
+    }
+
+    /// A pod `name` (the kit's busybox, idle) with claim `claim` mounted at /data.
+    pub async fn pod_with(&self, name: &str, claim: &str) -> Result {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "app",
+                    "image": "localhost/busybox:1",
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 3600 & wait $!; done"],
+                    "volumeMounts": [{"name": "vol", "mountPath": "/data"}]
+                }],
+                "volumes": [{"name": "vol", "persistentVolumeClaim": {"claimName": claim}}]
+            }
+        }))?;
+        self.namespaced::<Pod>()
+            .create(&PostParams::default(), &pod)
+            .await?;
+        let pods = self.namespaced::<Pod>();
+        self.wait_for(
+            &format!("pod {name} Running"),
+            Duration::from_secs(120),
+            || async {
+                let pod = pods.get(name).await?;
+                Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// The PersistentVolume bound to claim `claim`, and its CSI volume id.
+    pub async fn volume_of(&self, claim: &str) -> Result<(String, String)> {
+        let claim = self.namespaced::<PersistentVolumeClaim>().get(claim).await?;
+        let pv = claim
+            .spec
+            .and_then(|s| s.volume_name)
+            .ok_or("the claim is not bound")?;
+        let id = self
+            .volumes()
+            .get(&pv)
+            .await?
+            .spec
+            .and_then(|s| s.csi)
+            .ok_or("the volume is not a CSI volume")?
+            .volume_handle;
+        Ok((pv, id))
+    }
+
+    pub fn volumes(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        self.namespaced()
+    }
+
+    pub fn claims(&self) -> Api<PersistentVolumeClaim> {
+        self.namespaced()
+    }
+
+    /// The events about the claim `claim`, oldest first.
+    pub async fn claim_events(&self, claim: &str) -> Result<Vec<Event>> {
+        let selector = format!("regarding.kind=PersistentVolumeClaim,regarding.name={claim}");
+        let mut events = self
+            .namespaced::<Event>()
+            .list(&ListParams::default().fields(&selector))
+            .await?
+            .items;
+        events.sort_by_key(|e| e.metadata.creation_timestamp.clone());
+        Ok(events)
+    }
+
+    /// The node's kubelet's /metrics, through the API server's node proxy.
+    pub async fn kubelet_metrics(&self) -> Result<String> {
+        let request =
+            http::Request::get(format!("/api/v1/nodes/{}/proxy/metrics", self.node)).body(Vec::new())?;
+        Ok(self.client.request_text(request).await?)
+    }
+
+    /// The daemon's /metrics on the node (the manifests' host network and port).
+    pub async fn driver_metrics(&self) -> Result<String> {
+        let port = self.metrics_port;
+        tokio::task::spawn_blocking(move || -> Result<String> {
+            let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            write!(
+                stream,
+                "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut response = String::new();
+            stream.read_to_string(&mut response)?;
+            let (_, body) = response.split_once("\r\n\r\n").ok_or("not an HTTP response")?;
+            Ok(body.to_string())
+        })
+        .await?
+    }
+}
+
+/// The value of the series `name{labels}` in a Prometheus text exposition, whatever the
+/// order of its labels, when every label of `labels` is on it.
+pub fn series_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?.strip_prefix('{')?;
+        let (inside, value) = rest.rsplit_once("} ")?;
+        labels
+            .iter()
+            .all(|(k, v)| inside.split(',').any(|pair| pair == format!(r#"{k}="{v}""#)))
+            .then(|| value.trim().parse().ok())?
+    })
+}
