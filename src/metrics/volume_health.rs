@@ -17,12 +17,15 @@ use crate::model::{ClaimRef, VolumeId};
 /// The two statuses, in the order the series are written.
 pub const STATUSES: [&str; 2] = ["healthy", "abnormal"];
 
+/// A volume's label values before `status`, and whether it is abnormal.
+type Known = HashMap<String, ([String; 4], bool)>;
+
 #[derive(Clone)]
 pub(super) struct VolumeHealthGauges {
     gauges: IntGaugeVec,
     /// Volume id → the label values before `status` its series carry, and whether it
     /// is abnormal.
-    labels: Arc<Mutex<HashMap<String, ([String; 4], bool)>>>,
+    labels: Arc<Mutex<Known>>,
 }
 
 impl VolumeHealthGauges {
