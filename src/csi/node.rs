@@ -329,6 +329,78 @@ mod tests {
         VolumeId::new(ClassName::parse("default").unwrap(), Token::for_name("pvc-1")).to_string()
     }
 
+    /// The node calls on volume_id() as kubelet makes them, at the paths `staging` and
+    /// `target` in the node's directory, with `context` as the volume context.
+    impl Node {
+        fn path(&self, name: &str) -> String {
+            self.dir.path().join(name).display().to_string()
+        }
+
+        async fn stage(&self, context: HashMap<String, String>) -> Result<(), Status> {
+            let request = csi::NodeStageVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: self.path("staging"),
+                volume_capability: capability(),
+                volume_context: context,
+                ..Default::default()
+            };
+            self.service
+                .node_stage_volume(Request::new(request))
+                .await
+                .map(drop)
+        }
+
+        async fn publish(&self, context: HashMap<String, String>) -> Result<(), Status> {
+            let request = csi::NodePublishVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: self.path("staging"),
+                target_path: self.path("target"),
+                volume_capability: capability(),
+                volume_context: context,
+                ..Default::default()
+            };
+            self.service
+                .node_publish_volume(Request::new(request))
+                .await
+                .map(drop)
+        }
+
+        async fn unpublish(&self) -> Result<(), Status> {
+            let request = csi::NodeUnpublishVolumeRequest {
+                volume_id: volume_id(),
+                target_path: self.path("target"),
+            };
+            self.service
+                .node_unpublish_volume(Request::new(request))
+                .await
+                .map(drop)
+        }
+
+        async fn unstage(&self) -> Result<(), Status> {
+            let request = csi::NodeUnstageVolumeRequest {
+                volume_id: volume_id(),
+                staging_target_path: self.path("staging"),
+            };
+            self.service
+                .node_unstage_volume(Request::new(request))
+                .await
+                .map(drop)
+        }
+
+        async fn stats(&self) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+            let request = csi::NodeGetVolumeStatsRequest {
+                volume_id: volume_id(),
+                volume_path: self.path("target"),
+                staging_target_path: String::new(),
+            };
+            Ok(self
+                .service
+                .node_get_volume_stats(Request::new(request))
+                .await?
+                .into_inner())
+        }
+    }
+
     fn capability() -> Option<csi::VolumeCapability> {
         use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
         Some(csi::VolumeCapability {
@@ -364,20 +436,8 @@ mod tests {
             k8s::event("PersistentVolumeClaim", "web-0-data", vec![]),
         ]);
         let node = node(k8s::checker(client, vec![pod.clone()], true));
-        let staging = node.dir.path().join("staging");
         let target = node.dir.path().join("target");
-        let status = node
-            .service
-            .node_publish_volume(Request::new(csi::NodePublishVolumeRequest {
-                volume_id: volume_id(),
-                staging_target_path: staging.display().to_string(),
-                target_path: target.display().to_string(),
-                volume_capability: capability(),
-                volume_context: claim_context(),
-                ..Default::default()
-            }))
-            .await
-            .unwrap_err();
+        let status = node.publish(claim_context()).await.unwrap_err();
         assert_eq!(status.code(), Code::FailedPrecondition, "{}", status.message());
         assert!(
             status.message().contains("apps/web-0-data"),
@@ -425,18 +485,7 @@ mod tests {
             })
             .await
             .unwrap();
-        let staging = node.dir.path().join("staging");
-        let status = node
-            .service
-            .node_stage_volume(Request::new(csi::NodeStageVolumeRequest {
-                volume_id: volume_id(),
-                staging_target_path: staging.display().to_string(),
-                volume_capability: capability(),
-                volume_context: claim_context(),
-                ..Default::default()
-            }))
-            .await
-            .unwrap_err();
+        let status = node.stage(claim_context()).await.unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
         assert!(node.commands.calls().is_empty(), "{:?}", node.commands.calls());
         drop(node);
@@ -448,44 +497,13 @@ mod tests {
         // No request is scripted and the cache never synced: any API use would fail.
         let (client, server) = MockApi::scripted(vec![]);
         let node = node(k8s::checker(client, vec![], false));
-        let target = node.dir.path().join("target");
-        node.service
-            .node_unpublish_volume(Request::new(csi::NodeUnpublishVolumeRequest {
-                volume_id: volume_id(),
-                target_path: target.display().to_string(),
-            }))
-            .await
-            .unwrap();
-        let unstage = node
-            .service
-            .node_unstage_volume(Request::new(csi::NodeUnstageVolumeRequest {
-                volume_id: volume_id(),
-                staging_target_path: node.dir.path().join("staging").display().to_string(),
-            }))
-            .await;
+        node.unpublish().await.unwrap();
+        let unstage = node.unstage().await;
         assert!(unstage.is_ok(), "{unstage:?}");
-        let stats = node
-            .service
-            .node_get_volume_stats(Request::new(csi::NodeGetVolumeStatsRequest {
-                volume_id: volume_id(),
-                volume_path: target.display().to_string(),
-                staging_target_path: String::new(),
-            }))
-            .await
-            .unwrap_err();
+        let stats = node.stats().await.unwrap_err();
         assert_eq!(stats.code(), Code::NotFound, "{}", stats.message());
         // While stage, with a claim, needs the synced cache.
-        let stage = node
-            .service
-            .node_stage_volume(Request::new(csi::NodeStageVolumeRequest {
-                volume_id: volume_id(),
-                staging_target_path: node.dir.path().join("staging").display().to_string(),
-                volume_capability: capability(),
-                volume_context: claim_context(),
-                ..Default::default()
-            }))
-            .await
-            .unwrap_err();
+        let stage = node.stage(claim_context()).await.unwrap_err();
         assert_eq!(stage.code(), Code::Unavailable, "{}", stage.message());
         drop(node);
         server.finish().await;
@@ -522,40 +540,10 @@ mod tests {
             .unwrap();
         // Staged and published with no claim in the context (no owner check): the
         // claim the events name is the one the volume was made for.
-        let (staging, target) = (node.dir.path().join("staging"), node.dir.path().join("target"));
-        std::fs::create_dir_all(&staging).unwrap();
-        node.service
-            .node_stage_volume(Request::new(csi::NodeStageVolumeRequest {
-                volume_id: volume_id(),
-                staging_target_path: staging.display().to_string(),
-                volume_capability: capability(),
-                ..Default::default()
-            }))
-            .await
-            .unwrap();
-        node.service
-            .node_publish_volume(Request::new(csi::NodePublishVolumeRequest {
-                volume_id: volume_id(),
-                staging_target_path: staging.display().to_string(),
-                target_path: target.display().to_string(),
-                volume_capability: capability(),
-                ..Default::default()
-            }))
-            .await
-            .unwrap();
-        let stats = || async {
-            let answer = node
-                .service
-                .node_get_volume_stats(Request::new(csi::NodeGetVolumeStatsRequest {
-                    volume_id: volume_id(),
-                    volume_path: target.display().to_string(),
-                    staging_target_path: String::new(),
-                }))
-                .await
-                .unwrap()
-                .into_inner();
-            answer.volume_condition.unwrap()
-        };
+        std::fs::create_dir_all(node.dir.path().join("staging")).unwrap();
+        node.stage(HashMap::new()).await.unwrap();
+        node.publish(HashMap::new()).await.unwrap();
+        let stats = || async { node.stats().await.unwrap().volume_condition.unwrap() };
         let series = |status: &str| {
             let text = driver.metrics.render();
             let series = format!(
@@ -607,20 +595,8 @@ mod tests {
         assert_eq!(series("healthy"), "1");
 
         // Deleted: its series go.
-        node.service
-            .node_unpublish_volume(Request::new(csi::NodeUnpublishVolumeRequest {
-                volume_id: volume_id(),
-                target_path: target.display().to_string(),
-            }))
-            .await
-            .unwrap();
-        node.service
-            .node_unstage_volume(Request::new(csi::NodeUnstageVolumeRequest {
-                volume_id: volume_id(),
-                staging_target_path: staging.display().to_string(),
-            }))
-            .await
-            .unwrap();
+        node.unpublish().await.unwrap();
+        node.unstage().await.unwrap();
         use crate::proto::csi::v1::controller_server::Controller as _;
         super::super::controller::ControllerService(node.service.0.clone())
             .delete_volume(Request::new(csi::DeleteVolumeRequest {
