@@ -360,23 +360,17 @@ impl Metrics {
     /// it is not healthy), for the refresh to log it once.
     pub fn set_storage_health(&self, class: &ClassName, health: &StorageHealth) -> bool {
         let class = class.as_str();
-        let previous = StorageHealth::STATUSES.into_iter().find(|status| {
-            self.storage_health
-                .get_metric_with_label_values(&[class, status])
-                .is_ok_and(|g| g.get() == 1)
-        });
         for status in StorageHealth::STATUSES {
             self.storage_health
                 .with_label_values(&[class, status])
                 .set(i64::from(status == health.status()));
         }
-        let mut unhealthy = self.unhealthy_storage();
-        match health {
-            StorageHealth::Healthy => unhealthy.remove(class),
-            _ => unhealthy.insert(class.to_string(), health.clone()),
+        // The last status is the map's (a class it does not hold was healthy or new).
+        let previous = match health {
+            StorageHealth::Healthy => self.unhealthy_storage().remove(class),
+            _ => self.unhealthy_storage().insert(class.to_string(), health.clone()),
         };
-        drop(unhealthy);
-        previous.unwrap_or("healthy") != health.status()
+        previous.as_ref().map_or("healthy", StorageHealth::status) != health.status()
     }
 
     /// The condition NodeGetVolumeStats just found volume `id` (made for `claim`) in
