@@ -21,6 +21,22 @@ LVM_VG=${LVM_VG:-localvol}            # the volume group of the lvm classes
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# ignored_test TARGET NAME [VAR=VALUE...]: builds the Rust test target TARGET (tests/)
+# and runs its #[ignore]d test NAME with VAR=VALUE in its environment, showing its
+# output's end; the scenario fails unless that one test ran and passed (a filter that
+# matches nothing passes too).
+ignored_test() {
+  local target=$1 name=$2 bin out rc=0
+  shift 2
+  bin=$(cd "$REPO" && cargo test --locked --no-run --test "$target" --message-format=json 2>/dev/null |
+    grep "\"name\":\"$target\"" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+  [ -x "$bin" ] || fail "cannot build the test target $target"
+  out=$(env "$@" "$bin" --ignored --exact "$name" --nocapture 2>&1) || rc=$?
+  printf '%s\n' "$out" | tail -n 30
+  [ "$rc" = 0 ] || fail "test $target::$name failed (exit $rc)"
+  grep -q '^test result: ok. 1 passed' <<<"$out" || fail "test $target::$name did not run"
+}
+
 # netns_dir_shared: /run/netns a shared mount point of its own, as the first `ip netns
 # add` on a machine makes it, before any pod's network namespace is mounted there.
 # Made later (a guest cluster's first `ip netns add` while the host's cluster runs

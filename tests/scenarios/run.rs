@@ -1,7 +1,6 @@
 //! What a scenario knows of its run, and the cluster calls scenarios share.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -214,20 +213,11 @@ impl Run {
 
     /// The daemon's /metrics on the node (the manifests' host network and port).
     pub async fn driver_metrics(&self) -> Result<String> {
-        let port = self.metrics_port;
-        tokio::task::spawn_blocking(move || -> Result<String> {
-            let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-            write!(
-                stream,
-                "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut response = String::new();
-            stream.read_to_string(&mut response)?;
-            let (_, body) = response.split_once("\r\n\r\n").ok_or("not an HTTP response")?;
-            Ok(body.to_string())
-        })
-        .await?
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.metrics_port));
+        match localvol_testkit::http_get(addr, "/metrics").await? {
+            (200, body) => Ok(body),
+            (code, body) => Err(format!("/metrics answered {code}: {body}").into()),
+        }
     }
 }
 

@@ -226,24 +226,7 @@ impl InProcessDaemon {
 
     /// GET over plain HTTP/1.1; returns the status code and the body.
     pub async fn get(&self, path: &str) -> (u16, String) {
-        let addr = self.metrics_addr;
-        let path = path.to_string();
-        tokio::task::spawn_blocking(move || {
-            let mut stream = TcpStream::connect(addr).unwrap();
-            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            write!(
-                stream,
-                "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-            )
-            .unwrap();
-            let mut response = String::new();
-            stream.read_to_string(&mut response).unwrap();
-            let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
-            let code = head.split(' ').nth(1).unwrap().parse().unwrap();
-            (code, body.to_string())
-        })
-        .await
-        .unwrap()
+        http_get(self.metrics_addr, path).await.unwrap()
     }
 
     /// Scrapes /metrics until `line` appears (the stats task refreshes every second).
@@ -274,6 +257,31 @@ impl InProcessDaemon {
 }
 
 /// kubelet's staging and publish paths for a volume, below `root`.
+/// GET `path` from `addr` over plain HTTP/1.1 (the daemon's metrics and health
+/// listener); the status code and the body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let not_http = || std::io::Error::other(format!("not an HTTP response: {response:?}"));
+        let (head, body) = response.split_once("\r\n\r\n").ok_or_else(not_http)?;
+        let code = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(not_http)?;
+        Ok((code, body.to_string()))
+    })
+    .await?
+}
+
 pub fn kubelet_paths(root: &Path, pv: &str, pod_uid: &str) -> (PathBuf, PathBuf) {
     (
         root.join(format!(
