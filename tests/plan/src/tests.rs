@@ -110,7 +110,8 @@ fn per_mode_values_fall_back_to_the_mode_before() {
 }
 
 /// Today's values of the scripts (tests/all.sh, tests/vm/suite.sh, tests/vm/cluster.sh,
-/// tests/cluster/run.sh, tests/sanity/vm.sh) before they read the plan.
+/// tests/cluster/run.sh, tests/sanity/vm.sh) before they read the plan, plus what was added
+/// to the plan since (scenario 15 on the host cluster): a change of selection is made here too.
 #[test]
 fn the_selections_are_the_scripts_former_ones() {
     let p = real();
@@ -172,7 +173,7 @@ fn the_selections_are_the_scripts_former_ones() {
         (
             "host_cluster.scenarios",
             Mode::Ci,
-            "s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s s11_e2e_storage s14_helm",
+            "s1_registration s2_volumes s3_ephemeral s4_expansion s5_reclaim s6_daemon_restart s7_metrics s8_api_load s9_snapshots s10_e2e_k8s s11_e2e_storage s14_helm s15_volume_health",
         ),
     ];
     for (key, mode, want) in cases {
