@@ -23,6 +23,7 @@ use crate::model::ClaimRef;
 use crate::model::{ClassName, Encryption, Token, VolumeId, VolumeMode};
 
 use capacity::Reservation;
+use ledger::Ledger;
 
 /// Loop volumes are sized in whole MiB.
 pub const ALIGNMENT: u64 = 1 << 20;
@@ -76,6 +77,9 @@ pub struct LoopBackend {
     found: std::sync::Mutex<std::collections::HashMap<Token, (PathBuf, PathBuf)>>,
     /// Whether a lookup has filled `found` for every device listed (once per process).
     warmed: std::sync::atomic::AtomicBool,
+    /// What the volumes and snapshots promise and hold on disk (see `ledger`): counted
+    /// when the class opens, kept by every change after.
+    ledger: std::sync::Mutex<Ledger>,
 }
 
 impl LoopBackend {
@@ -89,6 +93,7 @@ impl LoopBackend {
             reserved: std::sync::Mutex::new(0),
             found: std::sync::Mutex::default(),
             warmed: std::sync::atomic::AtomicBool::new(false),
+            ledger: std::sync::Mutex::default(),
         }
     }
 
@@ -118,10 +123,13 @@ impl LoopBackend {
     }
 
     /// Creates the class directory with owner-only access, and its snapshot directory;
-    /// thaws any filesystem a killed snapshot left frozen.
+    /// thaws any filesystem a killed snapshot left frozen; counts what the class holds.
     pub async fn prepare(&self) -> Result<(), BackendError> {
         files::create_private_dir(&self.dir).await?;
-        self.prepare_snapshots().await
+        self.prepare_snapshots().await?;
+        let counted = self.count().await?;
+        *self.ledger() = counted;
+        Ok(())
     }
 
     fn to_record(&self, token: Token, file: RecordFile) -> Result<VolumeRecord, BackendError> {
@@ -294,6 +302,9 @@ impl LoopBackend {
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         self.write_atomically(&self.record_path(&spec.token), json)
             .await?;
+        // A volume now: in the ledger, with what its image holds (a filesystem, a copy).
+        self.ledger().put_volume(spec.token.clone(), spec.size_bytes, 0);
+        self.allocated_bytes(&spec.token).await?;
         self.to_record(spec.token.clone(), file)
     }
 
@@ -308,6 +319,7 @@ impl LoopBackend {
         // and a claim deleted instead never retries.
         let paths = self.paths_of(token);
         files::blocking(&self.dir, move || remove_files(&paths)).await?;
+        self.ledger().remove_volume(token);
         files::sync_dir_async(&self.dir).await
     }
 
@@ -334,18 +346,23 @@ impl LoopBackend {
         file.size_bytes = size_bytes;
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         self.write_atomically(&self.record_path(token), json).await?;
+        self.ledger().resized(token, size_bytes);
         Ok(size_bytes)
     }
 
-    /// Disk space the image takes now (st_blocks × 512): what FITRIM gives back shows here.
+    /// Disk space the image takes now (st_blocks × 512): what FITRIM gives back shows
+    /// here. The ledger takes it in, so whoever looks (reclaim after its trim, a volume's
+    /// stats) also brings the class's count of that image up to date.
     pub async fn allocated_bytes(&self, token: &Token) -> Result<u64, BackendError> {
         use std::os::unix::fs::MetadataExt;
         let image = self.image_path(token);
-        files::blocking(&image.clone(), move || {
+        let allocated = files::blocking(&image.clone(), move || {
             let meta = std::fs::metadata(&image).map_err(BackendError::io("stat", &image))?;
             Ok(meta.blocks() * 512)
         })
-        .await
+        .await?;
+        self.ledger().allocated(token, allocated);
+        Ok(allocated)
     }
 
     /// What the record's `formatted` says (see `RecordFile`).
@@ -417,6 +434,7 @@ fn remove_files([record, rest @ ..]: &[PathBuf; 4]) -> Result<(), BackendError> 
 mod capacity;
 mod devices;
 mod health;
+mod ledger;
 mod snapshots;
 
 #[cfg(test)]

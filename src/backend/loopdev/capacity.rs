@@ -1,54 +1,76 @@
-//! The loop backend's space accounting: what its volumes and snapshots promise, what
-//! the class's limit and its disk leave for more, and the check every create, expand,
-//! snapshot and copy makes under the allocation lock before it takes space.
+//! The loop backend's space accounting: what its volumes and snapshots promise (its
+//! ledger, see `ledger`), what the class's limit and its disk leave for more, and the
+//! check every create, expand, snapshot and copy makes under the allocation lock before
+//! it takes space.
 
+use super::ledger::{Ledger, Totals};
 use super::{ALIGNMENT, LoopBackend, files};
 use crate::backend::{BackendError, ClassCapacity, StorageHealth, StoreUsage};
 
 impl LoopBackend {
-    /// Bytes promised to volumes, and bytes of those promises not yet backed by disk.
-    /// Two trips to the blocking pool whatever the number of volumes: every create
-    /// makes this count under the allocation lock.
-    async fn allocated(&self) -> Result<(u64, u64), BackendError> {
+    /// The ledger counted from the storage: every record's size, every image's and
+    /// snapshot's blocks on disk. Three trips to the blocking pool whatever the number
+    /// of volumes; run when the class opens and at each stats refresh, never per call.
+    pub(super) async fn count(&self) -> Result<Ledger, BackendError> {
         let records = self.list().await?;
         let images = records.iter().map(|r| self.image_path(&r.id.token)).collect();
         let used = files::allocated_bytes_of(&self.dir, images).await?;
-        let mut promised = 0u64;
-        let mut unbacked = 0u64;
-        for (record, used) in records.iter().zip(used) {
-            promised += record.size_bytes;
-            unbacked += record.size_bytes.saturating_sub(used);
-        }
-        // Snapshots are never written: what they hold on disk is all they will take.
-        promised += self.snapshot_bytes().await?;
-        // Creates under way: nothing of theirs is on disk yet that a record would count.
-        let reserved = *self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-        promised += reserved;
-        unbacked += reserved;
-        Ok((promised, unbacked))
+        let snapshots = self.snapshot_tokens().await?;
+        let snapshot_images = snapshots.iter().map(|t| self.snapshot_image(t)).collect();
+        let snapshot_bytes = files::allocated_bytes_of(&self.snapshot_dir(), snapshot_images).await?;
+        Ok(Ledger::counted(
+            records
+                .into_iter()
+                .zip(used)
+                .map(|(r, used)| (r.id.token, r.size_bytes, used)),
+            snapshots.into_iter().zip(snapshot_bytes),
+        ))
     }
 
+    pub(super) fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What is promised and not yet on disk, from the ledger, with the creates under
+    /// way (nothing of theirs is on disk yet that the ledger would count).
+    fn totals(&self) -> Totals {
+        let mut totals = self.ledger().totals();
+        let reserved = *self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        totals.promised += reserved;
+        totals.unbacked += reserved;
+        totals
+    }
+
+    /// The class's capacity: the ledger and one statvfs, whatever the number of volumes.
     pub async fn capacity(&self) -> Result<ClassCapacity, BackendError> {
-        Ok(self.capacity_and_health().await?.0)
+        let disk = self.host.syscalls.statvfs(&self.dir).await?;
+        Ok(self.capacity_of(self.totals(), &disk))
     }
 
     /// The class's capacity, and the health of the filesystem under its images (see
-    /// `health::class_disk_health`), from one count of what the volumes promised and
-    /// one statvfs.
+    /// `health::class_disk_health`), from a count of the storage that it also gives the
+    /// ledger: the stats refresh's, so a pod's writes and discards are counted at least
+    /// once a refresh.
     pub async fn capacity_and_health(&self) -> Result<(ClassCapacity, StorageHealth), BackendError> {
-        let (promised, unbacked) = self.allocated().await?;
+        let since = self.ledger().generation();
+        let fresh = self.count().await?;
+        self.ledger().recounted(since, fresh);
+        let totals = self.totals();
         let disk = self.host.syscalls.statvfs(&self.dir).await?;
-        let health = super::health::class_disk_health(&self.dir, disk.available_bytes, unbacked);
+        let health = super::health::class_disk_health(&self.dir, disk.available_bytes, totals.unbacked);
+        Ok((self.capacity_of(totals, &disk), health))
+    }
+
+    fn capacity_of(&self, totals: Totals, disk: &crate::host::FsUsage) -> ClassCapacity {
         // Every existing volume may still fill up: the disk must hold that first.
-        let disk_free = disk.available_bytes.saturating_sub(unbacked);
-        let available = self.capacity_limit.saturating_sub(promised).min(disk_free);
+        let disk_free = disk.available_bytes.saturating_sub(totals.unbacked);
+        let available = self.capacity_limit.saturating_sub(totals.promised).min(disk_free);
         let available = available / ALIGNMENT * ALIGNMENT;
-        let capacity = ClassCapacity {
+        ClassCapacity {
             available,
             total: self.capacity_limit.min(disk.total_bytes),
             max_volume: available,
-        };
-        Ok((capacity, health))
+        }
     }
 
     /// The filesystem holding the class's directory, as statvfs counts it (the class

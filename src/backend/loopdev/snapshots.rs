@@ -102,11 +102,11 @@ fn nanos(time: SystemTime) -> u64 {
 }
 
 impl LoopBackend {
-    fn snapshot_dir(&self) -> PathBuf {
+    pub(super) fn snapshot_dir(&self) -> PathBuf {
         self.dir.join("snapshots")
     }
 
-    fn snapshot_image(&self, token: &Token) -> PathBuf {
+    pub(super) fn snapshot_image(&self, token: &Token) -> PathBuf {
         self.snapshot_dir().join(format!("{token}.img"))
     }
 
@@ -119,7 +119,7 @@ impl LoopBackend {
     }
 
     /// The snapshots' tokens; none before the directory exists.
-    async fn snapshot_tokens(&self) -> Result<Vec<Token>, BackendError> {
+    pub(super) async fn snapshot_tokens(&self) -> Result<Vec<Token>, BackendError> {
         let dir = self.snapshot_dir();
         if !tokio::fs::try_exists(&dir).await.unwrap_or(false) {
             return Ok(Vec::new());
@@ -270,20 +270,6 @@ impl LoopBackend {
         Ok(all)
     }
 
-    /// Disk the snapshots' images hold (st_blocks): counted against the class's limit.
-    pub(super) async fn snapshot_bytes(&self) -> Result<u64, BackendError> {
-        let images = self
-            .snapshot_tokens()
-            .await?
-            .iter()
-            .map(|token| self.snapshot_image(token))
-            .collect();
-        Ok(files::allocated_bytes_of(&self.snapshot_dir(), images)
-            .await?
-            .into_iter()
-            .sum())
-    }
-
     pub async fn create_snapshot(&self, spec: &SnapshotSpec) -> Result<SnapshotRecord, BackendError> {
         if let Some(existing) = self.get_snapshot(&spec.token).await? {
             return Ok(existing);
@@ -309,6 +295,8 @@ impl LoopBackend {
         };
         let json = serde_json::to_vec_pretty(&file).expect("record serialises");
         files::write_atomically(&dir, &self.snapshot_record_path(&spec.token), json).await?;
+        let held = files::allocated_bytes_of(&dir, vec![self.snapshot_image(&spec.token)]).await?;
+        self.ledger().put_snapshot(spec.token.clone(), held.iter().sum());
         self.to_snapshot(spec.token.clone(), file)
     }
 
@@ -316,6 +304,7 @@ impl LoopBackend {
     pub async fn delete_snapshot(&self, token: &Token) -> Result<(), BackendError> {
         let dir = self.snapshot_dir();
         files::remove_durably(&dir, &self.snapshot_record_path(token)).await?;
+        self.ledger().remove_snapshot(token);
         files::remove_durably(&dir, &self.snapshot_image(token)).await
     }
 

@@ -309,3 +309,56 @@ async fn a_larger_filesystem_copy_carries_the_grow_mark_from_its_record_commit()
     b.create_from(&block, &clone).await.unwrap();
     assert!(!b.filesystem_grow_pending(&block.token).await.unwrap());
 }
+
+/// The ledger that capacity reads, against a count of the storage after each change:
+/// the same after every change localvol makes; after a pod's write, on the side that
+/// refuses until the stats refresh counts again.
+#[tokio::test]
+async fn the_ledger_is_the_storages_count_after_every_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, _) = backend(dir.path(), 1 << 30);
+    b.prepare().await.unwrap();
+    let same_as_storage = async |b: &LoopBackend, step: &str| {
+        let counted = b.count().await.unwrap().totals();
+        assert_eq!(b.ledger().totals(), counted, "after {step}");
+    };
+    b.create(&volume("src", 10 << 20)).await.unwrap();
+    same_as_storage(&b, "a create (formatted in its image)").await;
+    write(&b, "src", 0, &vec![7u8; 4 << 20]);
+    let counted = b.count().await.unwrap().totals();
+    let ledger = b.ledger().totals();
+    assert_eq!(ledger.promised, counted.promised);
+    assert!(
+        ledger.unbacked > counted.unbacked,
+        "a write is counted later, never as free: {ledger:?} {counted:?}"
+    );
+    b.capacity_and_health().await.unwrap();
+    same_as_storage(&b, "the stats refresh").await;
+    b.create_snapshot(&snapshot("snap-1", "src", None)).await.unwrap();
+    same_as_storage(&b, "a snapshot").await;
+    let restore = volume("restored", 20 << 20);
+    b.create_from(&restore, &CopySource::Snapshot(Token::for_name("snap-1")))
+        .await
+        .unwrap();
+    same_as_storage(&b, "a restore").await;
+    b.create_from(
+        &volume("clone", 10 << 20),
+        &CopySource::Volume {
+            token: Token::for_name("src"),
+            freeze: None,
+        },
+    )
+    .await
+    .unwrap();
+    same_as_storage(&b, "a clone").await;
+    b.expand(&Token::for_name("clone"), 30 << 20).await.unwrap();
+    same_as_storage(&b, "an expand").await;
+    b.delete_snapshot(&Token::for_name("snap-1")).await.unwrap();
+    same_as_storage(&b, "a snapshot's delete").await;
+    b.delete(&Token::for_name("src")).await.unwrap();
+    same_as_storage(&b, "a delete").await;
+    // Another process of this class's (a restart) counts the same from the storage alone.
+    let (again, _) = backend(dir.path(), 1 << 30);
+    again.prepare().await.unwrap();
+    assert_eq!(again.ledger().totals(), b.ledger().totals());
+}
