@@ -15,13 +15,14 @@ use serde_json::json;
 use tonic::transport::Channel;
 
 mod bare_server;
+mod fill;
 mod pod_api;
 
 use localvol_testkit::bench as harness;
 
 use harness::{
-    Csi, Launch, MIB, STEPS, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, run,
-    start_daemon, step_p50,
+    Csi, Launch, STEPS, StepClock, VOLUME_BYTES, lifecycle, ms, percentile, raw_mounts, run, start_daemon,
+    step_p50,
 };
 
 /// The same work with the same tools and syscalls, and nothing else: sparse file,
@@ -170,34 +171,13 @@ async fn main() {
         scaling.push((concurrency, total as f64 / t.elapsed().as_secs_f64()));
     }
 
-    // 4. Resident memory after 500 volumes exist; GetCapacity and CreateVolume with
-    // none and with 500 (a loop class counts every volume for both).
-    let mut csi = Csi::new(channel.clone());
-    let capacity_p50 = async |csi: &mut Csi| {
-        let mut times = Vec::new();
-        for _ in 0..30 {
-            let t = Instant::now();
-            csi.capacity().await;
-            times.push(t.elapsed());
-        }
-        times.sort();
-        percentile(&times, 0.5)
-    };
-    let capacity_empty = capacity_p50(&mut csi).await;
-    let mut creates = Vec::new();
-    for i in 0..500 {
-        let t = Instant::now();
-        csi.create(&format!("many-{i}"), MIB, None).await;
-        creates.push(t.elapsed());
-    }
-    let capacity_500 = capacity_p50(&mut csi).await;
-    let (mut first_creates, mut last_creates) = (creates[..50].to_vec(), creates[450..].to_vec());
-    first_creates.sort();
-    last_creates.sort();
-    let (create_first, create_last) = (percentile(&first_creates, 0.5), percentile(&last_creates, 0.5));
-    csi.list().await;
-    let rss_500 = daemon.rss_kib();
+    // 4. Costs as the node fills: GetCapacity and CreateVolume (the last 50 creates
+    // before each mark) with 500 and 5,000 volumes against the same calls on an empty
+    // node, resident memory per volume, and start-up with them all (raw block, 1 MiB:
+    // no mkfs, so what grows is only what localvol does per volume it holds).
     daemon.terminate().await;
+    let fills: &[usize] = if quick { &[500] } else { &[500, 5000] };
+    let fill = fill::fill_the_node(base.path(), fills).await;
 
     // 4b. Resident memory with the Kubernetes caches on: no pods, then 110 pods on the
     // node (kubelet's default maximum), each served by a mock API server.
@@ -316,28 +296,7 @@ async fn main() {
             rate / base_rate
         );
     }
-    for (label, empty, full) in [
-        (
-            "GetCapacity p50 (500 volumes vs none)",
-            capacity_empty,
-            capacity_500,
-        ),
-        (
-            "CreateVolume p50 (the last 50 of 500 vs the first)",
-            create_first,
-            create_last,
-        ),
-    ] {
-        println!(
-            "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
-            label,
-            ms(full),
-            ms(empty),
-            ms(full) / ms(empty)
-        );
-    }
-    println!("{:<44} {:>10} KiB", "RSS idle", idle_rss);
-    println!("{:<44} {:>10} KiB", "RSS after 500 volumes", rss_500);
+    fill.print(idle_rss, startup);
     for (pods, rss) in &rss_kube {
         println!(
             "{:<44} {:>10} KiB",
@@ -389,17 +348,10 @@ async fn main() {
                 .collect::<Vec<_>>()
         ),
     );
-    report.insert(
-        "with_500_volumes".into(),
-        json!({"get_capacity_p50_ms": ms(capacity_500), "get_capacity_p50_ms_empty": ms(capacity_empty),
-               "get_capacity_ratio": ms(capacity_500) / ms(capacity_empty),
-               "create_p50_ms_last_50": ms(create_last), "create_p50_ms_first_50": ms(create_first),
-               "create_ratio": ms(create_last) / ms(create_first)}),
-    );
+    report.insert("as_the_node_fills".into(), fill.report(startup));
     report.insert(
         "rss_kib".into(),
-        json!({"idle": idle_rss, "after_500_volumes": rss_500,
-               "kube_on_0_pods": rss_kube[0].1, "kube_on_110_pods": rss_kube[1].1}),
+        json!({"idle": idle_rss, "kube_on_0_pods": rss_kube[0].1, "kube_on_110_pods": rss_kube[1].1}),
     );
     report.insert("startup_ms".into(), json!(ms(startup)));
     harness::write_report("lifecycle.json", report);
