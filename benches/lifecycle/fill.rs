@@ -56,7 +56,7 @@ pub async fn fill_the_node(base: &Path, marks: &[usize]) -> Fill {
             csi.create_id(
                 NewVolume {
                     capability: block,
-                    ..NewVolume::new(&name, MIB as i64)
+                    ..NewVolume::new(&name, MIB)
                 }
                 .request(),
             )
