@@ -34,7 +34,7 @@
 #                 vm.sanity.block's as raw block (/dev/vdc, what is left of the NVDIMM):
 #                 tests/sanity/vm.sh, a result line per run
 #   The lanes are balanced for tests/all.sh, where guest A is followed by the guest
-#   cluster on the core it frees: A about 1100 s, B about 2000 s alone (tests/vm/README.md).
+#   cluster on the core it frees: A about 570 s, B about 960 s (tests/plan.yaml's budgets).
 #
 # A part passes only on its own evidence: exit 0 and, for a test binary, a
 # "test result: ok." line with at least one passed test and none FAILED; for sanity, one
