@@ -37,6 +37,13 @@ ignored_test() {
   grep -q '^test result: ok. 1 passed' <<<"$out" || fail "test $target::$name did not run"
 }
 
+# rust_scenario NAME: the cluster scenario NAME of tests/scenarios (Rust, over kube-rs),
+# with this run's facts in its environment (tests/scenarios/run.rs, Run::from_env).
+rust_scenario() {
+  ignored_test scenarios "$1" SC="$SC" DEVICE_CLASS="$DEVICE_CLASS" CLASS_KIND="$CLASS_KIND" \
+    FS_SIZE="$FS_SIZE" NODE_NAME="$NODE" LOOP_DIR="$LOOP_DIR" AUDIT_LOG="${AUDIT_LOG:-}"
+}
+
 # netns_dir_shared: /run/netns a shared mount point of its own, as the first `ip netns
 # add` on a machine makes it, before any pod's network namespace is mounted there.
 # Made later (a guest cluster's first `ip netns add` while the host's cluster runs

@@ -5,8 +5,10 @@
 //! entry (tests/cluster/scenarios/) runs it by name with `--ignored`, the run's facts in
 //! the environment ([`Run::from_env`]).
 //!
-//! The first scenario in Rust; the shell ones move here one by one (issue 45).
+//! The shell ones move here one by one (issue 45).
 
+mod api_load;
+mod metrics;
 mod run;
 mod volume_health;
 
@@ -26,6 +28,18 @@ where
     outcome.unwrap_or_else(|e| panic!("{name}: {e}"));
     cleanup.unwrap_or_else(|e| panic!("{name}: cleanup: {e}"));
     run.note(&format!("{name}: PASS"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s7_metrics.sh runs it"]
+async fn s7_metrics() {
+    scenario("s7_metrics", metrics::volume_calls_counted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed and an audit log: tests/cluster/scenarios/s8_api_load.sh runs it"]
+async fn s8_api_load() {
+    scenario("s8_api_load", api_load::footprint_follows_own_claims).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -12,6 +13,11 @@ use serde_json::json;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T = ()> = std::result::Result<T, Error>;
+
+/// Where the manifests deploy the daemon (deploy/base).
+const SYSTEM_NAMESPACE: &str = "localvol-system";
+const DAEMONSET: &str = "localvol-node";
+const DAEMON_CONTAINER: &str = "localvol";
 
 /// The run's facts, as the shell entry exports them (the names tests/cluster/lib.sh
 /// uses), and a client of its API server.
@@ -29,7 +35,11 @@ pub struct Run {
     pub node: String,
     /// The loop class's images on the node (`/var/lib/localvol/loop`).
     pub loop_dir: PathBuf,
-    /// The daemon's metrics port on the node's loopback (host network).
+    /// The API server's audit log of the daemon's requests, when the run keeps one
+    /// (tests/cluster/run.sh).
+    pub audit_log: Option<PathBuf>,
+    /// The daemon's metrics port on the node's loopback (host network), as the
+    /// DaemonSet sets it.
     pub metrics_port: u16,
 }
 
@@ -48,8 +58,12 @@ impl Run {
             "{scenario}: KUBECONFIG must name the cluster under test (the scenario's shell entry sets it)"
         );
         let short = scenario.split('_').next().unwrap_or(scenario);
+        let client = Client::try_default().await.expect("a client from KUBECONFIG");
+        let metrics_port = metrics_port(&client)
+            .await
+            .unwrap_or_else(|e| panic!("{scenario}: the daemon's metrics port: {e}"));
         Self {
-            client: Client::try_default().await.expect("a client from KUBECONFIG"),
+            client,
             namespace: format!("lvtest-{short}"),
             storage_class: var("SC", "localvol-loop"),
             device_class: var("DEVICE_CLASS", "loop"),
@@ -57,13 +71,18 @@ impl Run {
             fs_size: var("FS_SIZE", "64Mi"),
             node: var("NODE_NAME", "node1"),
             loop_dir: PathBuf::from(var("LOOP_DIR", "/var/lib/localvol/loop")),
-            metrics_port: var("LOCALVOL_METRICS_PORT", "9808").parse().expect("a port"),
+            audit_log: std::env::var_os("AUDIT_LOG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            metrics_port,
         }
     }
 
-    /// A line in the run's log, as the shell scenarios print theirs.
+    /// A line in the run's log, as the shell scenarios print theirs (tests/cluster/lib.sh's
+    /// `note`): tests/cluster/run.sh's summary takes the lines that start `NOTE `.
     pub fn note(&self, line: &str) {
-        let _ = writeln!(std::io::stderr(), "    {line}");
+        let now = k8s_openapi::jiff::Timestamp::now().strftime("%H:%M:%S");
+        let _ = writeln!(std::io::stderr(), "  [{now}] {line}");
     }
 
     fn namespaced<K>(&self) -> Api<K>
@@ -221,10 +240,46 @@ impl Run {
     }
 }
 
+/// The port of the daemon's metrics listener: its DaemonSet's LOCALVOL_METRICS_ADDR.
+async fn metrics_port(client: &Client) -> Result<u16> {
+    let daemonset = Api::<DaemonSet>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .get(DAEMONSET)
+        .await?;
+    let addr = daemonset
+        .spec
+        .template
+        .spec
+        .and_then(|p| p.containers.into_iter().find(|c| c.name == DAEMON_CONTAINER))
+        .and_then(|c| c.env)
+        .into_iter()
+        .flatten()
+        .find(|e| e.name == "LOCALVOL_METRICS_ADDR")
+        .and_then(|e| e.value)
+        .ok_or("no LOCALVOL_METRICS_ADDR on the DaemonSet's localvol container")?;
+    let (_, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("LOCALVOL_METRICS_ADDR {addr} has no port"))?;
+    Ok(port.parse()?)
+}
+
+/// The sum of every series `name{labels}` in a Prometheus text exposition that carries
+/// every label of `labels` (whatever its other labels); `None` when there is none.
+pub fn series_total(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    series(text, name, labels).reduce(|a, b| a + b)
+}
+
 /// The value of the series `name{labels}` in a Prometheus text exposition, whatever the
 /// order of its labels, when every label of `labels` is on it.
 pub fn series_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().find_map(|line| {
+    series(text, name, labels).next()
+}
+
+fn series<'a>(
+    text: &'a str,
+    name: &'a str,
+    labels: &'a [(&'a str, &'a str)],
+) -> impl Iterator<Item = f64> + 'a {
+    text.lines().filter_map(move |line| {
         let rest = line.strip_prefix(name)?.strip_prefix('{')?;
         let (inside, value) = rest.rsplit_once("} ")?;
         labels
