@@ -277,11 +277,7 @@ guest_cluster() { # LANE
   [ $((SECONDS - start)) -le "$GUEST_BUDGET" ] || { echo "tests/all.sh: guest cluster $1 took over ${GUEST_BUDGET}s" >&2; return 1; }
 }
 step "in parallel with the VM suite: cluster (tests/cluster/run.sh), the guest clusters (tests/vm/cluster.sh, lanes ${GUEST_LANES[*]}: lane N once N VM suite guests are done)${FUZZ_SECONDS:+, then fuzz (nice 10, ${FUZZ_SECONDS}s per target) once its build is done}"
-# The host's cluster suite at the guests' nice level, not above it: the guest lanes are
-# the run's critical path (a CI rehearsal of d8bffdc: the host suite done 1116 s in, the
-# lanes 2181 s and 2186 s), and at nice 0 beside guests at 10 it took the cores they
-# waited for.
-background cluster 10 cluster_suite
+background cluster 0 cluster_suite
 guest_jobs=()
 for lane in "${GUEST_LANES[@]}"; do
   background "guest-cluster-$lane" 10 guest_cluster "$lane"

@@ -89,7 +89,7 @@ fn per_mode_values_fall_back_to_the_mode_before() {
         p.get("vm.restart", Mode::Full).unwrap()
     );
     assert_eq!(p.budget("guest_cluster", Mode::Soak).unwrap(), 4500);
-    assert_eq!(p.budget("host_cluster", Mode::Full).unwrap(), 2000);
+    assert_eq!(p.budget("host_cluster", Mode::Full).unwrap(), 1500);
     assert!(p.budget("fuzz", Mode::Ci).is_err());
     assert!(p.budget("nothing", Mode::Ci).is_err());
     assert!(p.get("vm.lanes.C", Mode::Ci).is_err());
