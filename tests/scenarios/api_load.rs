@@ -84,11 +84,7 @@ pub async fn footprint_follows_own_claims(run: Run) -> Result {
         rows.push(window(&audit, start, (target, 0), &other, None).await?);
     }
 
-    let namespaces = Api::<Namespace>::all(run.client.clone());
-    let ns: Namespace = serde_json::from_value(json!({
-        "metadata": {"name": other, "labels": {"lvtest": "1"}}
-    }))?;
-    namespaces.create(&PostParams::default(), &ns).await?;
+    run.create_namespace_named(&other).await?;
     let foreign = Api::<PersistentVolumeClaim>::namespaced(run.client.clone(), &other);
     for i in 0..OTHER_CLAIMS {
         foreign
@@ -144,7 +140,9 @@ pub async fn footprint_follows_own_claims(run: Run) -> Result {
         run.node
     ));
     // Pending claims without volumes: nothing to wait for (the node is purged at the end).
-    namespaces.delete(&other, &DeleteParams::default()).await?;
+    Api::<Namespace>::all(run.client.clone())
+        .delete(&other, &DeleteParams::default())
+        .await?;
     Ok(())
 }
 

@@ -6,10 +6,6 @@
 //!
 //! Cost: a claim, a pod and their deletion (about 20 s on the host's cluster).
 
-use std::time::Duration;
-
-use kube::api::DeleteParams;
-
 use crate::run::{Result, Run, series_total};
 
 const CLAIM: &str = "m";
@@ -24,13 +20,7 @@ pub async fn volume_calls_counted(run: Run) -> Result {
     }
 
     let (pv, _) = run.volume_of(CLAIM).await?;
-    run.pods().delete("app", &DeleteParams::default()).await?;
-    run.claims().delete(CLAIM, &DeleteParams::default()).await?;
-    let volumes = run.volumes();
-    run.wait_for("the volume deleted", Duration::from_secs(120), || async {
-        Ok(volumes.get_opt(&pv).await?.is_none().then_some(()))
-    })
-    .await?;
+    run.delete_pod_and_claim("app", CLAIM, &pv).await?;
     let text = run.driver_metrics().await?;
     for call in ["NodeUnpublishVolume", "NodeUnstageVolume", "DeleteVolume"] {
         succeeded(&run, &text, call)?;

@@ -93,14 +93,20 @@ impl Run {
     }
 
     pub async fn create_namespace(&self) {
-        let ns: Namespace = serde_json::from_value(json!({
-            "metadata": {"name": self.namespace, "labels": {"lvtest": "1"}}
-        }))
-        .unwrap();
-        Api::<Namespace>::all(self.client.clone())
-            .create(&PostParams::default(), &ns)
+        self.create_namespace_named(&self.namespace)
             .await
             .unwrap_or_else(|e| panic!("namespace {}: {e}", self.namespace));
+    }
+
+    /// A namespace `name` labelled as the tests' (the run's cleanup finds them by it).
+    pub async fn create_namespace_named(&self, name: &str) -> Result {
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"lvtest": "1"}}
+        }))?;
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(())
     }
 
     /// Deletes the namespace and waits until it, and so its claims' volumes, are gone.
@@ -178,6 +184,18 @@ impl Run {
                 Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
             },
         )
+        .await
+    }
+
+    /// Deletes pod `pod` and claim `claim`, and waits until the claim's volume `pv` is
+    /// gone: unpublished, unstaged and deleted by the driver.
+    pub async fn delete_pod_and_claim(&self, pod: &str, claim: &str, pv: &str) -> Result {
+        self.pods().delete(pod, &DeleteParams::default()).await?;
+        self.claims().delete(claim, &DeleteParams::default()).await?;
+        let volumes = self.volumes();
+        self.wait_for("the volume deleted", Duration::from_secs(120), || async {
+            Ok(volumes.get_opt(pv).await?.is_none().then_some(()))
+        })
         .await
     }
 

@@ -9,8 +9,6 @@
 
 use std::time::Duration;
 
-use kube::api::DeleteParams;
-
 use crate::run::{Result, Run, series_value};
 
 const CLAIM: &str = "health";
@@ -82,13 +80,7 @@ pub async fn loop_image_deleted(run: Run) -> Result {
 
     // Its data is lost, but the volume still goes whole: unstaged from the device
     // that held the deleted image, deleted, and its series with it.
-    run.pods().delete("app", &DeleteParams::default()).await?;
-    run.claims().delete(CLAIM, &DeleteParams::default()).await?;
-    let volumes = run.volumes();
-    run.wait_for("the volume deleted", Duration::from_secs(120), || async {
-        Ok(volumes.get_opt(&pv).await?.is_none().then_some(()))
-    })
-    .await?;
+    run.delete_pod_and_claim("app", CLAIM, &pv).await?;
     let text = run.driver_metrics().await?;
     if series_value(&text, "localvol_volume_health", &[("volume_id", id.as_str())]).is_some() {
         return Err(format!("localvol_volume_health still has {id} after its deletion").into());
