@@ -22,15 +22,14 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 
+use crate::audit::{Event, daemon_events};
 use crate::run::{Result, Run};
 
 /// A window's length, and how long the audit backend takes to write its batch.
 const WINDOW: Duration = Duration::from_secs(8);
 const AUDIT_BATCH: Duration = Duration::from_secs(2);
-const DAEMON_USER: &str = "system:serviceaccount:localvol-system:localvol-node";
-const PROVISIONER_AGENT: &str = "csi-provisioner";
 const OTHER_NODE: &str = "node-elsewhere";
 const OTHER_CLAIMS: usize = 500;
 const NODE_SELECTOR: &str = "labelSelector=localvol.csi.dev%2Fnode%3D";
@@ -45,12 +44,11 @@ pub async fn footprint_follows_own_claims(run: Run) -> Result {
     }
     // The filter must see the daemon at all, or every count below is a vacuous 0: its
     // claim watches, opened when it started, are in the log.
-    let claim_watches = daemon_events(&audit, 0, None)?
+    if !daemon_events(&audit)?
         .iter()
-        .filter(|e| is(e, "ResponseStarted") && watch(e) && of_claims(e))
-        .count();
-    if claim_watches == 0 {
-        return Err(format!("no claim watch of {DAEMON_USER} in {}", audit.display()).into());
+        .any(|e| e.watch_opened() && e.of_claims())
+    {
+        return Err(format!("no claim watch of the daemon's in {}", audit.display()).into());
     }
     let other = format!("{}-other", run.namespace);
     let start = Timestamp::now().as_second();
@@ -131,7 +129,8 @@ pub async fn footprint_follows_own_claims(run: Run) -> Result {
         )
         .into());
     }
-    let unlabelled = unlabelled_claim_reads(&daemon_events(&audit, start, None)?);
+    let events = daemon_events(&audit)?;
+    let unlabelled = unlabelled_claim_reads(since(&events, start));
     if !unlabelled.is_empty() {
         return Err(format!("claims listed or watched without this node's label: {unlabelled:?}").into());
     }
@@ -182,62 +181,28 @@ async fn window(
     tokio::time::sleep(WINDOW).await;
     let t1 = Timestamp::now().as_second();
     tokio::time::sleep(AUDIT_BATCH).await;
-    let in_window = daemon_events(audit, t0, Some(t1))?;
-    let since_start = daemon_events(audit, start, None)?;
-    Ok(Row::of(claims, &in_window, &since_start, other_namespace))
+    let events = daemon_events(audit)?;
+    let in_window: Vec<&Event> = since(&events, t0).filter(|e| e.second < t1).collect();
+    Ok(Row::of(
+        claims,
+        &in_window,
+        since(&events, start),
+        other_namespace,
+    ))
 }
 
-/// The audit events of the daemon's own requests (not its provisioner sidecar's) whose
-/// stage is at or after second `from` and before second `to`.
-fn daemon_events(audit: &Path, from: i64, to: Option<i64>) -> Result<Vec<Value>> {
-    let text = std::fs::read_to_string(audit).map_err(|e| format!("reading {}: {e}", audit.display()))?;
-    parse_daemon_events(&text, from, to.unwrap_or(i64::MAX))
-}
-
-fn parse_daemon_events(text: &str, from: i64, to: i64) -> Result<Vec<Value>> {
-    let mut events = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let event: Value = serde_json::from_str(line)?;
-        if event["user"]["username"] != DAEMON_USER
-            || event["userAgent"]
-                .as_str()
-                .unwrap_or("")
-                .starts_with(PROVISIONER_AGENT)
-        {
-            continue;
-        }
-        let stage: Timestamp = event["stageTimestamp"]
-            .as_str()
-            .ok_or("an audit event without stageTimestamp")?
-            .parse()?;
-        if (from..to).contains(&stage.as_second()) {
-            events.push(event);
-        }
-    }
-    Ok(events)
-}
-
-fn is(event: &Value, stage: &str) -> bool {
-    event["stage"] == stage
-}
-
-fn watch(event: &Value) -> bool {
-    event["verb"] == "watch"
-}
-
-fn of_claims(event: &Value) -> bool {
-    event["objectRef"]["resource"] == "persistentvolumeclaims"
+/// The events at or after second `from`.
+fn since(events: &[Event], from: i64) -> impl Iterator<Item = &Event> + Clone {
+    events.iter().filter(move |e| e.second >= from)
 }
 
 /// The request URIs of the daemon's claim lists and watches that lack this node's label
 /// selector.
-fn unlabelled_claim_reads(events: &[Value]) -> Vec<String> {
-    let mut uris: Vec<String> = events
-        .iter()
-        .filter(|e| of_claims(e) && (e["verb"] == "list" || watch(e)))
-        .filter_map(|e| e["requestURI"].as_str())
+fn unlabelled_claim_reads<'a>(events: impl Iterator<Item = &'a Event>) -> Vec<&'a str> {
+    let mut uris: Vec<&str> = events
+        .filter(|e| e.of_claims() && (e.verb == "list" || e.is_watch()))
+        .map(|e| e.request_uri.as_str())
         .filter(|uri| !uri.contains(NODE_SELECTOR))
-        .map(str::to_string)
         .collect();
     uris.sort();
     uris.dedup();
@@ -262,23 +227,24 @@ impl Row {
     const HEADER: &str =
         "local  other  requests  claim-requests  watches-opened  claim-watches  other-claim-requests";
 
-    fn of(claims: (usize, usize), window: &[Value], since_start: &[Value], other_namespace: &str) -> Self {
-        let completed = || window.iter().filter(|e| is(e, "ResponseComplete") && !watch(e));
-        let opened = || {
-            since_start
-                .iter()
-                .filter(|e| is(e, "ResponseStarted") && watch(e))
-        };
+    fn of<'a>(
+        claims: (usize, usize),
+        window: &[&Event],
+        since_start: impl Iterator<Item = &'a Event> + Clone,
+        other_namespace: &str,
+    ) -> Self {
+        let completed = || window.iter().filter(|e| e.request_completed());
+        let opened = || since_start.clone().filter(|e| e.watch_opened());
         Self {
             own: claims.0,
             other: claims.1,
             requests: completed().count(),
-            claim_requests: completed().filter(|e| of_claims(e)).count(),
+            claim_requests: completed().filter(|e| e.of_claims()).count(),
             watches: opened().count(),
-            claim_watches: opened().filter(|e| of_claims(e)).count(),
+            claim_watches: opened().filter(|e| e.of_claims()).count(),
             other_claim_events: since_start
-                .iter()
-                .filter(|e| e["objectRef"]["namespace"] == other_namespace)
+                .clone()
+                .filter(|e| e.in_namespace(other_namespace))
                 .count(),
         }
     }
@@ -303,41 +269,16 @@ impl std::fmt::Display for Row {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Audit lines as the API server writes them (audit.k8s.io/v1, Metadata level),
-    /// trimmed to the fields read here.
-    const LOG: &str = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseComplete","requestURI":"/api/v1/persistentvolumeclaims?labelSelector=localvol.csi.dev%2Fnode%3Dnode1&limit=500","verb":"list","user":{"username":"system:serviceaccount:localvol-system:localvol-node"},"userAgent":"localvol/0.1","objectRef":{"resource":"persistentvolumeclaims","apiVersion":"v1"},"stageTimestamp":"2026-12-03T10:00:01.123456Z"}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseStarted","requestURI":"/api/v1/persistentvolumeclaims?labelSelector=localvol.csi.dev%2Fnode%3Dnode1&watch=true","verb":"watch","user":{"username":"system:serviceaccount:localvol-system:localvol-node"},"userAgent":"localvol/0.1","objectRef":{"resource":"persistentvolumeclaims","apiVersion":"v1"},"stageTimestamp":"2026-12-03T10:00:02.5Z"}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/lvtest-s8-other/persistentvolumeclaims/foreign-1","verb":"get","user":{"username":"system:serviceaccount:localvol-system:localvol-node"},"userAgent":"localvol/0.1","objectRef":{"resource":"persistentvolumeclaims","namespace":"lvtest-s8-other","name":"foreign-1","apiVersion":"v1"},"stageTimestamp":"2026-12-03T10:00:03.000001Z"}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseComplete","requestURI":"/api/v1/persistentvolumeclaims","verb":"list","user":{"username":"system:serviceaccount:localvol-system:localvol-node"},"userAgent":"csi-provisioner/v5","objectRef":{"resource":"persistentvolumeclaims","apiVersion":"v1"},"stageTimestamp":"2026-12-03T10:00:03.2Z"}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseComplete","requestURI":"/api/v1/nodes/node1","verb":"get","user":{"username":"system:node:node1"},"userAgent":"kubelet","objectRef":{"resource":"nodes","name":"node1","apiVersion":"v1"},"stageTimestamp":"2026-12-03T10:00:03.3Z"}
-{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/a/persistentvolumeclaims","verb":"list","user":{"username":"system:serviceaccount:localvol-system:localvol-node"},"userAgent":"localvol/0.1","objectRef":{"resource":"persistentvolumeclaims","namespace":"a","apiVersion":"v1"},"stageTimestamp":"2026-12-03T10:00:09Z"}
-"#;
-
-    fn second(at: &str) -> i64 {
-        at.parse::<Timestamp>().unwrap().as_second()
-    }
+    use crate::audit::tests::{events, second};
 
     #[test]
-    fn only_the_daemons_own_requests_in_the_window_count() {
-        let all = parse_daemon_events(LOG, second("2026-12-03T10:00:00Z"), i64::MAX).unwrap();
-        assert_eq!(
-            all.len(),
-            4,
-            "the provisioner's and kubelet's requests are not the daemon's"
-        );
-        let window = parse_daemon_events(
-            LOG,
-            second("2026-12-03T10:00:02Z"),
-            second("2026-12-03T10:00:09Z"),
-        )
-        .unwrap();
-        assert_eq!(
-            window.len(),
-            2,
-            "from the window's first second up to, not into, its last"
-        );
-        let row = Row::of((50, 500), &window, &all, "lvtest-s8-other");
+    fn a_window_counts_from_its_first_second_up_to_not_into_its_last() {
+        let all = events();
+        let window: Vec<&Event> = since(&all, second("2026-12-03T10:00:02Z"))
+            .filter(|e| e.second < second("2026-12-03T10:00:09Z"))
+            .collect();
+        assert_eq!(window.len(), 2);
+        let row = Row::of((50, 500), &window, since(&all, 0), "lvtest-s8-other");
         let expected = Row {
             own: 50,
             other: 500,
@@ -352,9 +293,9 @@ mod tests {
 
     #[test]
     fn a_claim_list_without_the_nodes_selector_is_named() {
-        let all = parse_daemon_events(LOG, 0, i64::MAX).unwrap();
+        let all = events();
         assert_eq!(
-            unlabelled_claim_reads(&all),
+            unlabelled_claim_reads(all.iter()),
             ["/api/v1/namespaces/a/persistentvolumeclaims"]
         );
     }

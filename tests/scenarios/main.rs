@@ -8,6 +8,7 @@
 //! The shell ones move here one by one (issue 45).
 
 mod api_load;
+mod audit;
 mod metrics;
 mod run;
 mod volume_health;
