@@ -226,6 +226,9 @@ mounts_count() { mounts_of "$@" | wc -l; }
 # A busybox pod (the kit's image, no pulls) that sleeps, or runs SCRIPT (sh) until
 # stopped, with CLAIM's volume at PATH, or an emptyDir there (KIND emptydir, CLAIM "").
 # Its sleep is one process an hour, not one a second: each costs the emulated guest.
+# It shares the node's network: a pod network would only add the CNI plugins' runs
+# (bridge, host-local; Go programs started twice a pod, each dear under TCG) to what is
+# tested, the volume in the pod.
 apply_pod() { # NAMESPACE NAME KIND(fs|block|emptydir) CLAIM [PATH] [SCRIPT]
   local ns=$1 name=$2 kind=$3 claim=$4 path=${5:-/data} script=${6:-'while true; do sleep 3600 & wait $!; done'}
   local mount source="persistentVolumeClaim: {claimName: $claim}"
@@ -241,6 +244,7 @@ kind: Pod
 metadata: {name: $name, namespace: $ns}
 spec:
   terminationGracePeriodSeconds: 1
+  hostNetwork: true
   containers:
     - name: app
       image: localhost/busybox:1
@@ -484,7 +488,8 @@ image_rootfs() { # CACHE_DIR LOG_DIR
 
 # The node's Debian packages. Their services stay stopped: the recipe runs its own etcd
 # and containerd.
-NODE_PACKAGES=(containerd runc containernetworking-plugins busybox-static etcd-server
+# crun: the guest's node runs its containers with it (tests/vm/cluster-guest.sh).
+NODE_PACKAGES=(containerd runc crun containernetworking-plugins busybox-static etcd-server
   curl openssl iproute2 iptables python3 xz-utils)
 install_node_packages() { # LOG_DIR
   install_packages "$1" "${NODE_PACKAGES[@]}"

@@ -156,12 +156,15 @@ impl Run {
         Ok(())
     }
 
-    /// A pod `name` (the kit's busybox, idle) with claim `claim` mounted at /data.
+    /// A pod `name` (the kit's busybox, idle) with claim `claim` mounted at /data, on the
+    /// node's network as lib.sh's apply_pod makes them (a pod network adds the CNI
+    /// plugins' runs, not what is tested).
     pub async fn pod_with(&self, name: &str, claim: &str) -> Result {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {
                 "terminationGracePeriodSeconds": 1,
+                "hostNetwork": true,
                 "containers": [{
                     "name": "app",
                     "image": "localhost/busybox:1",

@@ -31,7 +31,7 @@ YAML
   k -n $ns create secret generic unkeyed-luks --from-literal=password=x >/dev/null
   apply_pvc $ns sealed 64Mi $sc >/dev/null
   apply_pvc $ns unkeyed 64Mi $sc >/dev/null
-  apply_pod $ns writer fs sealed /data "echo $marker > /data/f; sync; while true; do sleep 1; done" >/dev/null
+  apply_pod $ns writer fs sealed /data "echo $marker > /data/f; sync; while true; do sleep 3600 & wait \$!; done" >/dev/null
   apply_pod $ns nokey fs unkeyed >/dev/null
   wait_until 120 "pod on the encrypted claim Running" pod_phase_is $ns writer Running
   volume_facts $ns sealed

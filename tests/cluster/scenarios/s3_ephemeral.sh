@@ -11,11 +11,12 @@ kind: Pod
 metadata: {name: owner, namespace: $ns}
 spec:
   terminationGracePeriodSeconds: 1
+  hostNetwork: true   # as lib.sh's apply_pod makes them
   containers:
     - name: app
       image: localhost/busybox:1
       imagePullPolicy: Never
-      command: ["sh", "-c", "echo mine > /scratch/f; trap 'exit 0' TERM; while true; do sleep 1; done"]
+      command: ["sh", "-c", "echo mine > /scratch/f; trap 'exit 0' TERM; while true; do sleep 3600 & wait \$!; done"]
       volumeMounts: [{name: scratch, mountPath: /scratch}]
   volumes:
     - name: scratch
