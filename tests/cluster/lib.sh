@@ -21,15 +21,23 @@ LVM_VG=${LVM_VG:-localvol}            # the volume group of the lvm classes
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# ignored_test TARGET NAME [VAR=VALUE...]: builds the Rust test target TARGET (tests/)
-# and runs its #[ignore]d test NAME with VAR=VALUE in its environment, showing its
-# output's end; the scenario fails unless that one test ran and passed (a filter that
-# matches nothing passes too).
+# test_binary TARGET: the executable of the Rust test target TARGET (tests/), built here
+# (cargo test --no-run: nothing to do after tests/all.sh's test build). For
+# tests/scenarios, LOCALVOL_SCENARIOS_BIN when set: tests/vm/cluster.sh resolves it on
+# the host for its guest, where cargo itself would cost minutes of emulated CPU.
+test_binary() { # TARGET
+  if [ "$1" = scenarios ] && [ -n "${LOCALVOL_SCENARIOS_BIN:-}" ]; then echo "$LOCALVOL_SCENARIOS_BIN"; return; fi
+  (cd "$REPO" && cargo test --locked --no-run --test "$1" --message-format=json 2>/dev/null |
+    grep "\"name\":\"$1\"" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+}
+# ignored_test TARGET NAME [VAR=VALUE...]: runs the #[ignore]d test NAME of the Rust test
+# target TARGET (test_binary) with VAR=VALUE in its environment, showing its output's
+# end; the scenario fails unless that one test ran and passed (a filter that matches
+# nothing passes too).
 ignored_test() {
   local target=$1 name=$2 bin out rc=0
   shift 2
-  bin=$(cd "$REPO" && cargo test --locked --no-run --test "$target" --message-format=json 2>/dev/null |
-    grep "\"name\":\"$target\"" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+  bin=$(test_binary "$target")
   [ -x "$bin" ] || fail "cannot build the test target $target"
   out=$(env "$@" "$bin" --ignored --exact "$name" --nocapture 2>&1) || rc=$?
   printf '%s\n' "$out" | tail -n 30
@@ -41,7 +49,8 @@ ignored_test() {
 # with this run's facts in its environment (tests/scenarios/run.rs, Run::from_env).
 rust_scenario() {
   ignored_test scenarios "$1" SC="$SC" DEVICE_CLASS="$DEVICE_CLASS" CLASS_KIND="$CLASS_KIND" \
-    FS_SIZE="$FS_SIZE" NODE_NAME="$NODE" LOOP_DIR="$LOOP_DIR" AUDIT_LOG="${AUDIT_LOG:-}"
+    FS_SIZE="$FS_SIZE" NODE_NAME="$NODE" LOOP_DIR="$LOOP_DIR" AUDIT_LOG="${AUDIT_LOG:-}" \
+    OVERLAY="$OVERLAY" REGISTRATION="$REGISTRATION" LVM_VG="$LVM_VG" WAIT_SCALE="${WAIT_SCALE:-1}"
 }
 
 # netns_dir_shared: /run/netns a shared mount point of its own, as the first `ip netns
@@ -394,28 +403,12 @@ daemon_ready() {
   read -r -a pods -d '' <<<"$pods" || true
   [ "${#pods[@]}" = "$desired" ]
 }
-
-# The overlay of the other registration (s1_registration switches to it and back):
-# loop-registrar for the builtin one, the loop overlay for the sidecar one. Empty (no
-# switch) where no such pair exists for the class (tests/vm/cluster-guest.sh).
-other_registration_overlay() {
-  [ "$CLASS_KIND" = loop ] || return 0
-  if [ "$REGISTRATION" = builtin ]; then echo "sidecar $HERE/overlays/registrar"
-  else echo "builtin $HERE/overlays/builtin"; fi
-}
+# The daemon pod OLD replaced by a new one, Ready (scenario 14's upgrade and rollback).
+daemon_replaced() { local p; p=$(daemon_pod); [ -n "$p" ] && [ "$p" != "$1" ] && daemon_ready; }
 
 # The CSINode of this node lists localvol with its topology key.
 registered() {
   [[ "$(k get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name=='$DRIVER')].topologyKeys}")" == *topology.localvol.csi.dev/node* ]]
-}
-
-# The host PID of a container of a pod (containerd task).
-container_pid() { # NAMESPACE POD CONTAINER
-  local id
-  id=$(k -n "$1" get pod "$2" -o jsonpath="{.status.containerStatuses[?(@.name=='$3')].containerID}")
-  id=${id#containerd://}
-  [ -n "$id" ] || return 1
-  ctr --address "$KUBE_KIT_CRI_SOCK" -n k8s.io task ls | awk -v id="$id" '$1 == id {print $2}'
 }
 
 allocated_bytes() { echo $(( $(stat -c %b "$1") * $(stat -c %B "$1") )); }

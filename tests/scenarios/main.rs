@@ -9,7 +9,10 @@
 
 mod api_load;
 mod audit;
+mod daemon_restart;
 mod metrics;
+mod node;
+mod registration;
 mod run;
 mod volume_health;
 
@@ -29,6 +32,22 @@ where
     outcome.unwrap_or_else(|e| panic!("{name}: {e}"));
     cleanup.unwrap_or_else(|e| panic!("{name}: cleanup: {e}"));
     run.note(&format!("{name}: PASS"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s1_registration.sh runs it"]
+async fn s1_registration() {
+    scenario("s1_registration", registration::registered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s6_daemon_restart.sh runs it"]
+async fn s6_daemon_restart() {
+    scenario(
+        "s6_daemon_restart",
+        daemon_restart::workload_outlives_a_killed_daemon,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

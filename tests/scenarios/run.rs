@@ -7,16 +7,20 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{AttachParams, DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
+use localvol::model::DRIVER_NAME;
 use serde_json::json;
+use tokio::io::AsyncReadExt;
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T = ()> = std::result::Result<T, Error>;
 
-/// Where the manifests deploy the daemon (deploy/base).
-const SYSTEM_NAMESPACE: &str = "localvol-system";
-const DAEMONSET: &str = "localvol-node";
+/// Where the manifests deploy the daemon (deploy/base), and the label of its pods.
+pub const SYSTEM_NAMESPACE: &str = "localvol-system";
+pub const DAEMONSET: &str = "localvol-node";
+pub const DAEMON_SELECTOR: &str = "app.kubernetes.io/component=node";
 const DAEMON_CONTAINER: &str = "localvol";
 
 /// The run's facts, as the shell entry exports them (the names tests/cluster/lib.sh
@@ -41,6 +45,11 @@ pub struct Run {
     /// The daemon's metrics port on the node's loopback (host network), as the
     /// DaemonSet sets it.
     pub metrics_port: u16,
+    /// The volume group of the lvm classes (the overlay's config.yaml's).
+    pub lvm_vg: String,
+    /// What every wait's limit is multiplied by: 3 under TCG in the guest
+    /// (tests/vm/cluster-guest.sh's WAIT_SCALE, as the shell scenarios take it).
+    pub wait_scale: u32,
 }
 
 fn var(name: &str, default: &str) -> String {
@@ -75,6 +84,10 @@ impl Run {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from),
             metrics_port,
+            lvm_vg: var("LVM_VG", "localvol"),
+            wait_scale: var("WAIT_SCALE", "1")
+                .parse()
+                .unwrap_or_else(|e| panic!("{scenario}: WAIT_SCALE: {e}")),
         }
     }
 
@@ -121,13 +134,15 @@ impl Run {
         .await
     }
 
-    /// Polls `found` every second until it finds something, or fails after `limit`.
+    /// Polls `found` every second until it finds something, or fails after `limit` (times
+    /// the run's wait scale).
     pub async fn wait_for<T, F, Fut>(&self, what: &str, limit: Duration, mut found: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<T>>>,
     {
         let start = Instant::now();
+        let limit = limit * self.wait_scale;
         loop {
             if let Some(found) = found().await? {
                 self.note(&format!("{what} ({} s)", start.elapsed().as_secs()));
@@ -202,22 +217,125 @@ impl Run {
         .await
     }
 
-    /// The PersistentVolume bound to claim `claim`, and its CSI volume id.
+    /// The PersistentVolume bound to claim `claim`, and its CSI volume id; fails unless
+    /// it is localvol's and pinned to the run's node.
     pub async fn volume_of(&self, claim: &str) -> Result<(String, String)> {
         let claim = self.namespaced::<PersistentVolumeClaim>().get(claim).await?;
         let pv = claim
             .spec
             .and_then(|s| s.volume_name)
             .ok_or("the claim is not bound")?;
-        let id = self
-            .volumes()
-            .get(&pv)
+        let spec = self.volumes().get(&pv).await?.spec.ok_or("a PV without spec")?;
+        let nodes: Vec<String> = spec
+            .node_affinity
+            .and_then(|a| a.required)
+            .into_iter()
+            .flat_map(|r| r.node_selector_terms)
+            .flat_map(|t| t.match_expressions.unwrap_or_default())
+            .flat_map(|e| e.values.unwrap_or_default())
+            .collect();
+        if nodes != [self.node.clone()] {
+            return Err(format!("PV {pv} is pinned to {nodes:?}, not to node {}", self.node).into());
+        }
+        let csi = spec.csi.ok_or("the volume is not a CSI volume")?;
+        if csi.driver != DRIVER_NAME {
+            return Err(format!("PV {pv} is {}'s, not {DRIVER_NAME}'s", csi.driver).into());
+        }
+        Ok((pv, csi.volume_handle))
+    }
+
+    /// Runs `script` with sh in pod `pod`'s container `app` (lib.sh's test pods) and
+    /// returns its standard output; an error if it does not exit 0.
+    pub async fn exec(&self, pod: &str, script: &str) -> Result<String> {
+        let params = AttachParams::default().container("app").stderr(true);
+        let mut process = self.pods().exec(pod, ["sh", "-c", script], &params).await?;
+        let mut stdout = process.stdout().ok_or("exec without stdout")?;
+        let mut stderr = process.stderr().ok_or("exec without stderr")?;
+        let status = process.take_status().ok_or("exec without status")?;
+        let (mut out, mut err) = (String::new(), String::new());
+        let (read_out, read_err) =
+            tokio::join!(stdout.read_to_string(&mut out), stderr.read_to_string(&mut err));
+        read_out?;
+        read_err?;
+        let status = status.await;
+        process.join().await?;
+        match status.as_ref().and_then(|s| s.status.as_deref()) {
+            Some("Success") => Ok(out),
+            _ => Err(format!("{pod}: sh -c {script:?}: {status:?}: {err}").into()),
+        }
+    }
+
+    /// The daemon's pods on the node (the DaemonSet's).
+    pub async fn daemon_pods(&self) -> Result<Vec<Pod>> {
+        Ok(self
+            .system_pods()
+            .list(&ListParams::default().labels(DAEMON_SELECTOR))
             .await?
-            .spec
-            .and_then(|s| s.csi)
-            .ok_or("the volume is not a CSI volume")?
-            .volume_handle;
-        Ok((pv, id))
+            .items)
+    }
+
+    /// The name of the daemon's pod.
+    pub async fn daemon_pod(&self) -> Result<String> {
+        self.daemon_pods()
+            .await?
+            .into_iter()
+            .find_map(|p| p.metadata.name)
+            .ok_or_else(|| "no daemon pod".into())
+    }
+
+    /// Every scheduled daemon pod Ready and of the DaemonSet's current generation, and
+    /// no other (a replaced pod still terminating is one too many).
+    pub async fn daemon_ready(&self) -> Result<bool> {
+        let ds = Api::<DaemonSet>::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
+            .get(DAEMONSET)
+            .await?;
+        let generation = ds.metadata.generation;
+        let Some(status) = ds.status else {
+            return Ok(false);
+        };
+        let desired = status.desired_number_scheduled;
+        Ok(desired >= 1
+            && status.number_ready == desired
+            && status.updated_number_scheduled == Some(desired)
+            && status.observed_generation == generation
+            && self.daemon_pods().await?.len() == usize::try_from(desired)?)
+    }
+
+    /// The node's CSINode lists localvol with its topology key.
+    pub async fn registered(&self) -> Result<bool> {
+        let Some(node) = Api::<CSINode>::all(self.client.clone())
+            .get_opt(&self.node)
+            .await?
+        else {
+            return Ok(false);
+        };
+        Ok(node.spec.drivers.iter().any(|d| {
+            d.name == DRIVER_NAME
+                && d.topology_keys
+                    .iter()
+                    .flatten()
+                    .any(|k| k == "topology.localvol.csi.dev/node")
+        }))
+    }
+
+    /// The node's PID of the daemon container of daemon pod `pod` (its containerd task).
+    pub async fn daemon_pid(&self, pod: &str) -> Result<i32> {
+        let status = self.system_pods().get(pod).await?.status.unwrap_or_default();
+        let id = status
+            .container_statuses
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.name == DAEMON_CONTAINER)
+            .and_then(|c| c.container_id)
+            .ok_or_else(|| format!("no container {DAEMON_CONTAINER} running in {pod}"))?;
+        let id = id.strip_prefix("containerd://").unwrap_or(&id).to_string();
+        let socket = var("KUBE_KIT_CRI_SOCK", "/run/containerd/containerd.sock");
+        let tasks = crate::node::output("ctr", &["--address", &socket, "-n", "k8s.io", "task", "ls"])?;
+        task_pid(&tasks, &id).ok_or_else(|| format!("no containerd task {id} of {pod}").into())
+    }
+
+    pub fn system_pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
     }
 
     pub fn volumes(&self) -> Api<PersistentVolume> {
@@ -259,6 +377,14 @@ impl Run {
             (code, body) => Err(format!("/metrics answered {code}: {body}").into()),
         }
     }
+}
+
+/// The PID of task `id` in `ctr task ls`'s table (TASK PID STATUS).
+fn task_pid(tasks: &str, id: &str) -> Option<i32> {
+    tasks.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next()? == id).then(|| words.next()?.parse().ok())?
+    })
 }
 
 /// The port of the daemon's metrics listener: its DaemonSet's LOCALVOL_METRICS_ADDR.
@@ -308,4 +434,19 @@ fn series<'a>(
             .all(|(k, v)| inside.split(',').any(|pair| pair == format!(r#"{k}="{v}""#)))
             .then(|| value.trim().parse().ok())?
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tasks_pid_is_read_from_ctrs_table() {
+        let table = "TASK                                                                PID     STATUS\n\
+                     4f2a9c                                                              1234    RUNNING\n\
+                     9e11ab                                                              987     RUNNING\n";
+        assert_eq!(task_pid(table, "9e11ab"), Some(987));
+        assert_eq!(task_pid(table, "4f2a"), None, "a prefix is another task");
+        assert_eq!(task_pid(table, "TASK"), None, "the header has no PID");
+    }
 }

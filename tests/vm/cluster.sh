@@ -186,6 +186,13 @@ BINARY=${LOCALVOL_CLUSTER_BINARY:-${CARGO_TARGET_DIR:-target}/debug/localvol}
 if [ -z "${LOCALVOL_CLUSTER_BINARY:-}" ]; then
   cargo build --locked --bin localvol 2>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
 fi
+# The Rust scenarios' test binary, for the guest to run (lib.sh's test_binary there takes
+# it from LOCALVOL_SCENARIOS_BIN: cargo in the guest would cost minutes of emulation),
+# copied into the run's directory so that another build cannot replace it meanwhile.
+bin=$(test_binary scenarios)   # lib.sh
+[ -x "$bin" ] || { echo "tests/vm/cluster.sh: cannot build tests/scenarios" >&2; exit 1; }
+cp "$bin" "$RUN/scenarios"
+export LOCALVOL_SCENARIOS_BIN=$RUN/scenarios
 install_node_packages "$LOGS"        # lib.sh
 rootfs=$(image_rootfs "$IMAGE_CACHE" "$LOGS")
 phase "image archives"

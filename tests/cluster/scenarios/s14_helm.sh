@@ -45,7 +45,7 @@ s14_helm() {
   "${h[@]}" upgrade localvol "$chart" --values "$values" --values "$changed" --wait --timeout 120s >/dev/null ||
     { rm -f "$changed"; fail "helm upgrade"; }
   rm -f "$changed"
-  wait_until 120 "the upgraded DaemonSet's new pod Ready" s6_replaced "$old"
+  wait_until 120 "the upgraded DaemonSet's new pod Ready" daemon_replaced "$old"
   wait_until 60 "CSINode lists $DRIVER after the upgrade" registered
   [ "$(s14_log_level)" = debug ] || fail "helm upgrade: the daemon's RUST_LOG is $(s14_log_level), not debug"
   k -n "$SYSTEM_NS" get configmap localvol-config -o jsonpath='{.data.config\.yaml}' | grep -q 'capacity-gb: 200' ||
@@ -54,7 +54,7 @@ s14_helm() {
 
   old=$(daemon_pod)
   "${h[@]}" rollback localvol 1 --wait --timeout 120s >/dev/null || fail "helm rollback"
-  wait_until 120 "the rolled-back DaemonSet's new pod Ready" s6_replaced "$old"
+  wait_until 120 "the rolled-back DaemonSet's new pod Ready" daemon_replaced "$old"
   wait_until 60 "CSINode lists $DRIVER after the rollback" registered
   [ "$(s14_log_level)" = info ] || fail "helm rollback: the daemon's RUST_LOG is $(s14_log_level), not info"
   s14_still_served $ns "after helm rollback (revision $(s14_revision))"
