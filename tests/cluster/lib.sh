@@ -22,33 +22,32 @@ LVM_VG=${LVM_VG:-localvol}            # the volume group of the lvm classes
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # test_binary TARGET: the executable of the Rust test target TARGET (tests/), built here
-# (cargo test --no-run: nothing to do after tests/all.sh's test build). For
-# tests/scenarios, LOCALVOL_SCENARIOS_BIN when set: tests/vm/cluster.sh resolves it on
-# the host for its guest, where cargo itself would cost minutes of emulated CPU.
+# (cargo test --no-run: nothing to do after tests/all.sh's test build).
 test_binary() { # TARGET
-  if [ "$1" = scenarios ] && [ -n "${LOCALVOL_SCENARIOS_BIN:-}" ]; then echo "$LOCALVOL_SCENARIOS_BIN"; return; fi
   (cd "$REPO" && cargo test --locked --no-run --test "$1" --message-format=json 2>/dev/null |
     grep "\"name\":\"$1\"" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 }
-# ignored_test TARGET NAME [VAR=VALUE...]: runs the #[ignore]d test NAME of the Rust test
-# target TARGET (test_binary) with VAR=VALUE in its environment, showing its output's
-# end; the scenario fails unless that one test ran and passed (a filter that matches
-# nothing passes too).
+# ignored_test BINARY NAME [VAR=VALUE...]: runs the #[ignore]d test NAME of the Rust test
+# executable BINARY (test_binary's) with VAR=VALUE in its environment, showing its
+# output's end; the scenario fails unless that one test ran and passed (a filter that
+# matches nothing passes too).
 ignored_test() {
-  local target=$1 name=$2 bin out rc=0
+  local bin=$1 name=$2 out rc=0
   shift 2
-  bin=$(test_binary "$target")
-  [ -x "$bin" ] || fail "cannot build the test target $target"
+  [ -x "$bin" ] || fail "no test executable for $name ('$bin': could it be built?)"
   out=$(env "$@" "$bin" --ignored --exact "$name" --nocapture 2>&1) || rc=$?
   printf '%s\n' "$out" | tail -n 30
-  [ "$rc" = 0 ] || fail "test $target::$name failed (exit $rc)"
-  grep -q '^test result: ok. 1 passed' <<<"$out" || fail "test $target::$name did not run"
+  [ "$rc" = 0 ] || fail "test $name of $(basename "$bin") failed (exit $rc)"
+  grep -q '^test result: ok. 1 passed' <<<"$out" || fail "test $name of $(basename "$bin") did not run"
 }
 
 # rust_scenario NAME: the cluster scenario NAME of tests/scenarios (Rust, over kube-rs),
-# with this run's facts in its environment (tests/scenarios/run.rs, Run::from_env).
+# with this run's facts in its environment (tests/scenarios/run.rs, Run::from_env). Its
+# executable: LOCALVOL_SCENARIOS_BIN when set (tests/vm/cluster.sh resolves it on the
+# host for its guest, where cargo itself would cost minutes of emulated CPU), else
+# test_binary's.
 rust_scenario() {
-  ignored_test scenarios "$1" SC="$SC" DEVICE_CLASS="$DEVICE_CLASS" CLASS_KIND="$CLASS_KIND" \
+  ignored_test "${LOCALVOL_SCENARIOS_BIN:-$(test_binary scenarios)}" "$1" SC="$SC" DEVICE_CLASS="$DEVICE_CLASS" CLASS_KIND="$CLASS_KIND" \
     FS_SIZE="$FS_SIZE" NODE_NAME="$NODE" LOOP_DIR="$LOOP_DIR" AUDIT_LOG="${AUDIT_LOG:-}" \
     OVERLAY="$OVERLAY" REGISTRATION="$REGISTRATION" LVM_VG="$LVM_VG" WAIT_SCALE="${WAIT_SCALE:-1}"
 }

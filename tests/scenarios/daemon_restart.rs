@@ -88,20 +88,11 @@ pub async fn workload_outlives_a_killed_daemon(run: Run) -> Result {
     run.wait_for(
         "unpublished and unstaged by the new daemon",
         Duration::from_secs(90),
-        || async {
-            let device = backing.device()?;
-            let released =
-                node::mounts_of(&pv, device.as_deref())?.is_empty() && backing.still_attached()?.is_none();
-            Ok(released.then_some(()))
-        },
+        || async { Ok(backing.released(&pv)?.then_some(())) },
     )
     .await?;
     run.claims().delete(CLAIM, &DeleteParams::default()).await?;
-    let volumes = run.volumes();
-    run.wait_for("the volume deleted", Duration::from_secs(90), || async {
-        Ok(volumes.get_opt(&pv).await?.is_none().then_some(()))
-    })
-    .await?;
+    run.volume_gone(&pv, Duration::from_secs(90)).await?;
     if !backing.gone()? {
         return Err(format!("{backing} left after the volume was deleted").into());
     }

@@ -2,11 +2,13 @@
 //! fsdax namespace), its block device while it has one, and the node's mounts of it.
 //! Scenarios run on the node under test (the host's, or inside the guest: its / is the
 //! host's), so these read it directly: /proc/self/mountinfo, losetup, lvs, dmsetup and
-//! ndctl, as tests/cluster/lib.sh's per-class functions do for the shell scenarios.
+//! ndctl (through the testkit's `try_sh`), as tests/cluster/lib.sh's per-class
+//! functions do for the shell scenarios.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use localvol_testkit::guest::{json_list, try_sh};
 
 use crate::run::{Result, Run};
 
@@ -75,13 +77,13 @@ impl Backing {
         })
     }
 
-    /// A loop device still on the image (an LV or a namespace stays as it is until the
-    /// volume is deleted: only a loop device goes at unstage).
-    pub fn still_attached(&self) -> Result<Option<PathBuf>> {
-        match self {
-            Self::LoopImage(path) => loop_device_of(path),
-            Self::Lv { .. } | Self::Namespace(_) => Ok(None),
-        }
+    /// Unpublished and unstaged: no mount of the volume `pv` on the node and, for the
+    /// loop class, no loop device left on the image (an LV or a namespace stays as it is
+    /// until the volume is deleted: only a loop device goes at unstage).
+    pub fn released(&self, pv: &str) -> Result<bool> {
+        let device = self.device()?;
+        let detached = !matches!(self, Self::LoopImage(_)) || device.is_none();
+        Ok(detached && mounts_of(pv, device.as_deref())?.is_empty())
     }
 }
 
@@ -175,16 +177,7 @@ fn namespace_field(name: &str, field: &str) -> Result<Option<String>> {
 }
 
 fn namespace_field_in(listing: &str, name: &str, field: &str) -> Option<String> {
-    let value: serde_json::Value = match listing.trim() {
-        "" => serde_json::Value::Array(Vec::new()),
-        text => serde_json::from_str(text).ok()?,
-    };
-    // ndctl prints a lone object for one namespace, an array for more.
-    let namespaces = match value {
-        serde_json::Value::Array(items) => items,
-        one => vec![one],
-    };
-    namespaces
+    json_list(listing)
         .iter()
         .find(|n| n["name"] == name && n["mode"] == "fsdax" && n["size"].as_u64().unwrap_or(0) > 0)
         .and_then(|n| n[field].as_str().map(str::to_string))
@@ -198,30 +191,12 @@ fn loop_device_of(image: &Path) -> Result<Option<PathBuf>> {
 
 /// Whether the command exits 0 (its output discarded).
 fn succeeds(program: &str, args: &[&str]) -> Result<bool> {
-    Ok(Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?
-        .status
-        .success())
+    Ok(try_sh(program, args).is_ok())
 }
 
 /// The command's standard output; an error if it fails.
-pub fn output(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{program} {}: {}: {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+fn output(program: &str, args: &[&str]) -> Result<String> {
+    Ok(try_sh(program, args)?)
 }
 
 #[cfg(test)]

@@ -69,11 +69,10 @@ pub async fn registered(run: Run) -> Result {
     let own_overlay = std::env::var_os("OVERLAY")
         .map(PathBuf::from)
         .ok_or("OVERLAY must name the run's overlay (the scenario's shell entry sets it)")?;
+    // registered_by waits out the rollout: the DaemonSet Ready at its new generation.
     apply_overlay(&run, &other_overlay).await?;
-    rolled_out(&run, other).await?;
     registered_by(&run, other).await?;
     apply_overlay(&run, &own_overlay).await?;
-    rolled_out(&run, own).await?;
     registered_by(&run, own).await
 }
 
@@ -157,16 +156,6 @@ async fn apply_overlay(run: &Run, overlay: &Path) -> Result {
     }
     run.note(&format!("applied {}", overlay.display()));
     Ok(())
-}
-
-/// The rollout the overlay started replaced the daemon pod.
-async fn rolled_out(run: &Run, to: Registration) -> Result {
-    run.wait_for(
-        &format!("rollout to the {} overlay", to.name()),
-        Duration::from_secs(120),
-        || async { Ok(run.daemon_ready().await?.then_some(())) },
-    )
-    .await
 }
 
 /// kubelet's log on this node (the kit's KUBE_KIT_STATE/logs).

@@ -18,9 +18,9 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T = ()> = std::result::Result<T, Error>;
 
 /// Where the manifests deploy the daemon (deploy/base), and the label of its pods.
-pub const SYSTEM_NAMESPACE: &str = "localvol-system";
-pub const DAEMONSET: &str = "localvol-node";
-pub const DAEMON_SELECTOR: &str = "app.kubernetes.io/component=node";
+const SYSTEM_NAMESPACE: &str = "localvol-system";
+const DAEMONSET: &str = "localvol-node";
+const DAEMON_SELECTOR: &str = "app.kubernetes.io/component=node";
 const DAEMON_CONTAINER: &str = "localvol";
 
 /// The run's facts, as the shell entry exports them (the names tests/cluster/lib.sh
@@ -210,8 +210,14 @@ impl Run {
     pub async fn delete_pod_and_claim(&self, pod: &str, claim: &str, pv: &str) -> Result {
         self.pods().delete(pod, &DeleteParams::default()).await?;
         self.claims().delete(claim, &DeleteParams::default()).await?;
+        self.volume_gone(pv, Duration::from_secs(120)).await
+    }
+
+    /// Waits up to `limit` until the PersistentVolume `pv` is gone (the driver deleted
+    /// the volume).
+    pub async fn volume_gone(&self, pv: &str, limit: Duration) -> Result {
         let volumes = self.volumes();
-        self.wait_for("the volume deleted", Duration::from_secs(120), || async {
+        self.wait_for("the volume deleted", limit, || async {
             Ok(volumes.get_opt(pv).await?.is_none().then_some(()))
         })
         .await
@@ -330,7 +336,8 @@ impl Run {
             .ok_or_else(|| format!("no container {DAEMON_CONTAINER} running in {pod}"))?;
         let id = id.strip_prefix("containerd://").unwrap_or(&id).to_string();
         let socket = var("KUBE_KIT_CRI_SOCK", "/run/containerd/containerd.sock");
-        let tasks = crate::node::output("ctr", &["--address", &socket, "-n", "k8s.io", "task", "ls"])?;
+        let tasks =
+            localvol_testkit::guest::try_sh("ctr", &["--address", &socket, "-n", "k8s.io", "task", "ls"])?;
         task_pid(&tasks, &id).ok_or_else(|| format!("no containerd task {id} of {pod}").into())
     }
 

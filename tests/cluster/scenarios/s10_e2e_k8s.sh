@@ -7,6 +7,6 @@
 # generic ephemeral volumes are asserted on real Pods, PVCs and PVs. A plain `cargo test`
 # reports that test as ignored; this is where it runs.
 s10_e2e_k8s() {
-  ignored_test e2e_k8s e2e_k8s   # lib.sh
+  ignored_test "$(test_binary e2e_k8s)" e2e_k8s   # lib.sh
   note "NOTE s10: tests/e2e_k8s.rs passed against the cluster's API server"
 }
