@@ -35,7 +35,10 @@ ignored_test() {
   local bin=$1 name=$2 out rc=0
   shift 2
   [ -x "$bin" ] || fail "no test executable for $name ('$bin': could it be built?)"
-  out=$(env "$@" "$bin" --ignored --exact "$name" --nocapture 2>&1) || rc=$?
+  # No backtrace: a scenario fails with its message, and the panic that carries it is
+  # always the same line of tests/scenarios/main.rs; a backtrace would push the message
+  # out of the 30 lines shown.
+  out=$(env RUST_BACKTRACE=0 "$@" "$bin" --ignored --exact "$name" --nocapture 2>&1) || rc=$?
   printf '%s\n' "$out" | tail -n 30
   [ "$rc" = 0 ] || fail "test $name of $(basename "$bin") failed (exit $rc)"
   grep -q '^test result: ok. 1 passed' <<<"$out" || fail "test $name of $(basename "$bin") did not run"
@@ -48,8 +51,8 @@ ignored_test() {
 # test_binary's.
 rust_scenario() {
   ignored_test "${LOCALVOL_SCENARIOS_BIN:-$(test_binary scenarios)}" "$1" SC="$SC" DEVICE_CLASS="$DEVICE_CLASS" CLASS_KIND="$CLASS_KIND" \
-    FS_SIZE="$FS_SIZE" NODE_NAME="$NODE" LOOP_DIR="$LOOP_DIR" AUDIT_LOG="${AUDIT_LOG:-}" \
-    OVERLAY="$OVERLAY" REGISTRATION="$REGISTRATION" LVM_VG="$LVM_VG" WAIT_SCALE="${WAIT_SCALE:-1}"
+    FSTYPE="$FSTYPE" FS_SIZE="$FS_SIZE" BLOCK_SIZE="$BLOCK_SIZE" THIN_POOL="$THIN_POOL" NODE_NAME="$NODE" LOOP_DIR="$LOOP_DIR" AUDIT_LOG="${AUDIT_LOG:-}" \
+    OVERLAY="$OVERLAY" REGISTRATION="$REGISTRATION" LVM_VG="$LVM_VG" WAIT_SCALE="${WAIT_SCALE:-1}" VG_DISK="${VG_DISK:-}"
 }
 
 # netns_dir_shared: /run/netns a shared mount point of its own, as the first `ip netns

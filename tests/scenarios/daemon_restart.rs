@@ -12,7 +12,7 @@ use kube::api::DeleteParams;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::node::{self, Backing};
+use crate::node::{self, Volume};
 use crate::run::{Result, Run};
 
 const CLAIM: &str = "keep";
@@ -21,18 +21,9 @@ const POD: &str = "app";
 pub async fn workload_outlives_a_killed_daemon(run: Run) -> Result {
     run.claim(CLAIM).await?;
     run.pod_with(POD, CLAIM).await?;
-    let (pv, handle) = run.volume_of(CLAIM).await?;
-    let backing = Backing::of(&run, &handle)?;
-    if !backing.present()? {
-        return Err(format!("{backing} of {handle} missing on the node").into());
-    }
-    let device = backing
-        .device()?
-        .ok_or_else(|| format!("no block device of {backing}"))?;
-    run.note(&format!(
-        "PV {pv} handle {handle}: {backing} on {}",
-        device.display()
-    ));
+    let volume = Volume::of_claim(&run, CLAIM).await?;
+    let (pv, backing) = (&volume.pv, &volume.backing);
+    let device = volume.device()?.to_path_buf();
     run.exec(POD, "echo survives > /data/f && sync").await?;
 
     let old = run.daemon_pod().await?;
@@ -69,7 +60,7 @@ pub async fn workload_outlives_a_killed_daemon(run: Run) -> Result {
     run.exec(POD, "echo still-writable >> /data/f && sync")
         .await
         .map_err(|e| format!("the workload cannot write any more: {e}"))?;
-    let mounts = node::mounts_of(&pv, Some(&device))?;
+    let mounts = node::mounts_of(pv, Some(&device))?;
     if mounts.len() < 2 {
         return Err(format!(
             "{pv} on {}: {} mounts on the node, expected at least 2 (staging and the pod's): {mounts:?}",
@@ -88,11 +79,11 @@ pub async fn workload_outlives_a_killed_daemon(run: Run) -> Result {
     run.wait_for(
         "unpublished and unstaged by the new daemon",
         Duration::from_secs(90),
-        || async { Ok(backing.released(&pv)?.then_some(())) },
+        || async { Ok(backing.released(pv)?.then_some(())) },
     )
     .await?;
     run.claims().delete(CLAIM, &DeleteParams::default()).await?;
-    run.volume_gone(&pv, Duration::from_secs(90)).await?;
+    run.volume_gone(pv, Duration::from_secs(90)).await?;
     if !backing.gone()? {
         return Err(format!("{backing} left after the volume was deleted").into());
     }

@@ -10,16 +10,21 @@
 mod api_load;
 mod audit;
 mod daemon_restart;
+mod ephemeral;
 mod metrics;
+mod mixed_node;
 mod node;
+mod reclaim;
 mod registration;
 mod run;
 mod volume_health;
+mod volumes;
 
 pub use run::Run;
 
 /// Runs `scenario` on the run the environment describes, in a namespace of its own that
-/// goes afterwards whatever the outcome, and panics with the scenario's failure.
+/// goes afterwards whatever the outcome (with the StorageClasses it made), and panics
+/// with the scenario's failure.
 pub async fn scenario<F, Fut>(name: &str, scenario: F)
 where
     F: FnOnce(Run) -> Fut,
@@ -29,8 +34,10 @@ where
     run.create_namespace().await;
     let outcome = scenario(run.clone()).await;
     let cleanup = run.delete_namespace().await;
+    let classes = run.delete_test_storage_classes().await;
     outcome.unwrap_or_else(|e| panic!("{name}: {e}"));
     cleanup.unwrap_or_else(|e| panic!("{name}: cleanup: {e}"));
+    classes.unwrap_or_else(|e| panic!("{name}: cleanup of its StorageClasses: {e}"));
     run.note(&format!("{name}: PASS"));
 }
 
@@ -38,6 +45,24 @@ where
 #[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s1_registration.sh runs it"]
 async fn s1_registration() {
     scenario("s1_registration", registration::registered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s2_volumes.sh runs it"]
+async fn s2_volumes() {
+    scenario("s2_volumes", volumes::volumes_side_by_side).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s3_ephemeral.sh runs it"]
+async fn s3_ephemeral() {
+    scenario("s3_ephemeral", ephemeral::claim_follows_its_pod).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s5_reclaim.sh runs it"]
+async fn s5_reclaim() {
+    scenario("s5_reclaim", reclaim::freed_blocks_given_back).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,6 +85,12 @@ async fn s7_metrics() {
 #[ignore = "needs a cluster with localvol deployed and an audit log: tests/cluster/scenarios/s8_api_load.sh runs it"]
 async fn s8_api_load() {
     scenario("s8_api_load", api_load::footprint_follows_own_claims).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the guest's mixed configuration: tests/cluster/scenarios/s12_mixed_node.sh runs it"]
+async fn s12_mixed_node() {
+    scenario("s12_mixed_node", mixed_node::missing_class_reported_then_served).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

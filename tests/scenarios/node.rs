@@ -5,6 +5,7 @@
 //! ndctl (through the testkit's `try_sh`), as tests/cluster/lib.sh's per-class
 //! functions do for the shell scenarios.
 
+use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -85,6 +86,262 @@ impl Backing {
         let detached = !matches!(self, Self::LoopImage(_)) || device.is_none();
         Ok(detached && mounts_of(pv, device.as_deref())?.is_empty())
     }
+}
+
+impl Backing {
+    /// The first `len` bytes of the volume, read on the node from its storage (the loop
+    /// image, or the block device of an LV or a namespace).
+    pub fn read_head(&self, len: usize) -> Result<Vec<u8>> {
+        let path = match self {
+            Self::LoopImage(path) => path.clone(),
+            _ => self
+                .device()?
+                .ok_or_else(|| format!("no block device of {self}"))?,
+        };
+        let mut head = vec![0; len];
+        std::fs::File::open(&path)
+            .and_then(|mut f| f.read_exact(&mut head))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(head)
+    }
+
+    /// What the volume's data takes on the node, for the kinds that give back what a trim
+    /// frees: the image's allocated blocks (loop), the thin LV's mapped share of its size
+    /// (lvm-thin: data_percent).
+    pub fn used_bytes(&self, run: &Run) -> Result<u64> {
+        match (self, run.class_kind.as_str()) {
+            (Self::LoopImage(path), _) => Ok(std::fs::metadata(path)?.blocks() * 512),
+            (Self::Lv { vg, lv }, "lvm-thin") => {
+                let out = output(
+                    "lvs",
+                    &[
+                        "--noheadings",
+                        "--units",
+                        "b",
+                        "--nosuffix",
+                        "-o",
+                        "lv_size,data_percent",
+                        &format!("{vg}/{lv}"),
+                    ],
+                )?;
+                mapped_bytes(&out).ok_or_else(|| format!("lvs of {self}: {out:?}").into())
+            }
+            _ => Err(format!(
+                "{self}: a {} volume has no space a trim gives back",
+                run.class_kind
+            )
+            .into()),
+        }
+    }
+}
+
+/// The data_percent of the run's thin pool.
+pub fn pool_data_percent(run: &Run) -> Result<f64> {
+    let pool = format!("{}/{}", run.lvm_vg, run.thin_pool);
+    let out = output("lvs", &["--noheadings", "-o", "data_percent", &pool])?;
+    out.trim()
+        .parse()
+        .map_err(|e| format!("data_percent of {pool}: {out:?}: {e}").into())
+}
+
+/// A thin LV's bytes in use from `lvs -o lv_size,data_percent` in bytes: size times the
+/// mapped percentage.
+fn mapped_bytes(lvs: &str) -> Option<u64> {
+    let mut words = lvs.split_whitespace();
+    let size: f64 = words.next()?.parse().ok()?;
+    let percent: f64 = words.next()?.parse().ok()?;
+    Some((size * percent / 100.0) as u64)
+}
+
+/// A claim's volume as the API and the node see it.
+#[derive(Clone, Debug)]
+pub struct Volume {
+    pub pv: String,
+    pub handle: String,
+    pub backing: Backing,
+    /// Its block device when it was looked at.
+    pub device: Option<PathBuf>,
+}
+
+impl Volume {
+    /// The volume bound to claim `claim` ([`Run::volume_of`]); fails unless its storage
+    /// is on the node.
+    pub async fn of_claim(run: &Run, claim: &str) -> Result<Self> {
+        let (pv, handle) = run.volume_of(claim).await?;
+        let backing = Backing::of(run, &handle)?;
+        if !backing.present()? {
+            return Err(format!("{backing} of {handle} missing on the node").into());
+        }
+        let device = backing.device()?;
+        run.note(&format!(
+            "PV {pv} handle {handle}: {backing} on {}",
+            device
+                .as_deref()
+                .map_or("no device".into(), |d| d.display().to_string())
+        ));
+        Ok(Self {
+            pv,
+            handle,
+            backing,
+            device,
+        })
+    }
+
+    /// Its block device; an error when it has none.
+    pub fn device(&self) -> Result<&Path> {
+        self.device
+            .as_deref()
+            .ok_or_else(|| format!("no block device of {}", self.backing).into())
+    }
+
+    /// The device is the kind the run's class makes: a loop device; a device-mapper LV
+    /// (thin for lvm-thin, on a pmem device for pmem-lvm); an fsdax namespace's pmem
+    /// device.
+    pub fn expect_class_device(&self, run: &Run) -> Result {
+        let device = self.device()?;
+        let shown = device.display().to_string();
+        match (&self.backing, run.class_kind.as_str()) {
+            (Backing::LoopImage(_), _) if shown.starts_with("/dev/loop") => {}
+            (Backing::Lv { vg, lv }, kind) => {
+                let major = majmin(device)?.split(':').next().unwrap_or_default().to_string();
+                let dm = device_mapper_major(&std::fs::read_to_string("/proc/devices")?);
+                if !shown.starts_with("/dev/mapper/") || dm.as_deref() != Some(major.as_str()) {
+                    return Err(format!(
+                        "{shown} of {} is not a device-mapper device (major {dm:?})",
+                        self.backing
+                    )
+                    .into());
+                }
+                let lv = format!("{vg}/{lv}");
+                if kind == "lvm-thin" {
+                    let segtype = output("lvs", &["--noheadings", "-o", "segtype", &lv])?;
+                    if segtype.trim() != "thin" {
+                        return Err(format!("{lv} is not a thin LV ({})", segtype.trim()).into());
+                    }
+                }
+                if kind == "pmem-lvm" {
+                    let devices = output("lvs", &["--noheadings", "-o", "devices", &lv])?;
+                    if !devices.trim().starts_with("/dev/pmem") {
+                        return Err(format!("{lv} lies on {}, not on a pmem device", devices.trim()).into());
+                    }
+                }
+            }
+            // Backing::present found it fsdax.
+            (Backing::Namespace(_), _) if shown.starts_with("/dev/pmem") => {}
+            (backing, kind) => {
+                return Err(format!("{shown} of {backing} is not the device a {kind} class makes").into());
+            }
+        }
+        run.note(&format!(
+            "node: {} is {shown} ({})",
+            self.backing,
+            majmin(device)?
+        ));
+        Ok(())
+    }
+
+    /// At least `min` mounts of the volume on the node.
+    pub fn expect_mounted(&self, run: &Run, min: usize) -> Result {
+        let mounts = mounts_of(&self.pv, self.device.as_deref())?;
+        if mounts.len() < min {
+            return Err(format!(
+                "volume {} ({}): {} mounts on the node, expected at least {min}: {mounts:?}",
+                self.pv,
+                self.backing,
+                mounts.len()
+            )
+            .into());
+        }
+        run.note(&format!("node: {} mount(s) of {}", mounts.len(), self.pv));
+        Ok(())
+    }
+
+    /// The filesystem pod `pod` sees at `path` is this volume's: `fstype`, on its device
+    /// (by major:minor; the source string may be any of its aliases, of the class's
+    /// kind), mounted with dax on the pmem classes (their overlays ask for it).
+    pub async fn expect_pod_mount(&self, run: &Run, pod: &str, path: &str, fstype: &str) -> Result {
+        let mountinfo = run.exec(pod, "cat /proc/self/mountinfo").await?;
+        let mount = mount_at(&mountinfo, path).ok_or_else(|| format!("no mount at {path} in pod {pod}"))?;
+        let want = majmin(self.device()?)?;
+        if mount.fstype != fstype {
+            return Err(format!("{path} in pod {pod} is {}, expected {fstype}", mount.fstype).into());
+        }
+        if mount.majmin != want {
+            return Err(format!(
+                "{path} in pod {pod} is device {} ({}), not {} ({want})",
+                mount.majmin,
+                mount.source,
+                self.device()?.display()
+            )
+            .into());
+        }
+        let kind = run.class_kind.as_str();
+        let source_ok = match kind {
+            "lvm" | "lvm-thin" | "pmem-lvm" => {
+                mount.source.starts_with("/dev/mapper/")
+                    || mount.source.starts_with("/dev/dm-")
+                    || mount.source.starts_with(&format!("/dev/{}/", run.lvm_vg))
+            }
+            "pmem" => mount.source.starts_with("/dev/pmem"),
+            _ => true,
+        };
+        if !source_ok {
+            return Err(format!(
+                "{path} in pod {pod}: mount source {} is not a {kind} volume's device",
+                mount.source
+            )
+            .into());
+        }
+        if matches!(kind, "pmem" | "pmem-lvm") && !mount.dax {
+            return Err(format!("{path} in pod {pod} is not mounted with dax: {}", mount.line).into());
+        }
+        run.note(&format!(
+            "pod {pod}: {path} is {} on {} ({})",
+            mount.fstype, mount.source, mount.majmin
+        ));
+        Ok(())
+    }
+}
+
+/// One line of a mountinfo table, the fields a volume check reads.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MountLine {
+    pub majmin: String,
+    pub fstype: String,
+    pub source: String,
+    /// dax among its mount or superblock options.
+    pub dax: bool,
+    pub line: String,
+}
+
+/// The mount at `point` in a mountinfo table (the last one: it is the one seen).
+pub fn mount_at(mountinfo: &str, point: &str) -> Option<MountLine> {
+    mountinfo.lines().rev().find_map(|line| {
+        let (mine, theirs) = line.split_once(" - ")?;
+        let fields: Vec<&str> = mine.split(' ').collect();
+        if fields.get(4) != Some(&point) {
+            return None;
+        }
+        let mut rest = theirs.split(' ');
+        let (fstype, source, options) = (rest.next()?, rest.next()?, rest.next().unwrap_or_default());
+        let has_dax = |opts: &str| opts.split(',').any(|o| o == "dax" || o.starts_with("dax="));
+        Some(MountLine {
+            majmin: fields.get(2)?.to_string(),
+            fstype: fstype.to_string(),
+            source: source.to_string(),
+            dax: has_dax(fields.get(5).copied().unwrap_or_default()) || has_dax(options),
+            line: line.to_string(),
+        })
+    })
+}
+
+/// The device-mapper's block major in /proc/devices.
+fn device_mapper_major(devices: &str) -> Option<String> {
+    devices.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let major = words.next()?;
+        (words.next()? == "device-mapper").then(|| major.to_string())
+    })
 }
 
 impl std::fmt::Display for Backing {
@@ -241,6 +498,44 @@ mod tests {
         assert!(mount_is_volume(by_bind, pv, Some(&dev)));
         let other = "39 25 253:4 / /data rw - xfs /dev/mapper/vg-other rw";
         assert!(!mount_is_volume(other, pv, Some(&dev)));
+    }
+
+    #[test]
+    fn the_mount_at_a_point_is_read_with_its_dax_option() {
+        let table = "21 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                     40 21 259:2 / /data rw,relatime - xfs /dev/pmem0.1 rw,dax=always,attr2\n\
+                     41 21 0:40 / /data/x rw - tmpfs tmpfs rw\n";
+        let data = mount_at(table, "/data").expect("a mount at /data");
+        assert_eq!(
+            (data.majmin.as_str(), data.fstype.as_str(), data.source.as_str()),
+            ("259:2", "xfs", "/dev/pmem0.1")
+        );
+        assert!(data.dax);
+        assert!(!mount_at(table, "/").expect("root").dax);
+        assert_eq!(mount_at(table, "/nowhere"), None);
+        let ext4 = "50 21 253:3 / /data rw,relatime,dax - ext4 /dev/mapper/vg-lv rw\n";
+        assert!(
+            mount_at(ext4, "/data").expect("a mount").dax,
+            "dax among the mount options"
+        );
+    }
+
+    #[test]
+    fn the_device_mappers_major_is_found_among_the_block_devices() {
+        let devices =
+            "Character devices:\n  1 mem\n\nBlock devices:\n  7 loop\n252 device-mapper\n259 blkext\n";
+        assert_eq!(device_mapper_major(devices).as_deref(), Some("252"));
+        assert_eq!(device_mapper_major("Block devices:\n  7 loop\n"), None);
+    }
+
+    #[test]
+    fn a_thin_lvs_use_is_its_mapped_share() {
+        assert_eq!(mapped_bytes("  268435456 25.00\n"), Some(67108864));
+        assert_eq!(
+            mapped_bytes("  268435456\n"),
+            None,
+            "no data_percent (a thick LV)"
+        );
     }
 
     #[test]

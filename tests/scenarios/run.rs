@@ -1,5 +1,6 @@
 //! What a scenario knows of its run, and the cluster calls scenarios share.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{AttachParams, DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use localvol::model::DRIVER_NAME;
@@ -22,6 +23,30 @@ const SYSTEM_NAMESPACE: &str = "localvol-system";
 const DAEMONSET: &str = "localvol-node";
 const DAEMON_SELECTOR: &str = "app.kubernetes.io/component=node";
 const DAEMON_CONTAINER: &str = "localvol";
+/// The label of what the scenarios make outside their namespace (tests/cluster/lib.sh's
+/// too: the run's cleanup finds them by it).
+const TEST_LABEL: &str = "lvtest";
+/// A test pod's script: idle, one process an hour (each costs the emulated guest).
+pub const IDLE: &str = "while true; do sleep 3600 & wait $!; done";
+
+/// How a test pod has its volume.
+pub enum PodVolume<'a> {
+    /// A filesystem claim, mounted.
+    Filesystem(&'a str),
+    /// A raw block claim, its device node.
+    Block(&'a str),
+    /// A generic ephemeral volume of the class and size, mounted.
+    Ephemeral { class: &'a str, size: &'a str },
+}
+
+/// A claim to make: its size, StorageClass, volume mode and annotations.
+#[derive(Clone, Debug)]
+pub struct ClaimShape {
+    pub size: String,
+    pub class: String,
+    pub block: bool,
+    pub annotations: BTreeMap<String, String>,
+}
 
 /// The run's facts, as the shell entry exports them (the names tests/cluster/lib.sh
 /// uses), and a client of its API server.
@@ -34,8 +59,11 @@ pub struct Run {
     pub storage_class: String,
     pub device_class: String,
     pub class_kind: String,
-    /// The size of a filesystem claim on this class.
+    /// The StorageClass's csi.storage.k8s.io/fstype.
+    pub fstype: String,
+    /// The size of a filesystem claim on this class, and of a raw block claim.
     pub fs_size: String,
+    pub block_size: String,
     pub node: String,
     /// The loop class's images on the node (`/var/lib/localvol/loop`).
     pub loop_dir: PathBuf,
@@ -45,8 +73,10 @@ pub struct Run {
     /// The daemon's metrics port on the node's loopback (host network), as the
     /// DaemonSet sets it.
     pub metrics_port: u16,
-    /// The volume group of the lvm classes (the overlay's config.yaml's).
+    /// The volume group of the lvm classes (the overlay's config.yaml's), and the thin
+    /// pool of the lvm-thin ones.
     pub lvm_vg: String,
+    pub thin_pool: String,
     /// What every wait's limit is multiplied by: 3 under TCG in the guest
     /// (tests/vm/cluster-guest.sh's WAIT_SCALE, as the shell scenarios take it).
     pub wait_scale: u32,
@@ -77,7 +107,9 @@ impl Run {
             storage_class: var("SC", "localvol-loop"),
             device_class: var("DEVICE_CLASS", "loop"),
             class_kind: var("CLASS_KIND", "loop"),
+            fstype: var("FSTYPE", "ext4"),
             fs_size: var("FS_SIZE", "64Mi"),
+            block_size: var("BLOCK_SIZE", "32Mi"),
             node: var("NODE_NAME", "node1"),
             loop_dir: PathBuf::from(var("LOOP_DIR", "/var/lib/localvol/loop")),
             audit_log: std::env::var_os("AUDIT_LOG")
@@ -85,6 +117,7 @@ impl Run {
                 .map(PathBuf::from),
             metrics_port,
             lvm_vg: var("LVM_VG", "localvol"),
+            thin_pool: var("THIN_POOL", "pool0"),
             wait_scale: var("WAIT_SCALE", "1")
                 .parse()
                 .unwrap_or_else(|e| panic!("{scenario}: WAIT_SCALE: {e}")),
@@ -114,7 +147,7 @@ impl Run {
     /// A namespace `name` labelled as the tests' (the run's cleanup finds them by it).
     pub async fn create_namespace_named(&self, name: &str) -> Result {
         let ns: Namespace = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"lvtest": "1"}}
+            "metadata": {"name": name, "labels": {TEST_LABEL: "1"}}
         }))?;
         Api::<Namespace>::all(self.client.clone())
             .create(&PostParams::default(), &ns)
@@ -157,49 +190,171 @@ impl Run {
 
     /// A ReadWriteOnce filesystem claim `name` of the run's class and size.
     pub async fn claim(&self, name: &str) -> Result {
+        self.create_claim(name, &self.claim_shape()).await
+    }
+
+    /// The run's filesystem claim, to change before [`Run::create_claim`].
+    pub fn claim_shape(&self) -> ClaimShape {
+        ClaimShape {
+            size: self.fs_size.clone(),
+            class: self.storage_class.clone(),
+            block: false,
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    /// A ReadWriteOnce claim `name` of `shape`.
+    pub async fn create_claim(&self, name: &str, shape: &ClaimShape) -> Result {
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name},
+            "metadata": {"name": name, "annotations": shape.annotations},
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
-                "storageClassName": self.storage_class,
-                "resources": {"requests": {"storage": self.fs_size}}
+                "volumeMode": if shape.block { "Block" } else { "Filesystem" },
+                "storageClassName": shape.class,
+                "resources": {"requests": {"storage": shape.size}}
             }
         }))?;
-        self.namespaced::<PersistentVolumeClaim>()
-            .create(&PostParams::default(), &claim)
+        self.claims().create(&PostParams::default(), &claim).await?;
+        Ok(())
+    }
+
+    /// The claim's phase (Pending, Bound, Lost), `None` before it has one.
+    pub async fn claim_phase(&self, claim: &str) -> Result<Option<String>> {
+        Ok(self.claims().get(claim).await?.status.and_then(|s| s.phase))
+    }
+
+    /// A WaitForFirstConsumer StorageClass `name` of the run's device class with
+    /// `fstype`, labelled as the tests' (the scenario's cleanup deletes it), to change
+    /// before [`Run::create_storage_class`].
+    pub fn storage_class(&self, name: &str, fstype: &str, allow_expansion: bool) -> Result<StorageClass> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {TEST_LABEL: "1"}},
+            "provisioner": DRIVER_NAME,
+            "parameters": {
+                "localvol.csi.dev/device-class": self.device_class,
+                "csi.storage.k8s.io/fstype": fstype
+            },
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "allowVolumeExpansion": allow_expansion
+        }))?)
+    }
+
+    pub async fn create_storage_class(&self, class: &StorageClass) -> Result {
+        Api::<StorageClass>::all(self.client.clone())
+            .create(&PostParams::default(), class)
             .await?;
         Ok(())
     }
 
-    /// A pod `name` (the kit's busybox, idle) with claim `claim` mounted at /data, on the
-    /// node's network as lib.sh's apply_pod makes them (a pod network adds the CNI
-    /// plugins' runs, not what is tested).
+    /// Deletes the StorageClasses the scenarios made (labelled as the tests').
+    pub async fn delete_test_storage_classes(&self) -> Result {
+        Api::<StorageClass>::all(self.client.clone())
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&format!("{TEST_LABEL}=1")),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// A pod `name` (the kit's busybox, idle) with claim `claim` mounted at /data,
+    /// Running.
     pub async fn pod_with(&self, name: &str, claim: &str) -> Result {
+        self.create_pod(name, &PodVolume::Filesystem(claim), "/data", IDLE)
+            .await?;
+        self.pods_running(&[name], Duration::from_secs(120)).await
+    }
+
+    /// A pod `name` of the kit's busybox that runs `script` (sh) until stopped, with
+    /// `volume` at `path` (a mount, or a raw block claim's device node), on the node's
+    /// network (a pod network adds the CNI plugins' runs, not what is tested). Not
+    /// waited for.
+    pub async fn create_pod(&self, name: &str, volume: &PodVolume<'_>, path: &str, script: &str) -> Result {
+        let (source, attach) = match volume {
+            PodVolume::Filesystem(claim) => (
+                json!({"persistentVolumeClaim": {"claimName": claim}}),
+                json!({"volumeMounts": [{"name": "vol", "mountPath": path}]}),
+            ),
+            PodVolume::Block(claim) => (
+                json!({"persistentVolumeClaim": {"claimName": claim}}),
+                json!({"volumeDevices": [{"name": "vol", "devicePath": path}]}),
+            ),
+            PodVolume::Ephemeral { class, size } => (
+                json!({"ephemeral": {"volumeClaimTemplate": {"spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": class,
+                    "resources": {"requests": {"storage": size}}
+                }}}}),
+                json!({"volumeMounts": [{"name": "vol", "mountPath": path}]}),
+            ),
+        };
+        let mut container = json!({
+            "name": "app",
+            "image": "localhost/busybox:1",
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", format!("trap 'exit 0' TERM; {script}")],
+        });
+        container
+            .as_object_mut()
+            .ok_or("a container that is not an object")?
+            .extend(attach.as_object().cloned().unwrap_or_default());
+        let mut volume = json!({"name": "vol"});
+        volume
+            .as_object_mut()
+            .ok_or("a volume that is not an object")?
+            .extend(source.as_object().cloned().unwrap_or_default());
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {
                 "terminationGracePeriodSeconds": 1,
                 "hostNetwork": true,
-                "containers": [{
-                    "name": "app",
-                    "image": "localhost/busybox:1",
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 3600 & wait $!; done"],
-                    "volumeMounts": [{"name": "vol", "mountPath": "/data"}]
-                }],
-                "volumes": [{"name": "vol", "persistentVolumeClaim": {"claimName": claim}}]
+                "containers": [container],
+                "volumes": [volume]
             }
         }))?;
-        self.namespaced::<Pod>()
-            .create(&PostParams::default(), &pod)
-            .await?;
-        let pods = self.namespaced::<Pod>();
+        self.pods().create(&PostParams::default(), &pod).await?;
+        Ok(())
+    }
+
+    /// Waits until every pod of `names` is Running, in one list of the namespace a poll.
+    pub async fn pods_running(&self, names: &[&str], limit: Duration) -> Result {
+        let pods = self.pods();
+        self.wait_for(&format!("pods {} Running", names.join(", ")), limit, || async {
+            let running: Vec<String> = pods
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            Ok(names.iter().all(|n| running.iter().any(|r| r == n)).then_some(()))
+        })
+        .await
+    }
+
+    /// The pod's phase, `None` before it has one.
+    pub async fn pod_phase(&self, pod: &str) -> Result<Option<String>> {
+        Ok(self.pods().get(pod).await?.status.and_then(|s| s.phase))
+    }
+
+    /// Deletes the pods `names` and waits until they are gone.
+    pub async fn delete_pods(&self, names: &[&str]) -> Result {
+        let pods = self.pods();
+        for name in names {
+            pods.delete(name, &DeleteParams::default()).await?;
+        }
         self.wait_for(
-            &format!("pod {name} Running"),
-            Duration::from_secs(120),
+            &format!("pods {} gone", names.join(", ")),
+            Duration::from_secs(90),
             || async {
-                let pod = pods.get(name).await?;
-                Ok((pod.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
+                for name in names {
+                    if pods.get_opt(name).await?.is_some() {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
             },
         )
         .await
@@ -250,25 +405,16 @@ impl Run {
         Ok((pv, csi.volume_handle))
     }
 
-    /// Runs `script` with sh in pod `pod`'s container `app` (lib.sh's test pods) and
-    /// returns its standard output; an error if it does not exit 0.
+    /// Runs `script` with sh in pod `pod`'s container `app` (the test pods) and returns
+    /// its standard output; an error if it does not exit 0.
     pub async fn exec(&self, pod: &str, script: &str) -> Result<String> {
-        let params = AttachParams::default().container("app").stderr(true);
-        let mut process = self.pods().exec(pod, ["sh", "-c", script], &params).await?;
-        let mut stdout = process.stdout().ok_or("exec without stdout")?;
-        let mut stderr = process.stderr().ok_or("exec without stderr")?;
-        let status = process.take_status().ok_or("exec without status")?;
-        let (mut out, mut err) = (String::new(), String::new());
-        let (read_out, read_err) =
-            tokio::join!(stdout.read_to_string(&mut out), stderr.read_to_string(&mut err));
-        read_out?;
-        read_err?;
-        let status = status.await;
-        process.join().await?;
-        match status.as_ref().and_then(|s| s.status.as_deref()) {
-            Some("Success") => Ok(out),
-            _ => Err(format!("{pod}: sh -c {script:?}: {status:?}: {err}").into()),
-        }
+        Ok(exec_in(&self.pods(), pod, "app", &["sh", "-c", script]).await?.0)
+    }
+
+    /// Runs `argv` in the daemon pod `pod`'s localvol container and returns its standard
+    /// output and error; an error, with both, if it does not exit 0.
+    pub async fn exec_daemon(&self, pod: &str, argv: &[&str]) -> Result<(String, String)> {
+        exec_in(&self.system_pods(), pod, DAEMON_CONTAINER, argv).await
     }
 
     /// The daemon's pods on the node (the DaemonSet's).
@@ -359,12 +505,25 @@ impl Run {
 
     /// The events about the claim `claim`, oldest first.
     pub async fn claim_events(&self, claim: &str) -> Result<Vec<Event>> {
-        let selector = format!("regarding.kind=PersistentVolumeClaim,regarding.name={claim}");
-        let mut events = self
-            .namespaced::<Event>()
-            .list(&ListParams::default().fields(&selector))
-            .await?
-            .items;
+        self.events_about(&self.namespaced(), "PersistentVolumeClaim", claim)
+            .await
+    }
+
+    /// The events about the pod `pod`, oldest first.
+    pub async fn pod_events(&self, pod: &str) -> Result<Vec<Event>> {
+        self.events_about(&self.namespaced(), "Pod", pod).await
+    }
+
+    /// The events about the node (in the default namespace, as kubelet and localvol
+    /// record them), oldest first.
+    pub async fn node_events(&self) -> Result<Vec<Event>> {
+        let default = Api::namespaced(self.client.clone(), "default");
+        self.events_about(&default, "Node", &self.node).await
+    }
+
+    async fn events_about(&self, events: &Api<Event>, kind: &str, name: &str) -> Result<Vec<Event>> {
+        let selector = format!("regarding.kind={kind},regarding.name={name}");
+        let mut events = events.list(&ListParams::default().fields(&selector)).await?.items;
         events.sort_by_key(|e| e.metadata.creation_timestamp.clone());
         Ok(events)
     }
@@ -378,11 +537,37 @@ impl Run {
 
     /// The daemon's /metrics on the node (the manifests' host network and port).
     pub async fn driver_metrics(&self) -> Result<String> {
+        self.driver_page("/metrics").await
+    }
+
+    /// A page of the daemon's metrics listener (/metrics, /readyz, /healthz); an error
+    /// unless it answers 200.
+    pub async fn driver_page(&self, path: &str) -> Result<String> {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.metrics_port));
-        match localvol_testkit::http_get(addr, "/metrics").await? {
+        match localvol_testkit::http_get(addr, path).await? {
             (200, body) => Ok(body),
-            (code, body) => Err(format!("/metrics answered {code}: {body}").into()),
+            (code, body) => Err(format!("{path} answered {code}: {body}").into()),
         }
+    }
+}
+
+/// Runs `argv` in container `container` of pod `pod` and returns its standard output and
+/// error; an error, with both, if it does not exit 0.
+async fn exec_in(pods: &Api<Pod>, pod: &str, container: &str, argv: &[&str]) -> Result<(String, String)> {
+    let params = AttachParams::default().container(container).stderr(true);
+    let mut process = pods.exec(pod, argv.to_vec(), &params).await?;
+    let mut stdout = process.stdout().ok_or("exec without stdout")?;
+    let mut stderr = process.stderr().ok_or("exec without stderr")?;
+    let status = process.take_status().ok_or("exec without status")?;
+    let (mut out, mut err) = (String::new(), String::new());
+    let (read_out, read_err) = tokio::join!(stdout.read_to_string(&mut out), stderr.read_to_string(&mut err));
+    read_out?;
+    read_err?;
+    let status = status.await;
+    process.join().await?;
+    match status.as_ref().and_then(|s| s.status.as_deref()) {
+        Some("Success") => Ok((out, err)),
+        _ => Err(format!("{pod}/{container}: {argv:?}: {status:?}: {out}{err}").into()),
     }
 }
 
