@@ -37,15 +37,7 @@ pub async fn workload_outlives_a_killed_daemon(run: Run) -> Result {
     kill(Pid::from_raw(pid), Signal::SIGKILL)?;
     run.system_pods().delete(&old, &DeleteParams::default()).await?;
     run.note(&format!("localvol PID {pid} SIGKILLed, daemon pod {old} deleted"));
-    run.wait_for("a new daemon pod Ready", Duration::from_secs(120), || async {
-        let replaced = run
-            .daemon_pods()
-            .await?
-            .iter()
-            .all(|p| p.metadata.name.as_deref() != Some(&old));
-        Ok((replaced && run.daemon_ready().await?).then_some(()))
-    })
-    .await?;
+    run.daemon_replaced(&old).await?;
     run.wait_for(
         "CSINode lists the driver again",
         Duration::from_secs(60),

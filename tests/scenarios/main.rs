@@ -10,7 +10,9 @@
 mod api_load;
 mod audit;
 mod daemon_restart;
+mod encryption;
 mod ephemeral;
+mod helm_install;
 mod metrics;
 mod mixed_node;
 mod node;
@@ -91,6 +93,18 @@ async fn s8_api_load() {
 #[ignore = "needs the guest's mixed configuration: tests/cluster/scenarios/s12_mixed_node.sh runs it"]
 async fn s12_mixed_node() {
     scenario("s12_mixed_node", mixed_node::missing_class_reported_then_served).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an LVM class and dm-crypt (the guest's lvm-thin): tests/cluster/scenarios/s13_encryption.sh runs it"]
+async fn s13_encryption() {
+    scenario("s13_encryption", encryption::encrypted_at_rest).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the host's cluster with localvol deployed and helm: tests/cluster/scenarios/s14_helm.sh runs it"]
+async fn s14_helm() {
+    scenario("s14_helm", helm_install::install_upgrade_rollback_uninstall).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -303,6 +303,28 @@ impl Volume {
     }
 }
 
+/// Whether the file or device at `path` holds `needle` anywhere, read in chunks that
+/// overlap by the needle's length.
+pub fn holds_bytes(path: &Path, needle: &[u8]) -> Result<bool> {
+    const CHUNK: usize = 1 << 20;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let keep = needle.len().saturating_sub(1);
+    let mut window: Vec<u8> = Vec::with_capacity(CHUNK + keep);
+    let mut chunk = vec![0; CHUNK];
+    loop {
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        window.extend_from_slice(&chunk[..n]);
+        if window.windows(needle.len()).any(|w| w == needle) {
+            return Ok(true);
+        }
+        let tail = window.len().saturating_sub(keep);
+        window.drain(..tail);
+    }
+}
+
 /// One line of a mountinfo table, the fields a volume check reads.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MountLine {
@@ -536,6 +558,17 @@ mod tests {
             None,
             "no data_percent (a thick LV)"
         );
+    }
+
+    #[test]
+    fn bytes_are_found_across_chunk_boundaries() {
+        let mut file = tempfile::NamedTempFile::new().expect("a temporary file");
+        let mut data = vec![0u8; (1 << 20) - 3];
+        data.extend_from_slice(b"MARKER");
+        data.extend(std::iter::repeat_n(0u8, 100));
+        std::io::Write::write_all(&mut file, &data).expect("written");
+        assert!(holds_bytes(file.path(), b"MARKER").expect("read"));
+        assert!(!holds_bytes(file.path(), b"ABSENT").expect("read"));
     }
 
     #[test]

@@ -70,9 +70,9 @@ pub async fn registered(run: Run) -> Result {
         .map(PathBuf::from)
         .ok_or("OVERLAY must name the run's overlay (the scenario's shell entry sets it)")?;
     // registered_by waits out the rollout: the DaemonSet Ready at its new generation.
-    apply_overlay(&run, &other_overlay).await?;
+    run.apply_overlay(&other_overlay).await?;
     registered_by(&run, other).await?;
-    apply_overlay(&run, &own_overlay).await?;
+    run.apply_overlay(&own_overlay).await?;
     registered_by(&run, own).await
 }
 
@@ -132,29 +132,6 @@ async fn registered_by(run: &Run, registration: Registration) -> Result {
     if let Some(line) = stream_errors(&log) {
         return Err(format!("kubelet.log has stream errors talking to {DRIVER_NAME}: {line}").into());
     }
-    Ok(())
-}
-
-/// `kubectl apply -k OVERLAY`, as an operator applies an overlay: kustomize has no
-/// kube-rs counterpart, and the run deployed its own overlay this way.
-async fn apply_overlay(run: &Run, overlay: &Path) -> Result {
-    let out = tokio::process::Command::new("kubectl")
-        .arg("apply")
-        .arg("-k")
-        .arg(overlay)
-        .output()
-        .await
-        .map_err(|e| format!("kubectl apply -k {}: {e}", overlay.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "kubectl apply -k {}: {}: {}",
-            overlay.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    run.note(&format!("applied {}", overlay.display()));
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -19,7 +19,7 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub type Result<T = ()> = std::result::Result<T, Error>;
 
 /// Where the manifests deploy the daemon (deploy/base), and the label of its pods.
-const SYSTEM_NAMESPACE: &str = "localvol-system";
+pub const SYSTEM_NAMESPACE: &str = "localvol-system";
 const DAEMONSET: &str = "localvol-node";
 const DAEMON_SELECTOR: &str = "app.kubernetes.io/component=node";
 const DAEMON_CONTAINER: &str = "localvol";
@@ -155,8 +155,16 @@ impl Run {
         Ok(())
     }
 
-    /// Deletes the namespace and waits until it, and so its claims' volumes, are gone.
+    /// Deletes the namespace and waits until it and its claims' volumes are gone.
     pub async fn delete_namespace(&self) -> Result {
+        let volumes: Vec<String> = self
+            .claims()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|c| c.spec?.volume_name)
+            .collect();
         let namespaces = Api::<Namespace>::all(self.client.clone());
         namespaces
             .delete(&self.namespace, &DeleteParams::default())
@@ -164,7 +172,11 @@ impl Run {
         self.wait_for("the namespace gone", Duration::from_secs(180), || async {
             Ok(namespaces.get_opt(&self.namespace).await?.is_none().then_some(()))
         })
-        .await
+        .await?;
+        for pv in volumes {
+            self.volume_gone(&pv, Duration::from_secs(60)).await?;
+        }
+        Ok(())
     }
 
     /// Polls `found` every second until it finds something, or fails after `limit` (times
@@ -372,7 +384,7 @@ impl Run {
     /// the volume).
     pub async fn volume_gone(&self, pv: &str, limit: Duration) -> Result {
         let volumes = self.volumes();
-        self.wait_for("the volume deleted", limit, || async {
+        self.wait_for(&format!("volume {pv} deleted"), limit, || async {
             Ok(volumes.get_opt(pv).await?.is_none().then_some(()))
         })
         .await
@@ -487,6 +499,32 @@ impl Run {
         task_pid(&tasks, &id).ok_or_else(|| format!("no containerd task {id} of {pod}").into())
     }
 
+    /// A daemon pod other than `old` Ready, and the DaemonSet rolled out (an upgrade's or
+    /// a rollback's replacement of `old`).
+    pub async fn daemon_replaced(&self, old: &str) -> Result {
+        self.wait_for(
+            &format!("a daemon pod in place of {old} Ready"),
+            Duration::from_secs(120),
+            || async {
+                let replaced = self
+                    .daemon_pods()
+                    .await?
+                    .iter()
+                    .all(|p| p.metadata.name.as_deref() != Some(old));
+                Ok((replaced && self.daemon_ready().await?).then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// `kubectl apply -k OVERLAY`, as an operator applies an overlay: kustomize has no
+    /// kube-rs counterpart, and the run deployed its own overlay this way.
+    pub async fn apply_overlay(&self, overlay: &Path) -> Result {
+        tool("kubectl", &["apply", "-k", &overlay.to_string_lossy()], None).await?;
+        self.note(&format!("applied {}", overlay.display()));
+        Ok(())
+    }
+
     pub fn system_pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
     }
@@ -549,6 +587,40 @@ impl Run {
             (code, body) => Err(format!("{path} answered {code}: {body}").into()),
         }
     }
+}
+
+/// Runs `program` with `args` (and `input` on its standard input), in the C locale, and
+/// returns its standard output; an error with its standard error unless it exits 0.
+/// For the tools a scenario drives as an operator would (kubectl's kustomize, helm).
+pub async fn tool(program: &str, args: &[&str], input: Option<&str>) -> Result<String> {
+    use std::process::Stdio;
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("LC_ALL", "C")
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin.write_all(input.as_bytes()).await?;
+    }
+    let out = child.wait_with_output().await?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {args:?}: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        )
+        .into());
+    }
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// Runs `argv` in container `container` of pod `pod` and returns its standard output and
