@@ -31,7 +31,7 @@ fn repo() -> &'static Path {
 }
 
 pub async fn install_upgrade_rollback_uninstall(run: Run) -> Result {
-    let overlay = PathBuf::from(std::env::var("OVERLAY").map_err(|_| "OVERLAY: the run's overlay")?);
+    let overlay = run.own_overlay()?.to_path_buf();
     let helm = tool(&repo().join("tests/tools/helm.sh").to_string_lossy(), &[], None)
         .await
         .map_err(|e| format!("no helm (tests/tools/helm.sh): {e}"))?;

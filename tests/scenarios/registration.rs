@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use localvol::model::DRIVER_NAME;
 
-use crate::run::{Result, Run};
+use crate::run::{Result, Run, test_overlay};
 
 /// How kubelet learns of the driver: the socket the daemon itself serves in kubelet's
 /// plugin registry, or the node-driver-registrar sidecar's.
@@ -47,10 +47,9 @@ impl Registration {
         if class_kind != "loop" {
             return None;
         }
-        let overlays = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cluster/overlays");
         Some(match self {
-            Self::Builtin => (Self::Sidecar, overlays.join("registrar")),
-            Self::Sidecar => (Self::Builtin, overlays.join("builtin")),
+            Self::Builtin => (Self::Sidecar, test_overlay("registrar")),
+            Self::Sidecar => (Self::Builtin, test_overlay("builtin")),
         })
     }
 }
@@ -66,9 +65,7 @@ pub async fn registered(run: Run) -> Result {
         ));
         return Ok(());
     };
-    let own_overlay = std::env::var_os("OVERLAY")
-        .map(PathBuf::from)
-        .ok_or("OVERLAY must name the run's overlay (the scenario's shell entry sets it)")?;
+    let own_overlay = run.own_overlay()?.to_path_buf();
     // registered_by waits out the rollout: the DaemonSet Ready at its new generation.
     run.apply_overlay(&other_overlay).await?;
     registered_by(&run, other).await?;

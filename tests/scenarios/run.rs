@@ -46,6 +46,8 @@ pub struct ClaimShape {
     pub class: String,
     pub block: bool,
     pub annotations: BTreeMap<String, String>,
+    /// The claim's `spec.dataSource`: a VolumeSnapshot to restore, a claim to clone.
+    pub data_source: Option<serde_json::Value>,
 }
 
 /// The run's facts, as the shell entry exports them (the names tests/cluster/lib.sh
@@ -77,6 +79,9 @@ pub struct Run {
     /// pool of the lvm-thin ones.
     pub lvm_vg: String,
     pub thin_pool: String,
+    /// The overlay the run deployed (OVERLAY), which a scenario that swaps overlays puts
+    /// back.
+    pub overlay: Option<PathBuf>,
     /// What every wait's limit is multiplied by: 3 under TCG in the guest
     /// (tests/vm/cluster-guest.sh's WAIT_SCALE, as the shell scenarios take it).
     pub wait_scale: u32,
@@ -118,6 +123,9 @@ impl Run {
             metrics_port,
             lvm_vg: var("LVM_VG", "localvol"),
             thin_pool: var("THIN_POOL", "pool0"),
+            overlay: std::env::var_os("OVERLAY")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
             wait_scale: var("WAIT_SCALE", "1")
                 .parse()
                 .unwrap_or_else(|e| panic!("{scenario}: WAIT_SCALE: {e}")),
@@ -212,6 +220,7 @@ impl Run {
             class: self.storage_class.clone(),
             block: false,
             annotations: BTreeMap::new(),
+            data_source: None,
         }
     }
 
@@ -223,7 +232,8 @@ impl Run {
                 "accessModes": ["ReadWriteOnce"],
                 "volumeMode": if shape.block { "Block" } else { "Filesystem" },
                 "storageClassName": shape.class,
-                "resources": {"requests": {"storage": shape.size}}
+                "resources": {"requests": {"storage": shape.size}},
+                "dataSource": shape.data_source
             }
         }))?;
         self.claims().create(&PostParams::default(), &claim).await?;
@@ -383,9 +393,17 @@ impl Run {
     /// Waits up to `limit` until the PersistentVolume `pv` is gone (the driver deleted
     /// the volume).
     pub async fn volume_gone(&self, pv: &str, limit: Duration) -> Result {
-        let volumes = self.volumes();
-        self.wait_for(&format!("volume {pv} deleted"), limit, || async {
-            Ok(volumes.get_opt(pv).await?.is_none().then_some(()))
+        self.gone(&self.volumes(), pv, &format!("volume {pv} deleted"), limit)
+            .await
+    }
+
+    /// Waits up to `limit` until the object `name` of `api` is gone.
+    pub async fn gone<K>(&self, api: &Api<K>, name: &str, what: &str, limit: Duration) -> Result
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        self.wait_for(what, limit, || async {
+            Ok(api.get_opt(name).await?.is_none().then_some(()))
         })
         .await
     }
@@ -525,6 +543,13 @@ impl Run {
         Ok(())
     }
 
+    /// The overlay the run deployed; an error when the shell entry did not say.
+    pub fn own_overlay(&self) -> Result<&Path> {
+        self.overlay
+            .as_deref()
+            .ok_or_else(|| "OVERLAY must name the run's overlay (the scenario's shell entry sets it)".into())
+    }
+
     pub fn system_pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
     }
@@ -587,6 +612,13 @@ impl Run {
             (code, body) => Err(format!("{path} answered {code}: {body}").into()),
         }
     }
+}
+
+/// The directory of an overlay of the cluster tests (tests/cluster/overlays/NAME).
+pub fn test_overlay(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/cluster/overlays")
+        .join(name)
 }
 
 /// Runs `program` with `args` (and `input` on its standard input), in the C locale, and
