@@ -29,7 +29,7 @@ test_binary() { # TARGET
 }
 # ignored_test BINARY NAME [VAR=VALUE...]: runs the #[ignore]d test NAME of the Rust test
 # executable BINARY (test_binary's) with VAR=VALUE in its environment, showing its
-# output's end; the scenario fails unless that one test ran and passed (a filter that
+# output's end and its NOTE lines; the scenario fails unless that one test ran and passed (a filter that
 # matches nothing passes too).
 ignored_test() {
   local bin=$1 name=$2 out rc=0
@@ -39,6 +39,8 @@ ignored_test() {
   # always the same line of tests/scenarios/main.rs; a backtrace would push the message
   # out of the 30 lines shown.
   out=$(env RUST_BACKTRACE=0 "$@" "$bin" --ignored --exact "$name" --nocapture 2>&1) || rc=$?
+  # The NOTE lines before the output's end too: tests/cluster/run.sh's summary takes them.
+  printf '%s\n' "$out" | head -n -30 | grep '^  \[[0-9:]*\] NOTE ' || true
   printf '%s\n' "$out" | tail -n 30
   [ "$rc" = 0 ] || fail "test $name of $(basename "$bin") failed (exit $rc)"
   grep -q '^test result: ok. 1 passed' <<<"$out" || fail "test $name of $(basename "$bin") did not run"
@@ -429,40 +431,8 @@ used_bytes() { # BACKING
 THIN_POOL=${THIN_POOL:-pool0}
 pool_data_percent() { lvs --noheadings -o data_percent "$LVM_VG/$THIN_POOL" | tr -d ' '; }
 
-# A snapshot's storage on the node, by its handle's token: its image and record in the
-# class's snapshots directory (loop), or its thin snapshot LV, `s+TOKEN` or a hashed
-# name whose tags carry the token (lvm-thin; src/backend/lvm/snapshots.rs).
-snapshot_lv_of() { # TOKEN
-  if lvs "$LVM_VG/s+$1" >/dev/null 2>&1; then echo "$LVM_VG/s+$1"; return; fi
-  local name
-  name=$(lvs --noheadings -o lv_name,lv_tags "$LVM_VG" 2>/dev/null | awk -v t="$1" 'index($1, "s+") == 1 && index($2, t) {print $1; exit}')
-  [ -n "$name" ] && echo "$LVM_VG/$name"
-}
-snapshot_present() { # TOKEN
-  case $CLASS_KIND in
-    loop) [ -f "$LOOP_DIR/snapshots/$1.img" ] && [ -f "$LOOP_DIR/snapshots/$1.json" ] ;;
-    lvm-thin) [ -n "$(snapshot_lv_of "$1")" ] ;;
-    *) fail "snapshot_present: class kind $CLASS_KIND takes no snapshots" ;;
-  esac
-}
-snapshot_gone() { # TOKEN
-  case $CLASS_KIND in
-    loop) [ ! -e "$LOOP_DIR/snapshots/$1.img" ] && [ ! -e "$LOOP_DIR/snapshots/$1.json" ] ;;
-    lvm-thin) [ -z "$(snapshot_lv_of "$1")" ] ;;
-    *) fail "snapshot_gone: class kind $CLASS_KIND takes no snapshots" ;;
-  esac
-}
 # LVs in the class's VG other than the thin pool (and its hidden sub-LVs).
 volume_lvs() { lvs --noheadings -o lv_name "$LVM_VG" 2>/dev/null | awk -v pool="$THIN_POOL" '$1 != pool && $1 !~ /^\[/ {print $1}'; }
-# Every volume and snapshot of the class still on the node: files in the loop class's
-# directory (images, records, freeze records), LVs in the VG other than the thin pool.
-class_storage_left() {
-  case $CLASS_KIND in
-    loop) [ ! -d "$LOOP_DIR" ] || find "$LOOP_DIR" -mindepth 1 ! -type d ;;
-    lvm|lvm-thin|pmem-lvm) volume_lvs ;;
-    *) fail "class_storage_left: class kind $CLASS_KIND" ;;
-  esac
-}
 
 # ---- preparing a node: shared by run.sh (a node on this host) and tests/vm/cluster.sh
 # (a node in a QEMU guest, whose root filesystem is this host's). Run from the repository.

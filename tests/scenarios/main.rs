@@ -19,6 +19,7 @@ mod node;
 mod reclaim;
 mod registration;
 mod run;
+mod snapshots;
 mod volume_health;
 mod volumes;
 
@@ -87,6 +88,12 @@ async fn s7_metrics() {
 #[ignore = "needs a cluster with localvol deployed and an audit log: tests/cluster/scenarios/s8_api_load.sh runs it"]
 async fn s8_api_load() {
     scenario("s8_api_load", api_load::footprint_follows_own_claims).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed and the snapshot-controller: tests/cluster/scenarios/s9_snapshots.sh runs it"]
+async fn s9_snapshots() {
+    scenario("s9_snapshots", snapshots::copies_hold_their_moment).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

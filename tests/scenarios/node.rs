@@ -468,6 +468,141 @@ fn loop_device_of(image: &Path) -> Result<Option<PathBuf>> {
     Ok(out.lines().next().map(|l| PathBuf::from(l.trim())))
 }
 
+/// A snapshot's storage on the node: its image and record in the loop class's
+/// snapshots directory, or its thin snapshot LV (lvm-thin: `s+TOKEN`, or a hashed `s+`
+/// name whose tags carry the token when the token cannot be an LV name;
+/// src/backend/lvm/snapshots.rs). The other classes take no snapshots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotStorage {
+    LoopFiles { image: PathBuf, record: PathBuf },
+    ThinLv { vg: String, token: String },
+}
+
+impl SnapshotStorage {
+    /// The storage of the snapshot `handle` (`snapshot.CLASS.TOKEN`) on the run's class.
+    pub fn of(run: &Run, handle: &str) -> Result<Self> {
+        let token = snapshot_token(handle)
+            .ok_or_else(|| format!("snapshot id {handle} is not snapshot.class.token"))?;
+        Ok(match run.class_kind.as_str() {
+            "loop" => {
+                let dir = run.loop_dir.join("snapshots");
+                Self::LoopFiles {
+                    image: dir.join(format!("{token}.img")),
+                    record: dir.join(format!("{token}.json")),
+                }
+            }
+            "lvm-thin" => Self::ThinLv {
+                vg: run.lvm_vg.clone(),
+                token: token.to_string(),
+            },
+            other => return Err(format!("class kind {other} takes no snapshots").into()),
+        })
+    }
+
+    /// Whether the snapshot is there: both its files, or its LV.
+    pub fn present(&self) -> Result<bool> {
+        Ok(match self {
+            Self::LoopFiles { image, record } => image.is_file() && record.is_file(),
+            Self::ThinLv { .. } => self.lv()?.is_some(),
+        })
+    }
+
+    /// Whether the snapshot is gone: neither of its files, or no LV of it.
+    pub fn gone(&self) -> Result<bool> {
+        Ok(match self {
+            Self::LoopFiles { image, record } => !image.exists() && !record.exists(),
+            Self::ThinLv { .. } => self.lv()?.is_none(),
+        })
+    }
+
+    /// The name of the thin snapshot LV, when there is one.
+    fn lv(&self) -> Result<Option<String>> {
+        let Self::ThinLv { vg, token } = self else {
+            return Ok(None);
+        };
+        let named = format!("s+{token}");
+        if succeeds("lvs", &[&format!("{vg}/{named}")])? {
+            return Ok(Some(named));
+        }
+        let listing = output("lvs", &["--noheadings", "-o", "lv_name,lv_tags", vg])?;
+        Ok(snapshot_lv_in(&listing, token))
+    }
+}
+
+impl std::fmt::Display for SnapshotStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::LoopFiles { image, record } => {
+                write!(
+                    f,
+                    "snapshot image {} and record {}",
+                    image.display(),
+                    record.display()
+                )
+            }
+            Self::ThinLv { vg, token } => write!(f, "snapshot LV of {token} in {vg}"),
+        }
+    }
+}
+
+/// The token of a snapshot id `snapshot.CLASS.TOKEN`.
+fn snapshot_token(handle: &str) -> Option<&str> {
+    let (_class, token) = handle.strip_prefix("snapshot.")?.split_once('.')?;
+    (!token.is_empty()).then_some(token)
+}
+
+/// The snapshot LV (an `s+` name) whose tags carry `token`, in `lvs -o lv_name,lv_tags`.
+fn snapshot_lv_in(listing: &str, token: &str) -> Option<String> {
+    listing.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let (name, tags) = (words.next()?, words.next().unwrap_or_default());
+        (name.starts_with("s+") && tags.contains(token)).then(|| name.to_string())
+    })
+}
+
+/// Every volume and snapshot of the run's class still on the node: the files in the
+/// loop class's directory (images, records, freeze records; its empty directories are
+/// the daemon's own), the LVs in the class's VG but the thin pool.
+pub fn class_storage_left(run: &Run) -> Result<Vec<String>> {
+    match run.class_kind.as_str() {
+        "loop" => {
+            let mut files = Vec::new();
+            if run.loop_dir.is_dir() {
+                files_under(&run.loop_dir, &mut files)?;
+            }
+            Ok(files)
+        }
+        "lvm" | "lvm-thin" | "pmem-lvm" => {
+            let listing = output("lvs", &["--noheadings", "-o", "lv_name", &run.lvm_vg])?;
+            Ok(volume_lvs_in(&listing, &run.thin_pool))
+        }
+        other => Err(format!("class kind {other}: no class storage known").into()),
+    }
+}
+
+/// Every file under `dir` that is not a directory (`find DIR -mindepth 1 ! -type d`).
+fn files_under(dir: &Path, files: &mut Vec<String>) -> Result {
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            files_under(&entry.path(), files)?;
+        } else {
+            files.push(entry.path().display().to_string());
+        }
+    }
+    Ok(())
+}
+
+/// The LVs of `lvs -o lv_name` but the thin pool `pool` and hidden ones (`[name]`).
+fn volume_lvs_in(listing: &str, pool: &str) -> Vec<String> {
+    listing
+        .lines()
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && *name != pool && !name.starts_with('['))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Whether the command exits 0 (its output discarded).
 fn succeeds(program: &str, args: &[&str]) -> Result<bool> {
     Ok(try_sh(program, args).is_ok())
@@ -577,5 +712,36 @@ mod tests {
             dm_node("localvol-pmem", "pvc-a"),
             PathBuf::from("/dev/mapper/localvol--pmem-pvc--a")
         );
+    }
+
+    #[test]
+    fn a_snapshot_token_follows_its_class() {
+        assert_eq!(
+            snapshot_token("snapshot.lvm-thin.snapshot-8d42"),
+            Some("snapshot-8d42")
+        );
+        assert_eq!(
+            snapshot_token("snapshot.loop.a.b"),
+            Some("a.b"),
+            "the token may hold dots"
+        );
+        assert_eq!(snapshot_token("loop.pvc-1"), None, "a volume id");
+        assert_eq!(snapshot_token("snapshot.loop"), None);
+    }
+
+    #[test]
+    fn a_snapshot_lv_is_an_s_plus_lv_tagged_with_the_token() {
+        let listing =
+            "  pool0\n  pvc-1      localvol.token=tok\n  s+ab12cd   localvol.token=tok\n  s+other\n";
+        assert_eq!(snapshot_lv_in(listing, "tok").as_deref(), Some("s+ab12cd"));
+        assert_eq!(snapshot_lv_in(listing, "missing"), None);
+        assert_eq!(snapshot_lv_in("  pvc-1 tok\n", "tok"), None, "a volume's LV");
+    }
+
+    #[test]
+    fn the_thin_pool_and_hidden_lvs_are_not_left_storage() {
+        let listing = "  pool0\n  [pool0_tmeta]\n  pvc-1\n  s+tok\n\n";
+        assert_eq!(volume_lvs_in(listing, "pool0"), ["pvc-1", "s+tok"]);
+        assert!(volume_lvs_in("  pool0\n", "pool0").is_empty());
     }
 }

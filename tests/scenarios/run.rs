@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use kube::api::{AttachParams, DeleteParams, ListParams, PostParams};
+use kube::api::{ApiResource, AttachParams, DeleteParams, DynamicObject, ListParams, LogParams, PostParams};
 use kube::{Api, Client};
 use localvol::model::DRIVER_NAME;
 use serde_json::json;
@@ -535,6 +535,16 @@ impl Run {
         .await
     }
 
+    /// Deletes the object `name` of `api` and waits up to `limit` until it is gone, its
+    /// finalizers done (`kubectl delete --wait`).
+    pub async fn delete_and_wait<K>(&self, api: &Api<K>, name: &str, limit: Duration) -> Result
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        api.delete(name, &DeleteParams::default()).await?;
+        self.gone(api, name, &format!("{name} deleted"), limit).await
+    }
+
     /// `kubectl apply -k OVERLAY`, as an operator applies an overlay: kustomize has no
     /// kube-rs counterpart, and the run deployed its own overlay this way.
     pub async fn apply_overlay(&self, overlay: &Path) -> Result {
@@ -612,7 +622,76 @@ impl Run {
             (code, body) => Err(format!("{path} answered {code}: {body}").into()),
         }
     }
+
+    /// The daemon container's log (`kubectl logs POD -c localvol`).
+    pub async fn daemon_log(&self) -> Result<String> {
+        let pod = self.daemon_pod().await?;
+        let params = LogParams {
+            container: Some(DAEMON_CONTAINER.to_string()),
+            ..LogParams::default()
+        };
+        Ok(self.system_pods().logs(&pod, &params).await?)
+    }
+
+    /// Whether container `container` of the daemon's pod is ready (a sidecar an
+    /// overlay adds).
+    pub async fn daemon_container_ready(&self, container: &str) -> Result<bool> {
+        let pod = self.system_pods().get(&self.daemon_pod().await?).await?;
+        Ok(pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .into_iter()
+            .flatten()
+            .any(|c| c.name == container && c.ready))
+    }
+
+    /// The scenario's VolumeSnapshots (a CRD: no k8s-openapi type).
+    pub fn volume_snapshots(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.client.clone(),
+            &self.namespace,
+            &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
+        )
+    }
+
+    /// The VolumeSnapshots of every namespace.
+    pub fn all_volume_snapshots(&self) -> Api<DynamicObject> {
+        Api::all_with(
+            self.client.clone(),
+            &snapshot_resource("VolumeSnapshot", "volumesnapshots"),
+        )
+    }
+
+    /// The cluster's VolumeSnapshotContents.
+    pub fn volume_snapshot_contents(&self) -> Api<DynamicObject> {
+        Api::all_with(
+            self.client.clone(),
+            &snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents"),
+        )
+    }
+
+    /// The cluster's VolumeSnapshotClasses.
+    pub fn volume_snapshot_classes(&self) -> Api<DynamicObject> {
+        Api::all_with(
+            self.client.clone(),
+            &snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses"),
+        )
+    }
 }
+
+/// A kind of the external snapshotter's API group (snapshot.storage.k8s.io/v1).
+pub fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: SNAPSHOT_GROUP.to_string(),
+        version: "v1".to_string(),
+        api_version: format!("{SNAPSHOT_GROUP}/v1"),
+        kind: kind.to_string(),
+        plural: plural.to_string(),
+    }
+}
+
+/// The external snapshotter's API group.
+pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
 
 /// The directory of an overlay of the cluster tests (tests/cluster/overlays/NAME).
 pub fn test_overlay(name: &str) -> PathBuf {

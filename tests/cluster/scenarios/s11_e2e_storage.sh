@@ -47,7 +47,7 @@ s11_e2e_storage() {
     k apply -k "$HERE/overlays/snapshots" >/dev/null
     trap s11_restore EXIT
     wait_until 120 "DaemonSet with the csi-snapshotter sidecar rolled out" k -n "$SYSTEM_NS" rollout status ds/localvol-node --timeout=5s
-    wait_until 30 "csi-snapshotter sidecar ready" s9_sidecar_ready
+    wait_until 30 "csi-snapshotter sidecar ready" s11_sidecar_ready
     driver=$REPO/tests/e2e/driver-loop.yaml
     skips+=("${S11_HOST_SKIP[@]}")
   else
@@ -110,6 +110,11 @@ print("ran per suite: " + ", ".join(f"{k} {v}" for k, v in sorted(suites.items()
 for f in failures:
     print(f"FAILED {f}")
 PY
+}
+
+s11_sidecar_ready() {
+  local pod; pod=$(daemon_pod)
+  [ "$(k -n "$SYSTEM_NS" get pod "$pod" -o jsonpath="{.status.containerStatuses[?(@.name=='csi-snapshotter')].ready}")" = true ]
 }
 
 s11_restore() {
