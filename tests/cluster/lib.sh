@@ -46,15 +46,16 @@ ignored_test() {
   grep -q '^test result: ok. 1 passed' <<<"$out" || fail "test $name of $(basename "$bin") did not run"
 }
 
-# rust_scenario NAME: the cluster scenario NAME of tests/scenarios (Rust, over kube-rs),
-# with this run's facts in its environment (tests/scenarios/run.rs, Run::from_env). Its
-# executable: LOCALVOL_SCENARIOS_BIN when set (tests/vm/cluster.sh resolves it on the
-# host for its guest, where cargo itself would cost minutes of emulated CPU), else
-# test_binary's.
+# rust_scenario NAME [VAR=VALUE...]: the cluster scenario NAME of tests/scenarios (Rust,
+# over kube-rs), with this run's facts in its environment (tests/scenarios/run.rs,
+# Run::from_env) and the scenario's own VAR=VALUE. Its executable:
+# LOCALVOL_SCENARIOS_BIN when set (tests/vm/cluster.sh resolves it on the host for its
+# guest, where cargo itself would cost minutes of emulated CPU), else test_binary's.
 rust_scenario() {
-  ignored_test "${LOCALVOL_SCENARIOS_BIN:-$(test_binary scenarios)}" "$1" SC="$SC" DEVICE_CLASS="$DEVICE_CLASS" CLASS_KIND="$CLASS_KIND" \
+  local name=$1; shift
+  ignored_test "${LOCALVOL_SCENARIOS_BIN:-$(test_binary scenarios)}" "$name" SC="$SC" DEVICE_CLASS="$DEVICE_CLASS" CLASS_KIND="$CLASS_KIND" \
     FSTYPE="$FSTYPE" FS_SIZE="$FS_SIZE" BLOCK_SIZE="$BLOCK_SIZE" THIN_POOL="$THIN_POOL" NODE_NAME="$NODE" LOOP_DIR="$LOOP_DIR" AUDIT_LOG="${AUDIT_LOG:-}" \
-    OVERLAY="$OVERLAY" REGISTRATION="$REGISTRATION" LVM_VG="$LVM_VG" WAIT_SCALE="${WAIT_SCALE:-1}" VG_DISK="${VG_DISK:-}"
+    OVERLAY="$OVERLAY" REGISTRATION="$REGISTRATION" LVM_VG="$LVM_VG" WAIT_SCALE="${WAIT_SCALE:-1}" VG_DISK="${VG_DISK:-}" "$@"
 }
 
 # netns_dir_shared: /run/netns a shared mount point of its own, as the first `ip netns

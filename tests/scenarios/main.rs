@@ -12,6 +12,7 @@ mod audit;
 mod daemon_restart;
 mod encryption;
 mod ephemeral;
+mod expansion;
 mod helm_install;
 mod metrics;
 mod mixed_node;
@@ -60,6 +61,12 @@ async fn s2_volumes() {
 #[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s3_ephemeral.sh runs it"]
 async fn s3_ephemeral() {
     scenario("s3_ephemeral", ephemeral::claim_follows_its_pod).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s4_expansion.sh runs it"]
+async fn s4_expansion() {
+    scenario("s4_expansion", expansion::grows_online).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,6 +86,41 @@ impl Backing {
         let detached = !matches!(self, Self::LoopImage(_)) || device.is_none();
         Ok(detached && mounts_of(pv, device.as_deref())?.is_empty())
     }
+
+    /// The volume's size on the node: the image file's size, the LV's size, the
+    /// namespace's size.
+    pub fn bytes(&self) -> Result<u64> {
+        match self {
+            Self::LoopImage(path) => Ok(std::fs::metadata(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .len()),
+            Self::Lv { vg, lv } => {
+                let out = output(
+                    "lvs",
+                    &[
+                        "--noheadings",
+                        "--units",
+                        "b",
+                        "--nosuffix",
+                        "-o",
+                        "lv_size",
+                        &format!("{vg}/{lv}"),
+                    ],
+                )?;
+                lv_size_in(&out).ok_or_else(|| format!("lvs: no size of {vg}/{lv} in {out:?}").into())
+            }
+            Self::Namespace(name) => {
+                let size = namespace_field(name, "size")?
+                    .ok_or_else(|| format!("no fsdax namespace {name} holding storage"))?;
+                Ok(size.parse()?)
+            }
+        }
+    }
+}
+
+/// The size in bytes `lvs --noheadings --units b --nosuffix -o lv_size` prints.
+fn lv_size_in(out: &str) -> Option<u64> {
+    out.trim().parse().ok()
 }
 
 impl Backing {
@@ -459,7 +494,11 @@ fn namespace_field_in(listing: &str, name: &str, field: &str) -> Option<String> 
     json_list(listing)
         .iter()
         .find(|n| n["name"] == name && n["mode"] == "fsdax" && n["size"].as_u64().unwrap_or(0) > 0)
-        .and_then(|n| n[field].as_str().map(str::to_string))
+        .and_then(|n| match &n[field] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Number(v) => Some(v.to_string()),
+            _ => None,
+        })
 }
 
 fn loop_device_of(image: &Path) -> Result<Option<PathBuf>> {
@@ -637,6 +676,18 @@ mod tests {
             Some("namespace0.2")
         );
         assert_eq!(namespace_field_in("", "tok", "dev"), None);
+        assert_eq!(
+            namespace_field_in(one, "tok", "size").as_deref(),
+            Some("62914560"),
+            "a number field"
+        );
+    }
+
+    #[test]
+    fn an_lvs_size_is_its_bytes() {
+        assert_eq!(lv_size_in("  671088640\n"), Some(671088640));
+        assert_eq!(lv_size_in(""), None);
+        assert_eq!(lv_size_in("  640.00m\n"), None, "not in bytes");
     }
 
     #[test]

@@ -9,7 +9,10 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
-use kube::api::{ApiResource, AttachParams, DeleteParams, DynamicObject, ListParams, LogParams, PostParams};
+use kube::api::{
+    ApiResource, AttachParams, DeleteParams, DynamicObject, ListParams, LogParams, Patch, PatchParams,
+    PostParams,
+};
 use kube::{Api, Client};
 use localvol::model::DRIVER_NAME;
 use serde_json::json;
@@ -445,6 +448,29 @@ impl Run {
     /// output and error; an error, with both, if it does not exit 0.
     pub async fn exec_daemon(&self, pod: &str, argv: &[&str]) -> Result<(String, String)> {
         exec_in(&self.system_pods(), pod, DAEMON_CONTAINER, argv).await
+    }
+
+    /// Asks for claim `claim` to hold `size` (its spec's storage request), as a user
+    /// asks for an expansion.
+    pub async fn resize_claim(&self, claim: &str, size: &str) -> Result {
+        let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+        self.claims()
+            .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// The arguments of the daemon's container in the DaemonSet's pod template.
+    pub async fn daemon_args(&self) -> Result<Vec<String>> {
+        let ds = Api::<DaemonSet>::namespaced(self.client.clone(), SYSTEM_NAMESPACE)
+            .get(DAEMONSET)
+            .await?;
+        ds.spec
+            .template
+            .spec
+            .and_then(|p| p.containers.into_iter().find(|c| c.name == DAEMON_CONTAINER))
+            .map(|c| c.args.unwrap_or_default())
+            .ok_or_else(|| format!("no container {DAEMON_CONTAINER} in DaemonSet {DAEMONSET}").into())
     }
 
     /// The daemon's pods on the node (the DaemonSet's).

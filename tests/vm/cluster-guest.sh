@@ -188,7 +188,7 @@ class_env() { # CLASS
   # with the central csi-resizer is left to the host suite: the sidecar reaches the same
   # ControllerExpandVolume and backend growth that --node-resizer runs here.
   # shellcheck disable=SC2034  # read by tests/cluster/scenarios/s4_expansion.sh
-  S4_FSTYPE=$FSTYPE S4_CLASS=lvtest-$FSTYPE S4_CENTRAL_OVERLAY=
+  S4_FSTYPE=$FSTYPE S4_CENTRAL_OVERLAY=
 }
 # Scenarios that do not apply to a class, or repeat what another class's run proves
 # (issue 32: cut repetition, not coverage), and why: tests/plan.yaml's guest_cluster
