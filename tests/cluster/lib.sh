@@ -1,6 +1,8 @@
 # shellcheck shell=bash  # sourced, never run
-# tests/cluster/lib.sh - helpers the scenarios share; sourced by run.sh.
-# Every assertion fails the scenario with a message saying what was expected.
+# tests/cluster/lib.sh - what the cluster harnesses share; sourced by run.sh and
+# tests/vm/cluster-guest.sh: the run's facts, which rust_scenario hands to the Rust
+# scenarios (tests/scenarios), the waits and objects of the tool scenarios (10, 11) and
+# bench/cluster, and the preparation of a node.
 
 HOST_DATA_DIR=/var/lib/localvol
 LOOP_DIR=$HOST_DATA_DIR/loop
@@ -18,6 +20,7 @@ FSTYPE=${FSTYPE:-ext4}                # its csi.storage.k8s.io/fstype
 FS_SIZE=${FS_SIZE:-64Mi}              # a filesystem claim (xfs: at least 320Mi, see tests/vm/README.md)
 BLOCK_SIZE=${BLOCK_SIZE:-32Mi}        # a raw block claim
 LVM_VG=${LVM_VG:-localvol}            # the volume group of the lvm classes
+THIN_POOL=${THIN_POOL:-pool0}         # the thin pool of the lvm-thin overlays (deploy/overlays/lvm-thin/config.yaml)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -111,131 +114,8 @@ wait_until() {
 exec {PAUSE_FD}<> <(:)
 pause() { read -r -t "$1" -u "$PAUSE_FD" _ || true; }
 
-pod_phase_is() { [ "$(k -n "$1" get pod "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
-# pods_running NAMESPACE POD...: every one of them Running, in one read of the API and
-# no other process (polls cost most on the emulated guest).
-pods_running() {
-  local ns=$1 phase n=0; shift
-  for phase in $(k -n "$ns" get pod "$@" -o custom-columns=PHASE:.status.phase --no-headers); do
-    [ "$phase" != Running ] || n=$((n + 1))
-  done
-  [ $n = $# ]
-}
-claim_phase_is() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" = "$3" ]; }
 gone() { ! k get "$@" -o name >/dev/null 2>&1; }
-pvc_bound() { [ "$(k -n "$1" get pvc "$2" -o jsonpath='{.status.phase}')" = Bound ]; }
 pv_of() { k -n "$1" get pvc "$2" -o jsonpath='{.spec.volumeName}'; }
-handle_of() { k get pv "$1" -o jsonpath='{.spec.csi.volumeHandle}'; }
-# The loop backing file of a volume handle (<class>.<token>).
-backing_of() { echo "$LOOP_DIR/${1#*.}.img"; }
-loop_of() { losetup -j "$1" -O NAME -n 2>/dev/null | head -1; }
-
-# What backs a volume on the host, per CLASS_KIND. BACKING names it: the loop backing
-# file, or VG/LV for the lvm classes. DEV is its block device while there is one (the
-# loop device attached to the file, the LV's /dev/mapper node).
-# The LV of a handle: named by the token (src/backend/lvm/tags.rs), or a hashed name
-# carrying the token in its tags when the token cannot be an LV name.
-lv_of() { # HANDLE
-  local token=${1#*.} name
-  if lvs "$LVM_VG/$token" >/dev/null 2>&1; then echo "$LVM_VG/$token"; return; fi
-  name=$(lvs --noheadings -o lv_name,lv_tags "$LVM_VG" 2>/dev/null | awk -v t="$token" 'index($2, t) {print $1; exit}')
-  [ -n "$name" ] && echo "$LVM_VG/$name"
-}
-# A field of the fsdax namespace NAME (ndctl list prints a lone object for one result).
-# Only a namespace that holds storage counts: the kernel leaves a destroyed namespace as
-# the region's idle seed (raw, size 0) with its label's name (src/backend/pmem/ndctl.rs,
-# is_idle_seed), so the name alone would find a deleted volume.
-pmem_field() { # NAME FIELD
-  ndctl list -N -i 2>/dev/null | python3 -c 'import json, sys
-d = sys.stdin.read().strip()
-v = json.loads(d) if d else []
-for n in v if isinstance(v, list) else [v]:
-    if n.get("name") == sys.argv[1] and n.get("mode") == "fsdax" and n.get("size", 0):
-        print(n.get(sys.argv[2], "")); break' "$1" "$2"
-}
-dm_path_of() { # VG/LV: its /dev/mapper node (VG-LV, each '-' doubled)
-  local vg=${1%%/*} lv=${1#*/}
-  echo "/dev/mapper/${vg//-/--}-${lv//-/--}"
-}
-backing_for() { # HANDLE
-  case $CLASS_KIND in
-    loop) backing_of "$1" ;;
-    lvm|lvm-thin|pmem-lvm) lv_of "$1" || echo "$LVM_VG/${1#*.}" ;;
-    # The namespace's name is the token (src/backend/pmem/mod.rs: namespace_name).
-    pmem) echo "${1#*.}" ;;
-    *) fail "backing_for: class kind $CLASS_KIND" ;;
-  esac
-}
-backing_present() { # BACKING
-  case $CLASS_KIND in
-    loop) [ -f "$1" ] ;;
-    lvm|lvm-thin|pmem-lvm) lvs "$1" >/dev/null 2>&1 ;;
-    pmem) [ -n "$(pmem_field "$1" dev)" ] ;;
-  esac
-}
-# The volume's storage is gone: for LVM also no device-mapper device of it.
-backing_gone() { # BACKING
-  case $CLASS_KIND in
-    loop) [ ! -e "$1" ] ;;
-    lvm|lvm-thin|pmem-lvm) ! lvs "$1" >/dev/null 2>&1 && ! dmsetup info "$(basename "$(dm_path_of "$1")")" >/dev/null 2>&1 &&
-      [ ! -e "$(dm_path_of "$1")" ] ;;
-    pmem) [ -z "$(pmem_field "$1" dev)" ] ;;
-  esac
-}
-# The block device of the volume now, or nothing.
-device_of() { # BACKING
-  case $CLASS_KIND in
-    loop) loop_of "$1" ;;
-    lvm|lvm-thin|pmem-lvm) local d; d=$(dm_path_of "$1"); [ -b "$d" ] && echo "$d" ;;
-    pmem) local b; b=$(pmem_field "$1" blockdev); [ -n "$b" ] && [ -b "/dev/$b" ] && echo "/dev/$b" ;;
-  esac
-}
-# Still attached after its last unstage? (A loop device is detached at unstage; an LV
-# stays as it is until the volume is deleted.)
-still_attached() { # BACKING
-  case $CLASS_KIND in
-    loop) loop_of "$1" ;;
-    *) true ;;
-  esac
-}
-read_backing() { # BACKING BYTES: the first bytes of the volume, read on the host
-  case $CLASS_KIND in
-    loop) head -c "$2" "$1" ;;
-    lvm|lvm-thin|pmem-lvm) head -c "$2" "$(dm_path_of "$1")" ;;
-    pmem) head -c "$2" "$(device_of "$1")" ;;
-  esac
-}
-backing_bytes() { # BACKING: the volume's size on the host
-  case $CLASS_KIND in
-    loop) stat -c %s "$1" ;;
-    lvm|lvm-thin|pmem-lvm) lvs --noheadings --units b --nosuffix -o lv_size "$1" | tr -d ' ' ;;
-    pmem) pmem_field "$1" size ;;
-  esac
-}
-describe_backing() { # BACKING, for failure messages
-  case $CLASS_KIND in
-    loop) echo "backing file $1" ;;
-    pmem) echo "fsdax namespace $1" ;;
-    *) echo "LV $1" ;;
-  esac
-}
-
-# major:minor of a block device ("" if none).
-majmin() { [ -b "${1:-}" ] && echo "$(( 0x$(stat -L -c %t "$1") )):$(( 0x$(stat -L -c %T "$1") ))"; }
-# major:minor of the device node PATH in a pod.
-pod_dev_majmin() { # NAMESPACE POD PATH
-  local t; t=$(k -n "$1" exec "$2" -- stat -c '%t %T' "$3") || return 1
-  set -- $t; echo "$(( 0x$1 )):$(( 0x$2 ))"
-}
-# Mount table lines of a volume: its PV name in the mount point, or its device as the
-# source (filesystem: by path or by major:minor) or as the bind root (raw block, devtmpfs).
-mounts_of() { # PV DEV
-  local dev=${2:-/nonexistent} mm="" real=/nonexistent
-  if [ -b "$dev" ]; then mm=$(majmin "$dev"); real=$(realpath "$dev"); fi
-  awk -v pv="$1" -v dev="$dev" -v root="/${dev#/dev/}" -v rroot="/${real#/dev/}" -v mm="$mm" \
-    'index($5, pv) || $4 == root || $4 == rroot || (mm != "" && $3 == mm) || $0 ~ (" - [^ ]+ " dev " ") {print}' /proc/self/mountinfo
-}
-mounts_count() { mounts_of "$@" | wc -l; }
 
 # A busybox pod (the kit's image, no pulls) that sleeps, or runs SCRIPT (sh) until
 # stopped, with CLAIM's volume at PATH, or an emptyDir there (KIND emptydir, CLAIM "").
@@ -289,103 +169,7 @@ spec:
 YAML
 }
 
-# A WaitForFirstConsumer StorageClass of the run's device class with FSTYPE (labelled
-# lvtest, as the scenarios' other objects are named, to tell it from the overlay's).
-apply_storage_class() { # NAME FSTYPE ALLOW-EXPANSION(true|false)
-  k apply -f - >/dev/null <<YAML
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: $1, labels: {lvtest: "1"}}
-provisioner: $DRIVER
-parameters:
-  localvol.csi.dev/device-class: $DEVICE_CLASS
-  csi.storage.k8s.io/fstype: $2
-reclaimPolicy: Delete
-volumeBindingMode: WaitForFirstConsumer
-allowVolumeExpansion: $3
-YAML
-}
-
 new_namespace() { k create namespace "$1" >/dev/null; note "namespace $1"; }
-
-# The volume of a claim as the API and the host see it; sets PV, HANDLE, BACKING and DEV
-# (see backing_for, device_of); LOOP is DEV (the loop device for the loop class).
-volume_facts() { # NAMESPACE PVC
-  PV=$(pv_of "$1" "$2"); [ -n "$PV" ] || fail "claim $1/$2 has no volume"
-  local node
-  node=$(k get pv "$PV" -o jsonpath='{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}')
-  [ "$node" = "$NODE" ] || fail "PV $PV pinned to node '$node', expected $NODE"
-  [ "$(k get pv "$PV" -o jsonpath='{.spec.csi.driver}')" = "$DRIVER" ] || fail "PV $PV is not $DRIVER's"
-  HANDLE=$(handle_of "$PV"); BACKING=$(backing_for "$HANDLE")
-  backing_present "$BACKING" || fail "$(describe_backing "$BACKING") of $HANDLE missing on the host"
-  DEV=$(device_of "$BACKING")
-}
-
-# The volume is the device this class makes: a loop device, or a device-mapper LV (its
-# /dev/mapper node, major the device-mapper's) for the lvm classes.
-expect_class_device() { # NONE (uses DEV, BACKING)
-  [ -n "$DEV" ] || fail "no block device of $(describe_backing "$BACKING")"
-  case $CLASS_KIND in
-    loop) [[ $DEV == /dev/loop* ]] || fail "$DEV is not a loop device" ;;
-    lvm|lvm-thin|pmem-lvm)
-      local dm; dm=$(awk '$2 == "device-mapper" {print $1}' /proc/devices)
-      [ "${DEV#/dev/mapper/}" != "$DEV" ] && [ "$(majmin "$DEV")" != "" ] && [ "$(majmin "$DEV" | cut -d: -f1)" = "$dm" ] ||
-        fail "$DEV of $BACKING is not a device-mapper device (major $dm)"
-      if [ "$CLASS_KIND" = lvm-thin ]; then
-        [ "$(lvs --noheadings -o segtype "$BACKING" | tr -d ' ')" = thin ] || fail "$BACKING is not a thin LV"
-      fi
-      # pmem in lvm mode: the LV lies on the VG's fsdax namespaces.
-      if [ "$CLASS_KIND" = pmem-lvm ]; then
-        local pvs; pvs=$(lvs --noheadings -o devices "$BACKING" | tr -d ' ')
-        [[ $pvs == /dev/pmem* ]] || fail "$BACKING lies on $pvs, not on a pmem device"
-      fi ;;
-    pmem) [[ $DEV == /dev/pmem* ]] || fail "$DEV is not a pmem device"
-      [ "$(pmem_field "$BACKING" mode)" = fsdax ] || fail "namespace $BACKING is not fsdax" ;;
-  esac
-  note "host: $(describe_backing "$BACKING") is $DEV ($(majmin "$DEV"))"
-}
-# The filesystem a pod sees at PATH is the volume: its fstype, and the major:minor of
-# its device is DEV's (the mount source string is printed, whatever alias it uses).
-expect_pod_mount() { # NAMESPACE POD PATH
-  local line; line=$(k -n "$1" exec "$2" -- cat /proc/self/mountinfo | awk -v p="$3" '$5 == p')
-  [ -n "$line" ] || fail "no mount at $3 in pod $2"
-  local mm fs src; mm=$(awk '{print $3}' <<<"$line")
-  fs=$(sed 's/.* - //' <<<"$line" | awk '{print $1}'); src=$(sed 's/.* - //' <<<"$line" | awk '{print $2}')
-  [ "$fs" = "$FSTYPE" ] || fail "$3 in pod $2 is $fs, expected $FSTYPE"
-  [ "$mm" = "$(majmin "$DEV")" ] || fail "$3 in pod $2 is device $mm ($src), not $DEV ($(majmin "$DEV"))"
-  case $CLASS_KIND in
-    lvm|lvm-thin|pmem-lvm) [[ $src == /dev/mapper/* || $src == /dev/dm-* || $src == /dev/$LVM_VG/* ]] ||
-      fail "$3 in pod $2: mount source $src is not a device-mapper LV path"
-      # deploy/overlays/pmem-lvm mounts with -o dax, as pmem direct does.
-      [ "$CLASS_KIND" != pmem-lvm ] || grep -qw 'dax' <<<"$line" ||
-        fail "$3 in pod $2 is not mounted with dax: $line" ;;
-    # deploy/overlays/pmem mounts with -o dax.
-    pmem) [[ $src == /dev/pmem* ]] || fail "$3 in pod $2: mount source $src is not a pmem device"
-      grep -qw 'dax' <<<"$line" ||
-        fail "$3 in pod $2 is not mounted with dax: $line" ;;
-  esac
-  note "pod $2: $3 is $fs on $src ($mm)"
-}
-
-expect_mounted() { # PV LOOP MIN
-  local n; n=$(mounts_count "$1" "$2")
-  [ "$n" -ge "$3" ] || { mounts_of "$1" "$2" >&2; fail "volume $1 ($2): $n mounts on the host, expected at least $3"; }
-  note "host: $n mount(s) of $1 on $2"
-}
-
-# released PV BACKING: no mount of the volume and, for the loop class, no loop device on
-# its file (a predicate for wait_until); expect_released fails the scenario instead.
-released() {
-  local dev attached; dev=$(device_of "$2"); attached=$(still_attached "$2")
-  [ "$(mounts_count "$1" "$dev")" -eq 0 ] && [ -z "$attached" ] && ! grep -q "$1" /proc/self/mountinfo && return 0
-  echo "still there: device '${attached}' of $2; mounts:"; mounts_of "$1" "$dev"
-  [ "$CLASS_KIND" = loop ] && losetup -a
-  return 1
-}
-expect_released() {
-  released "$1" "$2" >&2 || fail "volume $1 still mounted or attached"
-  note "host: $1 unmounted, $2 released"
-}
 
 # Deletes a namespace and waits until its claims' volumes and backing files are gone.
 delete_namespace() { # NAMESPACE
@@ -408,29 +192,11 @@ daemon_ready() {
   read -r -a pods -d '' <<<"$pods" || true
   [ "${#pods[@]}" = "$desired" ]
 }
-# The daemon pod OLD replaced by a new one, Ready (scenario 14's upgrade and rollback).
-daemon_replaced() { local p; p=$(daemon_pod); [ -n "$p" ] && [ "$p" != "$1" ] && daemon_ready; }
 
 # The CSINode of this node lists localvol with its topology key.
 registered() {
   [[ "$(k get csinode "$NODE" -o jsonpath="{.spec.drivers[?(@.name=='$DRIVER')].topologyKeys}")" == *topology.localvol.csi.dev/node* ]]
 }
-
-allocated_bytes() { echo $(( $(stat -c %b "$1") * $(stat -c %B "$1") )); }
-
-# What the volume's data takes on the host, for the classes that give back what a trim
-# frees: the backing file's allocated blocks (loop), the thin LV's mapped share of its
-# size (lvm-thin, data_percent).
-used_bytes() { # BACKING
-  case $CLASS_KIND in
-    loop) allocated_bytes "$1" ;;
-    lvm-thin) lvs --noheadings --units b --nosuffix -o lv_size,data_percent "$1" | awk '{printf "%d\n", $1 * $2 / 100}' ;;
-    *) fail "used_bytes: a $CLASS_KIND volume has no space a trim gives back" ;;
-  esac
-}
-# The thin pool of the lvm-thin overlays (deploy/overlays/lvm-thin/config.yaml).
-THIN_POOL=${THIN_POOL:-pool0}
-pool_data_percent() { lvs --noheadings -o data_percent "$LVM_VG/$THIN_POOL" | tr -d ' '; }
 
 # LVs in the class's VG other than the thin pool (and its hidden sub-LVs).
 volume_lvs() { lvs --noheadings -o lv_name "$LVM_VG" 2>/dev/null | awk -v pool="$THIN_POOL" '$1 != pool && $1 !~ /^\[/ {print $1}'; }
