@@ -102,7 +102,7 @@ pub async fn encrypted_at_rest(run: Run) -> Result {
     run.pods_running(&["reader"], Duration::from_secs(120)).await?;
     expect_marker(&run, "reader").await?;
     // Online growth through the resizer the overlay runs: the LV, the mapping, then ext4.
-    let before = filesystem_kib(&run, "reader").await?;
+    let before = run.filesystem_kib("reader").await?;
     run.claims()
         .patch(
             "sealed",
@@ -115,7 +115,7 @@ pub async fn encrypted_at_rest(run: Run) -> Result {
             "the encrypted filesystem grown in the pod",
             Duration::from_secs(180),
             || async {
-                let now = filesystem_kib(&run, "reader").await?;
+                let now = run.filesystem_kib("reader").await?;
                 Ok((now >= before + 48 * 1024).then_some(now))
             },
         )
@@ -185,14 +185,4 @@ async fn mapping_closed(run: &Run, mapping: &std::path::Path, when: &str) -> Res
         || async { Ok((!mapping.exists()).then_some(())) },
     )
     .await
-}
-
-/// The size of the pod's filesystem at /data in KiB (df -Pk's second column).
-async fn filesystem_kib(run: &Run, pod: &str) -> Result<u64> {
-    let df = run.exec(pod, "df -Pk /data").await?;
-    df.lines()
-        .nth(1)
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|k| k.parse().ok())
-        .ok_or_else(|| format!("df -Pk /data in {pod}: {df:?}").into())
 }

@@ -459,17 +459,9 @@ fn cannot_grow_sentence(note: &str) -> Option<&str> {
         .find(|s| s.contains("cannot grow in place"))
 }
 
-/// The size of /data as pod `pod` sees it.
+/// The size of /data as pod `pod` sees it, in bytes.
 async fn pod_fs_bytes(run: &Run, pod: &str) -> Result<u64> {
-    // -P: one line per filesystem (busybox wraps a long device name, /dev/VG/LV, otherwise).
-    let out = run.exec(pod, "df -P -k /data").await?;
-    df_bytes(&out).ok_or_else(|| format!("df -P -k /data in {pod}: {out:?}").into())
-}
-
-/// The size of the filesystem `df -P -k` reports on its one line after the header.
-fn df_bytes(out: &str) -> Option<u64> {
-    let kib: u64 = out.lines().nth(1)?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    Ok(run.filesystem_kib(pod).await? * 1024)
 }
 
 /// Whether CAP_SYS_RESOURCE (bit 24) is among the effective capabilities of a
@@ -563,14 +555,6 @@ mod tests {
             event(json!({"eventTime": time, "type": "Normal", "deprecatedCount": 7})),
         ];
         assert_eq!(warnings(&events), 3 + 5 + 1);
-    }
-
-    #[test]
-    fn df_reports_kib() {
-        let out = "Filesystem           1024-blocks    Used Available Capacity Mounted on\n\
-                   /dev/mapper/localvol-pvc--abc 652288 37876 614412   6% /data\n";
-        assert_eq!(df_bytes(out), Some(652288 * 1024));
-        assert_eq!(df_bytes("Filesystem 1024-blocks\n"), None);
     }
 
     #[test]

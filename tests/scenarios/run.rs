@@ -444,6 +444,15 @@ impl Run {
         Ok(exec_in(&self.pods(), pod, "app", &["sh", "-c", script]).await?.0)
     }
 
+    /// The size in KiB of the filesystem at /data in pod `pod` (a test pod's), as df
+    /// shows it there.
+    pub async fn filesystem_kib(&self, pod: &str) -> Result<u64> {
+        // -P: one line, even when the device's name is long, as an LV's /dev/mapper name is
+        // (busybox wraps it otherwise).
+        let out = self.exec(pod, "df -P -k /data").await?;
+        df_size_kib(&out).ok_or_else(|| format!("df -P -k /data in {pod}: {out:?}").into())
+    }
+
     /// Runs `argv` in the daemon pod `pod`'s localvol container and returns its standard
     /// output and error; an error, with both, if it does not exit 0.
     pub async fn exec_daemon(&self, pod: &str, argv: &[&str]) -> Result<(String, String)> {
@@ -780,6 +789,11 @@ async fn exec_in(pods: &Api<Pod>, pod: &str, container: &str, argv: &[&str]) -> 
     }
 }
 
+/// The size of the filesystem on `df -P -k`'s one line after its header.
+fn df_size_kib(df: &str) -> Option<u64> {
+    df.lines().nth(1)?.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The PID of task `id` in `ctr task ls`'s table (TASK PID STATUS).
 fn task_pid(tasks: &str, id: &str) -> Option<i32> {
     tasks.lines().find_map(|line| {
@@ -840,6 +854,14 @@ fn series<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dfs_size_is_the_second_field_of_its_second_line() {
+        let df = "Filesystem           1024-blocks    Used Available Capacity Mounted on\n\
+                  /dev/mapper/localvol-pvc--0df4652c--5f26  589824   35580    554244   6% /data\n";
+        assert_eq!(df_size_kib(df), Some(589_824));
+        assert_eq!(df_size_kib("Filesystem 1024-blocks\n"), None);
+    }
 
     #[test]
     fn a_tasks_pid_is_read_from_ctrs_table() {

@@ -83,20 +83,10 @@ pub async fn copies_hold_their_moment(run: Run) -> Result {
 /// The scenario's steps; its NOTE lines.
 async fn copies_of_a_written_claim(run: &Run, swaps_overlay: bool) -> Result<Vec<String>> {
     if swaps_overlay {
-        run.apply_overlay(&test_overlay("snapshots")).await?;
-        run.wait_for(
-            "DaemonSet with the csi-snapshotter sidecar rolled out",
-            Duration::from_secs(120),
-            || async { Ok(run.daemon_ready().await?.then_some(())) },
-        )
-        .await?;
+        snapshot_component_on(run).await?;
+    } else {
+        snapshotter_ready(run).await?;
     }
-    run.wait_for(
-        "csi-snapshotter sidecar ready",
-        Duration::from_secs(30),
-        || async { Ok(run.daemon_container_ready(SNAPSHOTTER).await?.then_some(())) },
-    )
-    .await?;
     // The source's size; a restore asks for twice as much.
     let size = run.fs_size.clone();
     let double = doubled(&size)?;
@@ -163,8 +153,8 @@ async fn copies_of_a_written_claim(run: &Run, swaps_overlay: bool) -> Result<Vec
             lines_before_snapshot..=lines_at_ready,
         )
         .await?;
-    let source_kib = df_kib(run, WRITER).await?;
-    let restored_kib = df_kib(run, restore.pod).await?;
+    let source_kib = run.filesystem_kib(WRITER).await?;
+    let restored_kib = run.filesystem_kib(restore.pod).await?;
     // The filesystem keeps a few MiB of either size for itself: twice the size, less 10%.
     if restored_kib <= source_kib * 9 / 5 {
         return Err(format!(
@@ -346,17 +336,6 @@ async fn wait_for_lines(run: &Run, what: &str, lines: usize) -> Result {
             .map(|_| ()))
     })
     .await
-}
-
-/// The size of the filesystem at /data in pod `pod`, in KiB, as df shows it.
-async fn df_kib(run: &Run, pod: &str) -> Result<u64> {
-    // -P: one line, even when the device's name is long, as an LV's /dev/mapper name is.
-    let out = run.exec(pod, "df -P -k /data").await?;
-    df_size_kib(&out).ok_or_else(|| format!("df in {pod}: {out:?}").into())
-}
-
-fn df_size_kib(df: &str) -> Option<u64> {
-    df.lines().nth(1)?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Twice a size in Mi (the run's FS_SIZE is one).
@@ -636,10 +615,38 @@ async fn delete_snapshots(run: &Run) -> Result {
     .await
 }
 
-/// The run's own overlay again, without the component's RBAC and snapshot classes (a
-/// kustomize apply leaves what the other overlay added); the snapshots deleted first.
+/// The run's overlay with the csi-snapshotter component (tests/cluster/overlays/snapshots,
+/// the loop class's), rolled out, its sidecar ready (scenario 11's too).
+pub async fn snapshot_component_on(run: &Run) -> Result {
+    run.apply_overlay(&test_overlay("snapshots")).await?;
+    run.wait_for(
+        "DaemonSet with the csi-snapshotter sidecar rolled out",
+        Duration::from_secs(120),
+        || async { Ok(run.daemon_ready().await?.then_some(())) },
+    )
+    .await?;
+    snapshotter_ready(run).await
+}
+
+async fn snapshotter_ready(run: &Run) -> Result {
+    run.wait_for(
+        "csi-snapshotter sidecar ready",
+        Duration::from_secs(30),
+        || async { Ok(run.daemon_container_ready(SNAPSHOTTER).await?.then_some(())) },
+    )
+    .await
+}
+
+/// The run's own overlay again, the snapshots deleted first.
 async fn back_to_own_overlay(run: &Run) -> Result {
     let snapshots_gone = delete_snapshots(run).await;
+    snapshot_component_off(run).await?;
+    snapshots_gone
+}
+
+/// The run's own overlay again, without the component's RBAC and snapshot classes (a
+/// kustomize apply leaves what the other overlay added), rolled out.
+pub async fn snapshot_component_off(run: &Run) -> Result {
     run.apply_overlay(run.own_overlay()?).await?;
     let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/components/csi-snapshotter/rbac.yaml");
     tool(
@@ -661,8 +668,7 @@ async fn back_to_own_overlay(run: &Run) -> Result {
         Duration::from_secs(120),
         || async { Ok(run.daemon_ready().await?.then_some(())) },
     )
-    .await?;
-    snapshots_gone
+    .await
 }
 
 #[cfg(test)]
@@ -684,14 +690,6 @@ mod tests {
             "a torn line"
         );
         assert_eq!(numbered_lines("line 1\nli"), (2, false), "a cut line");
-    }
-
-    #[test]
-    fn dfs_size_is_the_second_field_of_its_second_line() {
-        let df = "Filesystem           1024-blocks    Used Available Capacity Mounted on\n\
-                  /dev/mapper/localvol-pvc--0df4652c--5f26  589824   35580    554244   6% /data\n";
-        assert_eq!(df_size_kib(df), Some(589_824));
-        assert_eq!(df_size_kib("Filesystem 1024-blocks\n"), None);
     }
 
     #[test]
