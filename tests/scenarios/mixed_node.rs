@@ -96,8 +96,7 @@ pub async fn missing_class_reported_then_served(run: Run) -> Result {
 
     // The volume group appears: served from the next stats refresh (30 s), and the
     // provisioner's next capacity poll (1 min) lets the scheduler place the pod.
-    try_sh("pvcreate", &["-q", "-y", &disk])?;
-    try_sh("vgcreate", &["-q", VG, &disk])?;
+    localvol_testkit::guest::volume_group(VG, &[&disk]);
     let made = Instant::now();
     run.pods_running(&["lvmapp"], Duration::from_secs(240)).await?;
     run.note(&format!(
