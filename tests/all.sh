@@ -268,7 +268,7 @@ guest_cluster() { # LANE
   start=$SECONDS
   # Full mode: scenario 11 (Kubernetes' storage e2e suites) on lvm-thin only: ext4 online
   # growth and the PID 1 specs, which the host cannot run
-  # (tests/cluster/scenarios/s11_e2e_storage.sh). The mixed node (scenario 12): loop,
+  # (tests/scenarios/e2e_storage.rs). The mixed node (scenario 12): loop,
   # pmem and lvm classes in one configuration, the lvm class's volume group missing until
   # the scenario makes it.
   LOCALVOL_CLUSTER_BINARY=$TEST_BUILD_BINARY tests/vm/cluster.sh --classes "$classes" "${GUEST_SCENARIOS[@]}" || rc=$?

@@ -5,11 +5,13 @@
 //! entry (tests/cluster/scenarios/) runs it by name with `--ignored`, the run's facts in
 //! the environment ([`Run::from_env`]).
 //!
-//! The shell ones move here one by one (issue 45).
+//! Every scenario of tests/cluster/scenarios is here but scenario 10, a test target of
+//! its own (tests/e2e_k8s.rs).
 
 mod api_load;
 mod audit;
 mod daemon_restart;
+mod e2e_storage;
 mod encryption;
 mod ephemeral;
 mod expansion;
@@ -101,6 +103,12 @@ async fn s8_api_load() {
 #[ignore = "needs a cluster with localvol deployed and the snapshot-controller: tests/cluster/scenarios/s9_snapshots.sh runs it"]
 async fn s9_snapshots() {
     scenario("s9_snapshots", snapshots::copies_hold_their_moment).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster with localvol deployed and the kit's e2e.test: tests/cluster/scenarios/s11_e2e_storage.sh runs it"]
+async fn s11_e2e_storage() {
+    scenario("s11_e2e_storage", e2e_storage::kubernetes_storage_suites).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
