@@ -95,16 +95,11 @@ async fn with_the_chart(run: &Run, helm: &Helm, overlay: &Path) -> Result {
     )
     .await?;
     let namespaces = Api::<Namespace>::all(run.client.clone());
-    run.wait_for(
+    run.gone(
+        &namespaces,
+        SYSTEM_NAMESPACE,
         "the overlay's namespace deleted",
         Duration::from_secs(90),
-        || async {
-            Ok(namespaces
-                .get_opt(SYSTEM_NAMESPACE)
-                .await?
-                .is_none()
-                .then_some(()))
-        },
     )
     .await?;
     unregistered(run, "").await?;
@@ -323,16 +318,11 @@ async fn overlay_again(run: &Run, overlay: &Path) -> Result {
         namespaces
             .delete(SYSTEM_NAMESPACE, &DeleteParams::default())
             .await?;
-        run.wait_for(
+        run.gone(
+            &namespaces,
+            SYSTEM_NAMESPACE,
             "the chart's namespace deleted",
             Duration::from_secs(90),
-            || async {
-                Ok(namespaces
-                    .get_opt(SYSTEM_NAMESPACE)
-                    .await?
-                    .is_none()
-                    .then_some(()))
-            },
         )
         .await?;
     }

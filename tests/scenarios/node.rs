@@ -95,18 +95,7 @@ impl Backing {
                 .map_err(|e| format!("{}: {e}", path.display()))?
                 .len()),
             Self::Lv { vg, lv } => {
-                let out = output(
-                    "lvs",
-                    &[
-                        "--noheadings",
-                        "--units",
-                        "b",
-                        "--nosuffix",
-                        "-o",
-                        "lv_size",
-                        &format!("{vg}/{lv}"),
-                    ],
-                )?;
+                let out = lv_bytes_fields(vg, lv, "lv_size")?;
                 lv_size_in(&out).ok_or_else(|| format!("lvs: no size of {vg}/{lv} in {out:?}").into())
             }
             Self::Namespace(name) => {
@@ -147,18 +136,7 @@ impl Backing {
         match (self, run.class_kind.as_str()) {
             (Self::LoopImage(path), _) => Ok(std::fs::metadata(path)?.blocks() * 512),
             (Self::Lv { vg, lv }, "lvm-thin") => {
-                let out = output(
-                    "lvs",
-                    &[
-                        "--noheadings",
-                        "--units",
-                        "b",
-                        "--nosuffix",
-                        "-o",
-                        "lv_size,data_percent",
-                        &format!("{vg}/{lv}"),
-                    ],
-                )?;
+                let out = lv_bytes_fields(vg, lv, "lv_size,data_percent")?;
                 mapped_bytes(&out).ok_or_else(|| format!("lvs of {self}: {out:?}").into())
             }
             _ => Err(format!(
@@ -168,6 +146,22 @@ impl Backing {
             .into()),
         }
     }
+}
+
+/// `lvs` FIELDS of `vg/lv`, sizes in bytes without a unit.
+fn lv_bytes_fields(vg: &str, lv: &str, fields: &str) -> Result<String> {
+    output(
+        "lvs",
+        &[
+            "--noheadings",
+            "--units",
+            "b",
+            "--nosuffix",
+            "-o",
+            fields,
+            &format!("{vg}/{lv}"),
+        ],
+    )
 }
 
 /// The data_percent of the run's thin pool.
