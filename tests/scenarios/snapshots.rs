@@ -435,19 +435,7 @@ async fn preprovisioned(
                 return Err(format!("{name}: deleting a Retain content deleted snapshot {handle}").into());
             }
         } else {
-            run.gone(
-                &contents,
-                &content,
-                &format!("pre-provisioned content {content} deleted"),
-                Duration::from_secs(60),
-            )
-            .await?;
-            if !storage.gone()? {
-                return Err(format!(
-                    "{name}: snapshot {handle} left on the node after its Delete content went ({storage})"
-                )
-                .into());
-            }
+            delete_content_took_snapshot(run, &contents, &content, storage, &name, handle).await?;
         }
     }
     Ok(vec![
@@ -527,19 +515,7 @@ async fn preprovisioned_unlabelled(run: &Run, size: &str) -> Result<String> {
     expect_restore_size(run, name, size).await?;
     run.delete_and_wait(&snapshots, name, Duration::from_secs(60))
         .await?;
-    run.gone(
-        &contents,
-        &content,
-        &format!("pre-provisioned content {content} deleted"),
-        Duration::from_secs(60),
-    )
-    .await?;
-    if !storage.gone()? {
-        return Err(format!(
-            "{name}: snapshot {handle} left on the node after its Delete content went ({storage})"
-        )
-        .into());
-    }
+    delete_content_took_snapshot(run, &contents, &content, &storage, name, &handle).await?;
     Ok(format!(
         "NOTE s9: pre-provisioned content for {handle} made without a label: the daemon labelled it for {}, Delete deleted it",
         run.node
@@ -669,6 +645,32 @@ pub async fn snapshot_component_off(run: &Run) -> Result {
         || async { Ok(run.daemon_ready().await?.then_some(())) },
     )
     .await
+}
+
+/// A Delete content `content` of pre-provisioned snapshot `name` goes, and takes the
+/// snapshot `handle` off the node.
+async fn delete_content_took_snapshot(
+    run: &Run,
+    contents: &Api<DynamicObject>,
+    content: &str,
+    storage: &SnapshotStorage,
+    name: &str,
+    handle: &str,
+) -> Result {
+    run.gone(
+        contents,
+        content,
+        &format!("pre-provisioned content {content} deleted"),
+        Duration::from_secs(60),
+    )
+    .await?;
+    if !storage.gone()? {
+        return Err(format!(
+            "{name}: snapshot {handle} left on the node after its Delete content went ({storage})"
+        )
+        .into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
