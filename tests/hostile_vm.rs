@@ -244,16 +244,18 @@ fn node_calls_act_only_on_what_belongs_to_the_volume_on_lvm_and_pmem() {
         return;
     }
     let started = Instant::now();
-    // `LOCALVOL_HOSTILE_CLASSES=pmem,pmem-lvm` runs a subset (to rerun one class's cases).
-    let only = std::env::var("LOCALVOL_HOSTILE_CLASSES").unwrap_or_default();
+    // The plan's vm.hostile (CI: one class of each backend); LOCALVOL_SELECT=vm.hostile=...
+    // reruns one class's cases.
+    let wanted = localvol_testkit::plan::classes("vm.hostile");
     let classes: Vec<&str> = CLASSES
         .iter()
         .map(|(class, _)| *class)
-        .filter(|class| only.is_empty() || only.split(',').any(|o| o == *class))
+        .filter(|c| wanted.iter().any(|w| w == c))
         .collect();
-    assert!(
-        !classes.is_empty(),
-        "LOCALVOL_HOSTILE_CLASSES={only} names no class"
+    assert_eq!(
+        classes.len(),
+        wanted.len(),
+        "vm.hostile {wanted:?}: this test's classes are {CLASSES:?}"
     );
     let storage = GuestStorage::set_up();
     metadata_changes_are_seen();

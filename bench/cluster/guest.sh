@@ -21,6 +21,6 @@ cargo build --release --locked --bin localvol
 rm -f "$target/bench/guest-pod-start.md" "$target/bench/guest-pod-start.json"
 LOCALVOL_CLUSTER_BINARY=$target/release/localvol \
 LOCALVOL_CLUSTER_EXTRA=bench/cluster/guest-scenario.sh \
-LOCALVOL_BENCH_ROUNDS=$rounds LOCALVOL_VM_UDEV_CLASSES='' \
+LOCALVOL_BENCH_ROUNDS=$rounds LOCALVOL_SELECT='guest_cluster.udev_classes=' \
   tests/vm/cluster.sh --classes all-classes bench_pod_start
 cat "$target/bench/guest-pod-start.md"

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use localvol_testkit::guest::{json_list, try_sh};
+use localvol_testkit::guest::{json_list, overlay, try_sh};
 
 use crate::run::{Result, Run};
 
@@ -607,7 +607,7 @@ pub fn class_storage_left(run: &Run) -> Result<Vec<String>> {
         }
         "lvm" | "lvm-thin" | "pmem-lvm" => {
             let listing = output("lvs", &["--noheadings", "-o", "lv_name", &run.lvm_vg])?;
-            Ok(volume_lvs_in(&listing, &run.thin_pool))
+            Ok(overlay::volume_lvs_in(&listing, &run.thin_pool))
         }
         other => Err(format!("class kind {other}: no class storage known").into()),
     }
@@ -624,16 +624,6 @@ fn files_under(dir: &Path, files: &mut Vec<String>) -> Result {
         }
     }
     Ok(())
-}
-
-/// The LVs of `lvs -o lv_name` but the thin pool `pool` and hidden ones (`[name]`).
-fn volume_lvs_in(listing: &str, pool: &str) -> Vec<String> {
-    listing
-        .lines()
-        .map(str::trim)
-        .filter(|name| !name.is_empty() && *name != pool && !name.starts_with('['))
-        .map(str::to_string)
-        .collect()
 }
 
 /// Whether the command exits 0 (its output discarded).
@@ -781,12 +771,5 @@ mod tests {
         assert_eq!(snapshot_lv_in(listing, "tok").as_deref(), Some("s+ab12cd"));
         assert_eq!(snapshot_lv_in(listing, "missing"), None);
         assert_eq!(snapshot_lv_in("  pvc-1 tok\n", "tok"), None, "a volume's LV");
-    }
-
-    #[test]
-    fn the_thin_pool_and_hidden_lvs_are_not_left_storage() {
-        let listing = "  pool0\n  [pool0_tmeta]\n  pvc-1\n  s+tok\n\n";
-        assert_eq!(volume_lvs_in(listing, "pool0"), ["pvc-1", "s+tok"]);
-        assert!(volume_lvs_in("  pool0\n", "pool0").is_empty());
     }
 }

@@ -207,7 +207,7 @@ not_for_class() { # SCENARIO CLASS: the reason it does not run there, or status 
   echo "${NOT_FOR[$1:$2]}"
 }
 
-# A production host's udev for the classes in LOCALVOL_VM_UDEV_CLASSES (issue 32): the
+# A production host's udev for the plan's guest_cluster.udev_classes (issue 32): the
 # udev package tests/vm/cluster.sh put in RUN_DIR/udev unpacked into this guest's
 # overlay root, systemd-udevd running as on a host without systemd, every device
 # triggered, and the lvm.conf Debian ships (udev_sync = 1, udev_rules = 1: the host's,
@@ -217,7 +217,8 @@ not_for_class() { # SCENARIO CLASS: the reason it does not run there, or status 
 # the events of its device-mapper devices (udevadm monitor: the events after udev's
 # rules ran), and puts the guest's lvm.conf back.
 UDEV_PID="" UDEV_MONITOR_PID=""
-udev_wanted() { [[ ",${LOCALVOL_VM_UDEV_CLASSES:-}," == *",$1,"* ]]; }
+UDEV_CLASSES=$(plan get guest_cluster.udev_classes --sep ,) || { echo "FATAL: cannot read tests/plan.yaml" >&2; exit 1; }
+udev_wanted() { [[ ",$UDEV_CLASSES," == *",$1,"* ]]; }
 udev_start() {
   local deb
   # Unpacked over the merged /usr: the packages' ./bin and ./lib must not replace the
@@ -252,85 +253,10 @@ udev_stop() { # CLASS
   return $ok
 }
 wait_gone_pid() { local _i; for _i in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; kill "$1"; }
-# Device nodes of LVs in /dev/mapper: none once the class's storage is removed.
-dm_nodes() { find /dev/mapper -mindepth 1 ! -name control 2>/dev/null; }
-
-# The storage the overlay's config.yaml expects on the node.
-make_storage() { # CLASS
-  case $1 in
-    pmem|pmem-lvm|mixed|all-classes)   # an empty, labelled region0 (tests/vm/README.md)
-      ndctl disable-region region0 && ndctl init-labels -f nmem0 && ndctl enable-region region0 || return 1 ;;
-  esac
-  case $1 in
-    # mixed: the lvm class's volume group is missing; scenario 12 makes it.
-    pmem|mixed) return 0 ;;
-    # deploy/overlays/pmem-lvm/config.yaml: the VG localvol-pmem on the region's one
-    # fsdax namespace, as its comment tells the operator to make it.
-    # all-classes: a 256 MiB namespace of it, the rest for the direct class.
-    pmem-lvm|all-classes)
-      local dev size=()
-      [ "$1" = pmem-lvm ] || size=(--size 256M)
-      dev=/dev/$(ndctl create-namespace --mode fsdax --region region0 "${size[@]}" | python3 -c 'import json, sys; print(json.load(sys.stdin)["blockdev"])') &&
-        pvcreate -q -y "$dev" && vgcreate -q localvol-pmem "$dev" || return 1
-      [ "$1" = all-classes ] || return 0 ;;
-  esac
-  pvcreate -q -y "$VG_DISK" && vgcreate -q localvol "$VG_DISK" || return 1
-  case $1 in
-    # deploy/overlays/lvm-thin/config.yaml: thin pool localvol/pool0.
-    lvm-thin|all-classes) lvcreate -q --type thin-pool -L 2G -n pool0 localvol ;;
-    # deploy/overlays/lvm/config.yaml: spare-gb 10 of the VG is never handed out.
-    lvm) true ;;
-  esac
-}
-# The PV under VG localvol-pmem (pmem-lvm's and all-classes'): its one fsdax namespace.
-pmem_vg_pv() { pvs --noheadings -o pv_name --select "vg_name=localvol-pmem" 2>/dev/null | tr -d ' '; }
-# fsdax namespaces with a size: what localvol makes (not the raw namespace a label-less
-# region shows at boot, nor a region's idle seed namespace, which has none).
-pmem_namespaces() {
-  ndctl list -N -i 2>/dev/null | python3 -c 'import json, sys
-d = sys.stdin.read().strip()
-v = json.loads(d) if d else []
-for n in v if isinstance(v, list) else [v]:
-    if n.get("size", 0) and n.get("mode") == "fsdax": print(n.get("dev"), n.get("name", ""), n.get("size"))'
-}
-# The fsdax namespaces that are volumes: for pmem-lvm, not the one under its VG.
-volume_namespaces() {
-  if [ "$CLASS" = pmem-lvm ] || [ "$CLASS" = all-classes ]; then
-    local under; under=$(pmem_vg_pv)
-    pmem_namespaces | while read -r dev name size; do
-      [ "/dev/$(ndctl list -n "$dev" | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["blockdev"])')" = "$under" ] ||
-        echo "$dev $name $size"
-    done
-  else pmem_namespaces; fi
-}
-# Then, as docs/operations.md tells an operator to after removing or deactivating on the
-# host what the daemon activated: `dmsetup mknodes`, which removes the /dev/mapper nodes
-# of devices that are gone (the daemon's libdm made those nodes, so the host's udev does
-# not remove them).
-remove_storage() { # CLASS
-  remove_class_storage "$1" && dmsetup mknodes
-}
-remove_class_storage() { # CLASS
-  case $1 in
-    pmem) return 0 ;;
-    mixed) ! vgs localvol >/dev/null 2>&1 || { vgremove -q -f localvol && pvremove -q "$VG_DISK"; } ;;
-    all-classes)
-      local under; under=$(pmem_vg_pv)
-      vgremove -q -f localvol && pvremove -q "$VG_DISK" && vgremove -q -f localvol-pmem && pvremove -q "$under" &&
-        ndctl destroy-namespace -f all --region region0 ;;
-    pmem-lvm)
-      local under; under=$(pmem_vg_pv)
-      vgremove -q -f "$LVM_VG" && pvremove -q "$under" && ndctl destroy-namespace -f all --region region0 ;;
-    *) vgremove -q -f localvol && pvremove -q "$VG_DISK" ;;
-  esac
-}
-# Loop backing files of localvol's, and loop devices attached to one.
-loop_volumes() {
-  ls /var/lib/localvol/loop/*.img 2>/dev/null
-  losetup -n -O NAME,BACK-FILE 2>/dev/null | grep /var/lib/localvol/ || true
-}
-# Device-mapper devices: none may be left once the storage is removed.
-dm_devices() { dmsetup ls 2>/dev/null | grep -v '^No devices found' || true; }
+# The storage each configuration expects on the node (the overlay's config.yaml), and
+# what may be left of it, are the testkit's (localvol_testkit::guest::overlay), through
+# its guest-storage binary (tests/vm/cluster.sh copies it into RUN_DIR).
+storage() { "$RUN/guest-storage" "$@"; }
 
 # Deletes the test namespaces (the driver still runs, so it unpublishes, unstages and
 # deletes their volumes itself), then the deployment.
@@ -368,7 +294,7 @@ for CLASS in "${CLASSES[@]}"; do
     tail -n 1 "$LOGS/udev-$CLASS.log"
   fi
   phase "class $CLASS: storage"
-  if ! make_storage "$CLASS" >"$LOGS/storage-$CLASS.log" 2>&1; then
+  if ! storage overlay make "$CLASS" "$VG_DISK" >"$LOGS/storage-$CLASS.log" 2>&1; then
     cat "$LOGS/storage-$CLASS.log"; result "FAIL deploy $CLASS $((SECONDS - start))s (storage)"; failed=1; continue
   fi
   case $CLASS in pmem|mixed) ndctl list -R ;; all-classes) ndctl list -R; vgs; lvs -a ;; *) vgs "$LVM_VG"; lvs -a "$LVM_VG" ;; esac
@@ -405,13 +331,11 @@ for CLASS in "${CLASSES[@]}"; do
   start=$SECONDS
   cok=0
   undeploy || cok=1
-  # The daemon removed its volumes' device nodes with their LVs (only the thin pool's,
-  # which the host's LVM made, may be left).
-  left=$(volume_lvs; volume_namespaces; loop_volumes; dm_nodes | grep -vE -- "-$THIN_POOL([-_]|\$)")
-  [ -z "$left" ] || { echo "cleanup: volumes left (LVs in $LVM_VG, fsdax namespaces, loop files or devices, device nodes): $left"; cok=1; }
-  remove_storage "$CLASS" >>"$LOGS/storage-$CLASS.log" 2>&1 || { echo "cleanup: cannot remove the storage of $CLASS"; tail -5 "$LOGS/storage-$CLASS.log"; cok=1; }
-  left=$(dm_devices; pmem_namespaces; dm_nodes)
-  [ -z "$left" ] || { echo "cleanup: device-mapper devices, their nodes or namespaces left: $left"; cok=1; dmsetup remove_all -f || true; vgremove -f "$LVM_VG" >/dev/null 2>&1; }
+  # The daemon removed its volumes, and their device nodes with their LVs (only the thin
+  # pool's, which the host's LVM made, may be left).
+  left=$(storage overlay left "$CLASS") || { echo "cleanup: volumes left:"; echo "$left"; cok=1; }
+  storage overlay remove "$CLASS" "$VG_DISK" >>"$LOGS/storage-$CLASS.log" 2>&1 || { echo "cleanup: cannot remove the storage of $CLASS"; tail -5 "$LOGS/storage-$CLASS.log"; cok=1; }
+  left=$(storage residue) || { echo "cleanup: storage left:"; echo "$left"; cok=1; dmsetup remove_all -f || true; vgremove -f "$LVM_VG" >/dev/null 2>&1; }
   if [ -n "$UDEV_PID" ]; then
     if udev_stop "$CLASS" >>"$LOGS/udev-$CLASS.log" 2>&1; then result "PASS udev $CLASS 0s ($(tail -n 1 "$LOGS/udev-$CLASS.log"))"
     else tail -n 5 "$LOGS/udev-$CLASS.log"; result "FAIL udev $CLASS 0s"; failed=1; fi
@@ -426,9 +350,7 @@ start=$SECONDS
 "$GUEST_RECIPE/stop-node.sh" --purge >"$LOGS/stop-node.log" 2>&1 || { echo "stop-node.sh --purge failed"; failed=1; }
 # Nothing of the volumes may be left: no mount below kubelet's root or localvol's data
 # dir, no LV, no device-mapper device.
-left=$(awk '$5 ~ "^/var/lib/(kubelet|localvol)/" {print "mount " $5}' /proc/self/mountinfo; dm_devices;
-       lvs --noheadings -o vg_name,lv_name 2>/dev/null; pmem_namespaces)
-if [ -z "$left" ]; then result "PASS final-state all $((SECONDS - start))s"
+if left=$(storage residue --mounts); then result "PASS final-state all $((SECONDS - start))s"
 else echo "left in the guest:"; echo "$left"; result "FAIL final-state all $((SECONDS - start))s"; failed=1; fi
 phase "done"
 exit $failed

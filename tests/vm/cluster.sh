@@ -193,6 +193,9 @@ bin=$(test_binary scenarios)   # lib.sh
 [ -x "$bin" ] || { echo "tests/vm/cluster.sh: cannot build tests/scenarios" >&2; exit 1; }
 cp "$bin" "$RUN/scenarios"
 export LOCALVOL_SCENARIOS_BIN=$RUN/scenarios
+# The testkit's guest-storage, which makes and checks each class's storage there.
+cargo build --locked -p localvol-testkit --bin guest-storage 2>>"$LOGS/cargo.log" || { cat "$LOGS/cargo.log"; exit 1; }
+cp "${CARGO_TARGET_DIR:-target}/debug/guest-storage" "$RUN/guest-storage"
 install_node_packages "$LOGS"        # lib.sh
 rootfs=$(image_rootfs "$IMAGE_CACHE" "$LOGS")
 phase "image archives"
@@ -250,13 +253,12 @@ fi
 # The guest bind-mounts it over its /lib/modules/KVER (its / is the host's).
 
 # A production host's udev (issue 32): Debian's udev package, unpacked in the guest for
-# the classes in LOCALVOL_VM_UDEV_CLASSES, with the lvm.conf Debian ships (udev_sync and
+# the plan's guest_cluster.udev_classes, with the lvm.conf Debian ships (udev_sync and
 # udev_rules on). The package of the host's libudev1 version (it requires that exact
 # one), or else the mirror's newest with its libudev1, which then goes into the guest's
 # overlay root only. Cached in $VM_CACHE/udev.
-# The classes: tests/plan.yaml's guest_cluster.udev_classes.
-udev_default=$(plan get guest_cluster.udev_classes --sep ,)
-UDEV_CLASSES=${LOCALVOL_VM_UDEV_CLASSES-$udev_default}
+# cluster-guest.sh asks the plan the same (with a person's LOCALVOL_SELECT).
+UDEV_CLASSES=$(plan get guest_cluster.udev_classes --sep ,)
 if [ -n "$UDEV_CLASSES" ]; then
   phase "udev for the guest ($UDEV_CLASSES)"
   udev_cache=$VM_CACHE/udev
@@ -278,7 +280,6 @@ if [ -n "$UDEV_CLASSES" ]; then
   [ "$(md5sum </etc/lvm/lvm.conf | cut -d' ' -f1)" = "$sum" ] ||
     { echo "tests/vm/cluster.sh: /etc/lvm/lvm.conf here is not the one lvm2 ships (md5 $sum)" >&2; exit 1; }
   cp /etc/lvm/lvm.conf "$RUN/udev/lvm.conf"
-  export LOCALVOL_VM_UDEV_CLASSES=$UDEV_CLASSES
 fi
 
 command -v socat >/dev/null || install_packages "$LOGS" socat   # lib.sh

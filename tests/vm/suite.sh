@@ -15,18 +15,18 @@
 #                 on /dev/vda and region0, after its host steps (exit codes, parallel runs)
 #     privileged  tests/privileged.rs (loop backend, all capabilities), TMPDIR on /dev/vdc
 #     backends    tests/vm_backends.rs on /dev/vda, /dev/vdb and the NVDIMM; its
-#                 step-by-step kills on vm.restart's classes (LOCALVOL_VM_RESTART_CLASSES)
+#                 step-by-step kills on vm.restart's classes
 #   guest B (four 4G disks, a 2G NVDIMM), the longer: it runs beside the guest cluster,
 #   which starts after guest A:
 #     encryption  tests/vm_backends.rs' encrypted_* tests (LUKS2 on every class that holds
 #                 it, filesystem and block, a key rotation, copies, a daemon SIGKILL) on
-#                 /dev/vda, /dev/vdb and the NVDIMM, emptied again by release-storage.sh,
+#                 /dev/vda, /dev/vdb and the NVDIMM, emptied again by guest-storage release,
 #                 then csi-sanity on encrypted volumes on /dev/vdc and the NVDIMM, of
 #                 vm.sanity.encrypted's classes (tests/sanity/vm.sh --encrypted, a
 #                 result line per run)
 #     crash       tests/crash_vm.rs: random SIGKILLs on lvm, lvm-thin, pmem (/dev/vda, NVDIMM)
 #     reclaim     tests/reclaim_privileged.rs lvm_thin on /dev/vdb
-#     hostile     tests/hostile_vm.rs on vm.hostile's classes (LOCALVOL_HOSTILE_CLASSES)
+#     hostile     tests/hostile_vm.rs on vm.hostile's classes
 #                 (/dev/vdb, the NVDIMM)
 #     grow        tests/vm_grow.rs: lvm-thin restores and clones larger than their
 #                 source, grown at stage (/dev/vdd)
@@ -47,27 +47,15 @@ cd "$HERE/../.."
 
 # shellcheck source=tests/plan/plan.sh
 . "$HERE/../plan/plan.sh"
-# The lanes' parts, and the classes of the step-by-step kills, of the hostile cases and
-# of csi-sanity's runs in this mode (LOCALVOL_FULL, LOCALVOL_SOAK): tests/plan.yaml's vm,
-# which says why CI runs one class of each backend. A variable already set overrides it.
-# The tests' own defaults, run alone, are all of them.
+# The lanes' parts, and how many csi-sanity runs the sanity and encryption parts must
+# show, in this mode (LOCALVOL_FULL, LOCALVOL_SOAK, and a person's LOCALVOL_SELECT):
+# tests/plan.yaml's vm, which says why CI runs one class of each backend. The tests and
+# tests/sanity/vm.sh ask the plan for their classes themselves, the same way.
 plan_words LANE_A get vm.lanes.A
 plan_words LANE_B get vm.lanes.B
-restart=$(plan get vm.restart --sep ,)
-hostile=$(plan get vm.hostile --sep ,)
-fs=$(plan get vm.sanity.fs)
-block=$(plan get vm.sanity.block)
-encrypted_fs=$(plan get vm.sanity.encrypted.fs)
-encrypted_block=$(plan get vm.sanity.encrypted.block)
-export LOCALVOL_VM_RESTART_CLASSES=${LOCALVOL_VM_RESTART_CLASSES:-$restart}
-export LOCALVOL_HOSTILE_CLASSES=${LOCALVOL_HOSTILE_CLASSES:-$hostile}
-export LOCALVOL_SANITY_FS_CLASSES=${LOCALVOL_SANITY_FS_CLASSES-$fs}
-export LOCALVOL_SANITY_BLOCK_CLASSES=${LOCALVOL_SANITY_BLOCK_CLASSES-$block}
-export LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES=${LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES-$encrypted_fs}
-export LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES=${LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES-$encrypted_block}
-words() { wc -w <<<"$1"; }
-sanity_runs=$(( $(words "$LOCALVOL_SANITY_FS_CLASSES") + $(words "$LOCALVOL_SANITY_BLOCK_CLASSES") ))
-encrypted_sanity_runs=$(( $(words "$LOCALVOL_SANITY_ENCRYPTED_FS_CLASSES") + $(words "$LOCALVOL_SANITY_ENCRYPTED_BLOCK_CLASSES") ))
+words() { plan get "$1" | wc -w; }
+sanity_runs=$(( $(words vm.sanity.fs) + $(words vm.sanity.block) ))
+encrypted_sanity_runs=$(( $(words vm.sanity.encrypted.fs) + $(words vm.sanity.encrypted.block) ))
 DEFAULT_PARTS=("${LANE_A[@]}" "${LANE_B[@]}")
 VERBOSE=()
 parts=() filter=()
@@ -94,7 +82,9 @@ run_dir=$(mktemp -d "$(realpath "$target")/vm-suite.XXXXXX")
 trap 'rm -rf "$run_dir"' EXIT
 if ! cargo test --locked --no-run --test vm_backends --test privileged --test crash_vm \
     --test reclaim_privileged --test hostile_vm --test vm_grow --message-format=json-render-diagnostics \
-    >"$run_dir/build.json" 2>"$run_dir/build.log"; then
+    >"$run_dir/build.json" 2>"$run_dir/build.log" ||
+  ! cargo build --locked -p localvol-testkit --bin guest-storage --message-format=json-render-diagnostics \
+    >>"$run_dir/build.json" 2>>"$run_dir/build.log"; then
   cat "$run_dir/build.log" >&2
   echo "tests/vm/suite.sh: FAIL: cannot build the test binaries" >&2
   exit 1
@@ -103,7 +93,7 @@ artifact() {  # artifact KIND NAME: the executable cargo reported for that targe
   grep -o "\"kind\":\[\"$1\"\],[^}]*\"name\":\"$2\".*\"executable\":\"[^\"]*\"" "$run_dir/build.json" |
     sed 's/.*"executable":"\([^"]*\)"/\1/' | tail -n 1
 }
-for a in test:vm_backends test:privileged test:crash_vm test:reclaim_privileged test:hostile_vm test:vm_grow bin:localvol; do
+for a in test:vm_backends test:privileged test:crash_vm test:reclaim_privileged test:hostile_vm test:vm_grow bin:localvol bin:guest-storage; do
   exe=$(artifact "${a%:*}" "${a#*:}")
   [ -x "$exe" ] || { cat "$run_dir/build.log" >&2; echo "tests/vm/suite.sh: FAIL: no executable for $a" >&2; exit 1; }
   cp "$exe" "$run_dir/${a#*:}"
@@ -128,12 +118,12 @@ part_cmd() {
     privileged) echo "bash -c 'mkfs.ext4 -q -F /dev/vdc && mkdir -p /mnt/scratch && mount /dev/vdc /mnt/scratch && rc=0 && { TMPDIR=/mnt/scratch $r/privileged --test-threads=1 || rc=\$?; } && umount /mnt/scratch && exit \$rc'" ;;
     backends) echo "$r/vm_backends --test-threads=1 --nocapture --skip encrypted_ ${filter[*]:-}" ;;
     # Its storage (vm_backends' VGs and the region's namespace) is removed after it.
-    encryption) echo "bash -c '$r/vm_backends --test-threads=1 --nocapture encrypted_; rc=\$?; bash $HERE/release-storage.sh || rc=1; bash $HERE/../sanity/vm.sh --encrypted /dev/vdc || rc=1; bash $HERE/release-storage.sh || rc=1; exit \$rc'" ;;
+    encryption) echo "bash -c '$r/vm_backends --test-threads=1 --nocapture encrypted_; rc=\$?; $r/guest-storage release || rc=1; bash $HERE/../sanity/vm.sh --encrypted $r/guest-storage /dev/vdc || rc=1; $r/guest-storage release || rc=1; exit \$rc'" ;;
     hostile) echo "env LOCALVOL_VM_DISK=/dev/vdb $r/hostile_vm --test-threads=1 --nocapture" ;;
     grow) echo "env LOCALVOL_VM_DISK=/dev/vdd $r/vm_grow --test-threads=1 --nocapture" ;;
     crash) echo "$r/crash_vm --test-threads=1 --nocapture" ;;
     reclaim) echo "env LOCALVOL_VM_DISK=/dev/vdb $r/reclaim_privileged lvm_thin --test-threads=1" ;;
-    sanity) echo "bash $HERE/../sanity/vm.sh /dev/vdc" ;;
+    sanity) echo "bash $HERE/../sanity/vm.sh $r/guest-storage /dev/vdc" ;;
   esac
 }
 

@@ -268,26 +268,16 @@ async fn killed_during_create(class: &str) {
 /// The classes of CONFIG whose whole lifecycle can be killed and retried step by step.
 const RESTART_CLASSES: [&str; 4] = ["thick", "thin", "pmem", "pmem-lvm"];
 
-/// The classes to kill step by step: `LOCALVOL_VM_RESTART_CLASSES` (comma-separated), or
-/// all of [`RESTART_CLASSES`]. tests/vm/suite.sh decides which (CI: one class of each
-/// backend).
+/// The classes to kill step by step: the plan's `vm.restart` (CI: one class of each
+/// backend), each one of [`RESTART_CLASSES`].
 fn restart_classes() -> Vec<String> {
-    let Ok(list) = std::env::var("LOCALVOL_VM_RESTART_CLASSES") else {
-        return RESTART_CLASSES.map(String::from).to_vec();
-    };
-    let classes: Vec<String> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|c| !c.is_empty())
-        .map(String::from)
-        .collect();
+    let classes = localvol_testkit::plan::classes("vm.restart");
     for class in &classes {
         assert!(
             RESTART_CLASSES.contains(&class.as_str()),
-            "LOCALVOL_VM_RESTART_CLASSES: unknown class {class:?}"
+            "vm.restart: class {class:?} is not one of {RESTART_CLASSES:?}"
         );
     }
-    assert!(!classes.is_empty(), "LOCALVOL_VM_RESTART_CLASSES names no class");
     classes
 }
 

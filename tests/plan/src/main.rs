@@ -1,7 +1,7 @@
 //! `plan`: reads tests/plan.yaml, the test suite's one list of what runs where, and
 //! answers the scripts' questions about it (see the head of tests/plan.yaml).
 
-mod plan;
+use localvol_plan as plan;
 #[cfg(test)]
 mod tests;
 
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 
-use plan::{Mode, Plan, scenario_number};
+use plan::{Mode, Overrides, Plan, scenario_number};
 
 const USAGE: &str = "usage: plan [--plan FILE] COMMAND
   check                                validate the plan
@@ -24,6 +24,7 @@ const USAGE: &str = "usage: plan [--plan FILE] COMMAND
                                        for each pair that does not run
   budget SUITE [--mode M]              seconds
 The mode defaults from LOCALVOL_FULL and LOCALVOL_SOAK as tests/all.sh sets it.
+LOCALVOL_SELECT='KEY=CLASS,...;...' replaces `get`'s selections of classes for a run.
 The plan: --plan FILE, else LOCALVOL_PLAN_FILE, else tests/plan.yaml.
 Keys: vm.parts vm.lanes.A vm.lanes.B vm.restart vm.hostile vm.sanity.fs vm.sanity.block
   vm.sanity.encrypted.fs vm.sanity.encrypted.block host_cluster.scenarios
@@ -42,10 +43,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The default plan file: tests/plan.yaml beside this crate's directory.
+/// The default plan file: tests/plan.yaml.
 fn default_plan() -> PathBuf {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    crate_dir.parent().unwrap_or(crate_dir).join("plan.yaml")
+    Plan::default_path()
 }
 
 /// The functions (`NAME() {` at a line's start) the shell files define.
@@ -154,7 +154,7 @@ fn run(args: Vec<String>) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ["get", key] => {
-            let list = plan.get(key, mode)?;
+            let list = plan.select(key, mode, &Overrides::from_env()?)?;
             let list: Vec<&str> = list
                 .iter()
                 .map(|w| {

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -274,6 +274,58 @@ pub fn scenario_number(name: &str) -> &str {
         .unwrap_or(name)
 }
 
+/// The selections a person replaces for one run: `LOCALVOL_SELECT`, entries
+/// `KEY=WORDS` separated by `;`, the words by spaces or commas (an empty value selects
+/// nothing), e.g. `LOCALVOL_SELECT='vm.hostile=pmem;vm.sanity.block='`. Only the
+/// selections of classes can be replaced: which suites, parts and scenarios run is what
+/// the plan is for, and tests/vm/cluster.sh takes its classes and scenarios as
+/// arguments.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Overrides(BTreeMap<String, Vec<String>>);
+
+/// The selections [`Overrides`] may replace: each a list of classes.
+pub const CLASS_SELECTIONS: [&str; 7] = [
+    "vm.restart",
+    "vm.hostile",
+    "vm.sanity.fs",
+    "vm.sanity.block",
+    "vm.sanity.encrypted.fs",
+    "vm.sanity.encrypted.block",
+    "guest_cluster.udev_classes",
+];
+
+impl Overrides {
+    pub fn parse(text: &str) -> Result<Overrides> {
+        let mut map = BTreeMap::new();
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let Some((key, words)) = entry.split_once('=') else {
+                bail!("LOCALVOL_SELECT: {entry:?} is not KEY=WORDS");
+            };
+            let key = key.trim();
+            if !CLASS_SELECTIONS.contains(&key) {
+                bail!(
+                    "LOCALVOL_SELECT: {key:?} is not a selection of classes ({})",
+                    CLASS_SELECTIONS.join(", ")
+                );
+            }
+            let words = words
+                .split([' ', ','])
+                .filter(|w| !w.is_empty())
+                .map(str::to_string)
+                .collect();
+            if map.insert(key.to_string(), words).is_some() {
+                bail!("LOCALVOL_SELECT: {key} is given twice");
+            }
+        }
+        Ok(Overrides(map))
+    }
+
+    /// `LOCALVOL_SELECT`'s (none when it is unset).
+    pub fn from_env() -> Result<Overrides> {
+        Overrides::parse(&std::env::var("LOCALVOL_SELECT").unwrap_or_default())
+    }
+}
+
 impl Plan {
     pub fn parse(text: &str) -> Result<Plan> {
         serde_yaml::from_str(text).context("the plan is not valid")
@@ -344,6 +396,27 @@ impl Plan {
             },
         };
         Ok(list)
+    }
+
+    /// The selection KEY names in mode MODE, or what `overrides` gives it; a class the
+    /// plan does not know is refused (a misspelt one would select nothing, silently).
+    pub fn select(&self, key: &str, mode: Mode, overrides: &Overrides) -> Result<Vec<String>> {
+        let planned = self.get(key, mode)?;
+        let Some(words) = overrides.0.get(key) else {
+            return Ok(planned);
+        };
+        for w in words {
+            if !self.classes.iter().any(|c| c.name == *w || c.aliases.contains(w)) {
+                bail!("LOCALVOL_SELECT: {key}: unknown class {w} (tests/plan.yaml's classes)");
+            }
+        }
+        Ok(words.clone())
+    }
+
+    /// tests/plan.yaml beside this crate's directory.
+    pub fn default_path() -> PathBuf {
+        let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        crate_dir.parent().unwrap_or(crate_dir).join("plan.yaml")
     }
 
     /// Why SCENARIO does not run on CLASS in the guest cluster, or None when it does.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::plan::{Mode, Plan, scenario_number};
+use crate::plan::{Mode, Overrides, Plan, scenario_number};
 use crate::{default_plan, shell_functions};
 
 fn text() -> String {
@@ -430,4 +430,54 @@ fn other_broken_plans_fail_the_check() {
         "description: \"\"",
         "modes.ci: no description or no select",
     );
+}
+
+#[test]
+fn a_person_replaces_a_selection_of_classes_for_a_run() {
+    let plan = real();
+    let none = Overrides::default();
+    assert_eq!(
+        plan.select("vm.hostile", Mode::Ci, &none).unwrap(),
+        plan.get("vm.hostile", Mode::Ci).unwrap()
+    );
+    let o = Overrides::parse(" vm.hostile=pmem,lvm-thin ; vm.sanity.block= ;guest_cluster.udev_classes=lvm")
+        .unwrap();
+    assert_eq!(
+        plan.select("vm.hostile", Mode::Ci, &o).unwrap(),
+        ["pmem", "lvm-thin"]
+    );
+    assert!(plan.select("vm.sanity.block", Mode::Full, &o).unwrap().is_empty());
+    assert_eq!(
+        plan.select("guest_cluster.udev_classes", Mode::Ci, &o).unwrap(),
+        ["lvm"]
+    );
+    // An alias is a class's name too; the keys not replaced keep the plan's.
+    let o = Overrides::parse("vm.restart=thin thick").unwrap();
+    assert_eq!(
+        plan.select("vm.restart", Mode::Ci, &o).unwrap(),
+        ["thin", "thick"]
+    );
+    assert_eq!(
+        plan.select("vm.sanity.fs", Mode::Ci, &o).unwrap(),
+        plan.get("vm.sanity.fs", Mode::Ci).unwrap()
+    );
+}
+
+#[test]
+fn a_replacement_that_would_select_nothing_silently_is_refused() {
+    let plan = real();
+    let err = |text: &str| Overrides::parse(text).unwrap_err().to_string();
+    assert!(
+        err("vm.hostile").contains("is not KEY=WORDS"),
+        "{}",
+        err("vm.hostile")
+    );
+    assert!(err("vm.parts=smoke").contains("\"vm.parts\" is not a selection of classes"));
+    assert!(err("vm.hostile=lvm;vm.hostile=pmem").contains("vm.hostile is given twice"));
+    let typo = Overrides::parse("vm.hostile=lvm-tin").unwrap();
+    let e = plan
+        .select("vm.hostile", Mode::Ci, &typo)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown class lvm-tin"), "{e}");
 }

@@ -3,13 +3,17 @@
 //! tests/vm_grow.rs, tests/reclaim_privileged.rs and benches/backends.rs: the gate that
 //! fails loudly when a required VM suite runs outside the guest, the tools run directly,
 //! a VG and thin pool on the guest's disks or on a loop device, and the NVDIMM region's
-//! set-up and listing. (The shell suites have their own copies: tests/sanity/vm.sh,
-//! tests/vm/smoke.sh, tests/vm/cluster-guest.sh.)
+//! set-up and listing; [`overlay`] and [`sanity`] the storage of the cluster
+//! configurations and of csi-sanity, which the shell in the guest reaches through the
+//! `guest-storage` binary. (tests/vm/smoke.sh runs the tools itself on purpose: it tests
+//! them.)
 
 use std::path::Path;
 use std::process::Command;
 
 pub mod crash;
+pub mod overlay;
+pub mod sanity;
 
 /// The emulated NVDIMM's region and its one DIMM, as tests/vm/run.sh boots the guest.
 pub const REGION: &str = "region0";
@@ -318,5 +322,58 @@ pub fn single_class_configs(dir: &str, classes: &[(&str, &str)]) {
             format!("device-classes:\n  - {yaml}\n"),
         )
         .unwrap();
+    }
+}
+
+/// The VGs the VM suite's parts make: tests/vm_backends.rs' on /dev/vda, /dev/vdb and a
+/// namespace, and [`sanity`]'s.
+const SUITE_VGS: [&str; 4] = ["vmvg", "pmemvg", sanity::VG, sanity::PMEM_VG];
+
+/// Gives back what tests/vm_backends.rs and tests/sanity/vm.sh made, even after a failed
+/// test left volumes mounted or encrypted mappings open, so that the next part of the same
+/// guest finds empty disks and an empty region: the mounts of the VGs' LVs and of
+/// localvol's encrypted mappings (deepest first), the mappings, the VGs, the disks'
+/// signatures and the region's namespaces.
+pub fn release_suite_storage() -> Result<(), String> {
+    let mounts = try_sh("findmnt", &["-rn", "-o", "TARGET,SOURCE"])?;
+    let mut ours: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, source)| {
+            source.strip_prefix("/dev/mapper/").is_some_and(|dm| {
+                dm.starts_with("localvol-crypt-")
+                    || SUITE_VGS.iter().any(|vg| dm.starts_with(&format!("{vg}-")))
+            })
+        })
+        .map(|(target, _)| target)
+        .collect();
+    ours.sort_by(|a, b| b.cmp(a));
+    for target in ours {
+        try_sh("umount", &["-l", target])?;
+    }
+    for entry in std::fs::read_dir("/dev/mapper")
+        .map_err(|e| format!("/dev/mapper: {e}"))?
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("localvol-crypt-") {
+            try_sh("cryptsetup", &["close", &name])?;
+        }
+    }
+    // Whichever of them exist; one that does not makes vgremove fail, and the check below
+    // is what counts.
+    let mut vgremove = vec!["-q", "-y", "-ff"];
+    vgremove.extend(SUITE_VGS);
+    let _ = try_sh("vgremove", &vgremove);
+    try_sh("wipefs", &["-q", "-a", "/dev/vda", "/dev/vdb", "/dev/vdc"])?;
+    // Its status is not the check either: a region nobody labelled refuses it, and holds
+    // no namespace of a test.
+    let _ = try_sh("ndctl", &["destroy-namespace", "-f", "all", "-r", REGION]);
+    if let Some(vg) = SUITE_VGS.iter().find(|vg| try_sh("vgs", &[vg]).is_ok()) {
+        return Err(format!("{vg} is still there"));
+    }
+    match overlay::fsdax_namespaces().first() {
+        Some(left) => Err(format!("{left} is still there")),
+        None => Ok(()),
     }
 }

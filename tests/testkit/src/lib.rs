@@ -15,6 +15,7 @@ pub mod csi_client;
 pub mod guest;
 pub mod hostile;
 pub mod limits;
+pub mod plan;
 pub mod process;
 pub mod tools;
 
