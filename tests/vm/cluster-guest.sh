@@ -5,8 +5,10 @@
 #
 #   cluster-guest.sh RUN_DIR CLASSES SCENARIO...
 #
-# RUN_DIR (shared with the host) holds the kubectl relay's directory (the harness's
-# kubectl runs on the host, as the control plane does: tests/vm/cluster.sh).
+# RUN_DIR (shared with the host; tests/vm/cluster.sh makes it) holds the kubectl relay's
+# directory kubectl-relay (the harness's kubectl runs on the host, as the control plane
+# does), the control plane's kube-kit state control-plane (its PKI and kubeconfig), and
+# tap-addresses: the host's and this guest's addresses on the tap device.
 # /var/cache/localvol-vm/cluster-modules-KVER (made by cluster.sh) is the guest kernel's
 # whole module tree: the bridge, veth, netfilter and dummy modules the node needs are not
 # in run.sh's.
@@ -63,7 +65,7 @@ fi
 # The harness's kubectl runs on the host, beside the API server.
 # shellcheck source=tests/vm/kubectl-relay.sh
 source "$REPO/tests/vm/kubectl-relay.sh"
-relay_client "${LOCALVOL_VM_KUBECTL_RELAY:?tests/vm/cluster.sh sets it}" || { echo "FATAL: no kubectl relay" >&2; exit 1; }
+relay_client "$RUN/kubectl-relay" || { echo "FATAL: no kubectl relay" >&2; exit 1; }
 for s in "${SCENARIOS[@]}"; do
   declare -F "$s" >/dev/null || { echo "cluster-guest.sh: no scenario $s in $HERE/scenarios" >&2; exit 2; }
 done
@@ -78,7 +80,9 @@ modprobe dm_thin_pool; modprobe dm_snapshot
 # virtio NIC. The kit's kubeconfigs, its certificate and the address pods are told to use
 # are 127.0.0.1:6443: a forwarder here makes that the host's API server.
 phase "network: the host's control plane"
-[ -n "${LOCALVOL_VM_CP_STATE:-}" ] || { echo "FATAL: no LOCALVOL_VM_CP_STATE (tests/vm/cluster.sh sets it)" >&2; exit 1; }
+CP_STATE=$RUN/control-plane
+[ -f "$CP_STATE/kubeconfig" ] || { echo "FATAL: no control plane state in $CP_STATE (tests/vm/cluster.sh makes it)" >&2; exit 1; }
+read -r TAP_HOST TAP_GUEST <"$RUN/tap-addresses" || { echo "FATAL: no $RUN/tap-addresses (tests/vm/cluster.sh writes it)" >&2; exit 1; }
 modprobe virtio_net
 nic=""
 for _ in $(seq 100); do
@@ -86,9 +90,9 @@ for _ in $(seq 100); do
   [ -n "$nic" ] && break; sleep 0.1
 done
 [ -n "$nic" ] || { echo "FATAL: no virtio NIC (run.sh --tap)" >&2; exit 1; }
-ip addr add "$LOCALVOL_VM_TAP_GUEST/24" dev "$nic" && ip link set "$nic" up &&
-  ip route add default via "$LOCALVOL_VM_TAP_HOST" dev "$nic" || { echo "FATAL: cannot address $nic" >&2; exit 1; }
-socat TCP-LISTEN:6443,bind=127.0.0.1,fork,reuseaddr "TCP:$LOCALVOL_VM_TAP_HOST:6443" 2>"$LOGS/api-forwarder.log" &
+ip addr add "$TAP_GUEST/24" dev "$nic" && ip link set "$nic" up &&
+  ip route add default via "$TAP_HOST" dev "$nic" || { echo "FATAL: cannot address $nic" >&2; exit 1; }
+socat TCP-LISTEN:6443,bind=127.0.0.1,fork,reuseaddr "TCP:$TAP_HOST:6443" 2>"$LOGS/api-forwarder.log" &
 for _ in $(seq 100); do curl -sk -o /dev/null https://127.0.0.1:6443/healthz && break; sleep 0.2; done
 curl -sk -o /dev/null https://127.0.0.1:6443/healthz || { echo "FATAL: the host's API server is not reachable from the guest" >&2; exit 1; }
 phase "guest-prep.sh /dev/vda"
@@ -110,7 +114,7 @@ mkdir -p "$KUBE_KIT_STATE/containerd/root" && mount /dev/vdc "$KUBE_KIT_STATE/co
   { echo "FATAL: cannot mount the node's image store" >&2; exit 1; }
 # The control plane's PKI and admin kubeconfig: start-node.sh makes the node's
 # certificate with that CA.
-cp -a "$LOCALVOL_VM_CP_STATE/pki" "$LOCALVOL_VM_CP_STATE/kubeconfig" "$KUBE_KIT_STATE/"
+cp -a "$CP_STATE/pki" "$CP_STATE/kubeconfig" "$KUBE_KIT_STATE/"
 # The node's kubelet with its housekeeping at production rates, not the kit's quick
 # ones (container stats every 10 s, pod resyncs every 10 s, node status every 5 s): under
 # TCG an idle node with the lvm-thin overlay deployed spent 44 % of its two vCPUs, the

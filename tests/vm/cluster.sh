@@ -132,8 +132,9 @@ node_in_netns() {
   mkdir -p "$RUN/kubectl-relay"
   relay_serve "$RUN/kubectl-relay" "$KUBE_KIT_BIN/kubectl" &
   RELAY_PID=$!
-  export LOCALVOL_VM_CP_STATE=$CP_STATE LOCALVOL_VM_TAP_HOST=$TAP_HOST LOCALVOL_VM_TAP_GUEST=$TAP_GUEST
-  export LOCALVOL_VM_KUBECTL_RELAY=$RUN/kubectl-relay
+  # The guest finds the rest in RUN_DIR: the control plane's state, the relay's
+  # directory, and the addresses of its end of the tap device and of the host's.
+  echo "$TAP_HOST $TAP_GUEST" >"$RUN/tap-addresses"
 
   phase "guest: ${class_list[*]} x ${selected[*]}"
   local pmem=0 rc=0
