@@ -34,7 +34,7 @@ use localvol::proto::csi::v1 as csi;
 use localvol_testkit::InProcessDaemon;
 use localvol_testkit::csi_client::{CsiClient, NewVolume};
 pub use localvol_testkit::csi_client::{block_capability as block_cap, fs_capability};
-use localvol_testkit::guest::{self, sh};
+use localvol_testkit::guest::{self, lvm_bytes, lvm_report, sh};
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -241,22 +241,6 @@ const OLD: u8 = 0xA5;
 fn fsdax_usable(raw: u64) -> u64 {
     let reserve = (8192 + (raw - 8192) / 64).div_ceil(2 * MIB) * 2 * MIB;
     raw.saturating_sub(reserve)
-}
-
-/// LVM's report of `fields` of `what` (a VG, or `vg/lv`) in bytes, without headings.
-fn lvm_report(program: &str, fields: &str, what: &str) -> String {
-    sh(
-        program,
-        &["--noheadings", "--units", "b", "--nosuffix", "-o", fields, what],
-    )
-}
-
-/// One field in bytes of a VG (`vgs`) or LV (`lvs`).
-fn lvm_bytes(program: &str, field: &str, what: &str) -> u64 {
-    let out = lvm_report(program, field, what);
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("{program} -o {field} {what}: {out:?}"))
 }
 
 fn mount_cap(fs: &str) -> csi::VolumeCapability {

@@ -76,6 +76,22 @@ pub fn json_list(out: &str) -> Vec<serde_json::Value> {
     }
 }
 
+/// LVM's report of `fields` of `what` (a VG, or `vg/lv`) in bytes, without headings.
+pub fn lvm_report(program: &str, fields: &str, what: &str) -> String {
+    sh(
+        program,
+        &["--noheadings", "--units", "b", "--nosuffix", "-o", fields, what],
+    )
+}
+
+/// One field in bytes of a VG (`vgs`) or LV (`lvs`).
+pub fn lvm_bytes(program: &str, field: &str, what: &str) -> u64 {
+    let out = lvm_report(program, field, what);
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{program} -o {field} {what}: {out:?}"))
+}
+
 /// A VG on `disks` (made physical volumes first).
 pub fn volume_group(vg: &str, disks: &[&str]) {
     let mut pvcreate = vec!["-q", "-y", "-ff"];

@@ -87,8 +87,8 @@ fn main() -> ExitCode {
         } => done(overlay::remove(&class, &disk)),
         Command::Overlay {
             step: OverlayStep::Left { class },
-        } => match overlay::needs(&class) {
-            Ok(_) => found(overlay::volumes_left(&class)),
+        } => match overlay::volumes_left(&class) {
+            Ok(left) => found(left),
             Err(e) => done(Err(e)),
         },
         Command::Residue { mounts } => {

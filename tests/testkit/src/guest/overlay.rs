@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use crate::guest::{self, REGION, json_list, sh, try_sh};
+use crate::guest::{self, REGION, sh, try_sh};
 
 /// deploy/overlays/lvm*/config.yaml's volume group.
 pub const LVM_VG: &str = "localvol";
@@ -25,12 +25,29 @@ pub const LOOP_DIR: &str = "/var/lib/localvol/loop";
 pub struct Needs {
     /// An empty, labelled region0 (new hardware's first step).
     region: bool,
-    /// VG [`PMEM_VG`] on a new fsdax namespace, of this size (`None`: the whole region).
-    pmem_vg: Option<Option<&'static str>>,
-    /// VG [`LVM_VG`] on the disk.
-    lvm_vg: bool,
+    /// VG [`PMEM_VG`] on a new fsdax namespace of this size.
+    pmem_vg: Option<NamespaceSize>,
+    /// VG [`LVM_VG`] on the disk: made here, or (the mixed configuration's) made by a
+    /// scenario, so it may be missing.
+    lvm_vg: Option<MadeBy>,
     /// Thin pool [`THIN_POOL`] of this size in [`LVM_VG`].
     thin_pool: Option<&'static str>,
+}
+
+/// The size of the namespace under [`PMEM_VG`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NamespaceSize {
+    WholeRegion,
+    Of(&'static str),
+}
+
+/// Who makes a volume group of a configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MadeBy {
+    /// [`make`], so it must be there.
+    Make,
+    /// A scenario, so it may be missing (scenario 12 makes the mixed node's).
+    Scenario,
 }
 
 /// The configuration `class` of the plan, or an error naming the known ones.
@@ -38,30 +55,35 @@ pub fn needs(class: &str) -> Result<Needs, String> {
     let none = Needs {
         region: false,
         pmem_vg: None,
-        lvm_vg: false,
+        lvm_vg: None,
         thin_pool: None,
     };
+    let lvm_vg = Some(MadeBy::Make);
     Ok(match class {
-        "lvm" => Needs { lvm_vg: true, ..none },
+        "lvm" => Needs { lvm_vg, ..none },
         "lvm-thin" => Needs {
-            lvm_vg: true,
+            lvm_vg,
             thin_pool: Some("2G"),
             ..none
         },
         "pmem" => Needs { region: true, ..none },
         "pmem-lvm" => Needs {
             region: true,
-            pmem_vg: Some(None),
+            pmem_vg: Some(NamespaceSize::WholeRegion),
             ..none
         },
         // The lvm class's volume group is missing: scenario 12 makes it, and may leave it.
-        "mixed" => Needs { region: true, ..none },
+        "mixed" => Needs {
+            region: true,
+            lvm_vg: Some(MadeBy::Scenario),
+            ..none
+        },
         // A 256 MiB namespace under the pmem-lvm class's VG, the rest of the region for
         // the direct class.
         "all-classes" => Needs {
             region: true,
-            pmem_vg: Some(Some("256M")),
-            lvm_vg: true,
+            pmem_vg: Some(NamespaceSize::Of("256M")),
+            lvm_vg,
             thin_pool: Some("2G"),
         },
         other => {
@@ -72,17 +94,15 @@ pub fn needs(class: &str) -> Result<Needs, String> {
     })
 }
 
-/// The VGs whose LVs are the class's volumes, each with whether [`make`] made it (else
-/// it may be missing: the mixed configuration's, until scenario 12 makes it).
-fn volume_groups(class: &str, needs: Needs) -> Vec<(&'static str, bool)> {
-    let mut vgs = Vec::new();
-    if needs.lvm_vg || class == "mixed" {
-        vgs.push((LVM_VG, needs.lvm_vg));
-    }
-    if needs.pmem_vg.is_some() {
-        vgs.push((PMEM_VG, true));
-    }
-    vgs
+/// The VGs whose LVs are the configuration's volumes, and who makes each.
+fn volume_groups(needs: Needs) -> Vec<(&'static str, MadeBy)> {
+    let pmem = needs.pmem_vg.map(|_| (PMEM_VG, MadeBy::Make));
+    needs
+        .lvm_vg
+        .map(|by| (LVM_VG, by))
+        .into_iter()
+        .chain(pmem)
+        .collect()
 }
 
 /// Makes what `class` needs, `disk` the LVM classes' one PV.
@@ -93,14 +113,14 @@ pub fn make(class: &str, disk: &str) -> Result<(), String> {
     }
     if let Some(size) = needs.pmem_vg {
         let mut args = vec!["create-namespace", "--mode", "fsdax", "--region", REGION];
-        if let Some(size) = size {
+        if let NamespaceSize::Of(size) = size {
             args.extend(["--size", size]);
         }
         let made = sh("ndctl", &args);
         let pv = format!("/dev/{}", guest::json_field(&made, "blockdev"));
         guest::volume_group(PMEM_VG, &[&pv]);
     }
-    if needs.lvm_vg {
+    if needs.lvm_vg == Some(MadeBy::Make) {
         guest::volume_group(LVM_VG, &[disk]);
     }
     if let Some(size) = needs.thin_pool {
@@ -119,12 +139,17 @@ pub fn make(class: &str, disk: &str) -> Result<(), String> {
 /// gone (the daemon's libdm made those nodes, so the host's udev does not remove them).
 pub fn remove(class: &str, disk: &str) -> Result<(), String> {
     let needs = needs(class)?;
-    let pmem_pv = pvs_of(PMEM_VG);
-    if needs.lvm_vg || (class == "mixed" && try_sh("vgs", &[LVM_VG]).is_ok()) {
+    let lvm_vg_there = match needs.lvm_vg {
+        Some(MadeBy::Make) => true,
+        Some(MadeBy::Scenario) => try_sh("vgs", &[LVM_VG]).is_ok(),
+        None => false,
+    };
+    if lvm_vg_there {
         try_sh("vgremove", &["-q", "-f", LVM_VG])?;
         try_sh("pvremove", &["-q", disk])?;
     }
     if needs.pmem_vg.is_some() {
+        let pmem_pv = pvs_of(PMEM_VG);
         try_sh("vgremove", &["-q", "-f", PMEM_VG])?;
         for pv in &pmem_pv {
             try_sh("pvremove", &["-q", pv])?;
@@ -138,21 +163,24 @@ pub fn remove(class: &str, disk: &str) -> Result<(), String> {
 /// deletes them): LVs of its VG but the thin pool, fsdax namespaces that are volumes (not
 /// the one under [`PMEM_VG`]), loop images and the loop devices over them, and
 /// device-mapper nodes but the thin pool's (which the host's LVM made).
-pub fn volumes_left(class: &str) -> Vec<String> {
-    let needs = needs(class).unwrap_or_else(|e| panic!("{e}"));
+pub fn volumes_left(class: &str) -> Result<Vec<String>, String> {
+    let needs = needs(class)?;
     let mut left = Vec::new();
-    for (vg, made) in volume_groups(class, needs) {
+    for (vg, made_by) in volume_groups(needs) {
         match try_sh("lvs", &["--noheadings", "-o", "lv_name", vg]) {
             Ok(listing) => left.extend(
                 volume_lvs_in(&listing, THIN_POOL)
                     .into_iter()
                     .map(|lv| format!("lv {vg}/{lv}")),
             ),
-            Err(e) if made => left.push(format!("cannot list the LVs of {vg}: {e}")),
+            Err(e) if made_by == MadeBy::Make => left.push(format!("cannot list the LVs of {vg}: {e}")),
             Err(_) => {}
         }
     }
-    let under: Vec<String> = pvs_of(PMEM_VG);
+    let under = match needs.pmem_vg {
+        Some(_) => pvs_of(PMEM_VG),
+        None => Vec::new(),
+    };
     left.extend(
         fsdax_namespaces()
             .into_iter()
@@ -166,7 +194,7 @@ pub fn volumes_left(class: &str) -> Vec<String> {
             .filter(|node| !is_thin_pool_node(node))
             .map(|node| format!("node /dev/mapper/{node}")),
     );
-    left
+    Ok(left)
 }
 
 /// Anything of the storage once it is removed: device-mapper devices and their nodes,
@@ -232,11 +260,11 @@ impl std::fmt::Display for Namespace {
 
 /// The region's fsdax namespaces with a size, disabled ones too.
 pub fn fsdax_namespaces() -> Vec<Namespace> {
-    fsdax_namespaces_in(&sh("ndctl", &["list", "-N", "-i", "-r", REGION]))
+    fsdax_namespaces_in(guest::namespaces(true))
 }
 
-fn fsdax_namespaces_in(listing: &str) -> Vec<Namespace> {
-    json_list(listing)
+fn fsdax_namespaces_in(listing: Vec<serde_json::Value>) -> Vec<Namespace> {
+    listing
         .into_iter()
         .filter(|n| n["mode"] == "fsdax" && n["size"].as_u64().unwrap_or(0) > 0)
         .map(|n| Namespace {
@@ -322,6 +350,7 @@ fn is_thin_pool_node(node: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guest::json_list;
 
     #[test]
     fn every_plan_configuration_with_storage_is_known() {
@@ -333,11 +362,14 @@ mod tests {
                 .unwrap_err()
                 .contains("no storage known for class loop")
         );
-        let vgs = |class| volume_groups(class, needs(class).unwrap());
-        assert_eq!(vgs("pmem-lvm"), vec![(PMEM_VG, true)]);
-        assert_eq!(vgs("lvm-thin"), vec![(LVM_VG, true)]);
-        assert_eq!(vgs("all-classes"), vec![(LVM_VG, true), (PMEM_VG, true)]);
-        assert_eq!(vgs("mixed"), vec![(LVM_VG, false)]);
+        let vgs = |class| volume_groups(needs(class).unwrap());
+        assert_eq!(vgs("pmem-lvm"), vec![(PMEM_VG, MadeBy::Make)]);
+        assert_eq!(vgs("lvm-thin"), vec![(LVM_VG, MadeBy::Make)]);
+        assert_eq!(
+            vgs("all-classes"),
+            vec![(LVM_VG, MadeBy::Make), (PMEM_VG, MadeBy::Make)]
+        );
+        assert_eq!(vgs("mixed"), vec![(LVM_VG, MadeBy::Scenario)]);
         assert!(vgs("pmem").is_empty());
     }
 
@@ -350,7 +382,7 @@ mod tests {
           {"dev":"namespace0.0","mode":"raw","size":2147483648,"sector_size":512,"blockdev":"pmem0"}
         ]"#;
         assert_eq!(
-            fsdax_namespaces_in(listing),
+            fsdax_namespaces_in(json_list(listing)),
             vec![Namespace {
                 dev: "namespace0.1".into(),
                 name: "tok".into(),
@@ -358,7 +390,7 @@ mod tests {
                 size: 62914560
             }]
         );
-        assert!(fsdax_namespaces_in("").is_empty());
+        assert!(fsdax_namespaces_in(json_list("")).is_empty());
     }
 
     #[test]

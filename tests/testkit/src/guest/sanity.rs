@@ -38,8 +38,9 @@ pub fn make(disk: &str, config: &Path, loop_dir: &Path) -> SanityStorage {
     guest::volume_group(VG, &[disk]);
     guest::thin_pool(VG, POOL, "512M", true);
     // A region whose labels nobody initialised holds one label-less raw namespace and
-    // offers nothing to create-namespace.
-    if guest::region()["available_size"].as_u64() == Some(0) {
+    // offers nothing to create-namespace. (Labelling it leaves its alignment as it is.)
+    let region = guest::region();
+    if region["available_size"].as_u64() == Some(0) {
         guest::reset_region();
     }
     let made = guest::fsdax_namespace("256M", PMEM_VG_NAMESPACE);
@@ -48,8 +49,8 @@ pub fn make(disk: &str, config: &Path, loop_dir: &Path) -> SanityStorage {
     sh("wipefs", &["-q", "-a", &pmem_pv]);
     guest::volume_group(PMEM_VG, &[&pmem_pv]);
 
-    let extents = |vg, n| n * extent_size(vg);
-    let align = guest::region()["align"]
+    let extents = |vg, n| n * guest::lvm_bytes("vgs", "vg_extent_size", vg);
+    let align = region["align"]
         .as_u64()
         .unwrap_or_else(|| panic!("ndctl lists no align for {REGION}"));
     let lvm = Sizes {
@@ -99,25 +100,6 @@ fn configuration(loop_dir: &Path) -> String {
 ",
         loop_dir.display()
     )
-}
-
-/// The VG's extent size in bytes.
-fn extent_size(vg: &str) -> u64 {
-    let out = sh(
-        "vgs",
-        &[
-            "--noheadings",
-            "--units",
-            "b",
-            "--nosuffix",
-            "-o",
-            "vg_extent_size",
-            vg,
-        ],
-    );
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("vgs {vg}: extent size {out:?}"))
 }
 
 /// What an fsdax namespace of `raw` bytes offers, measured by making one.
