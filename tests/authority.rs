@@ -8,10 +8,6 @@
 //! connection refers to the first one's `:authority` in the dynamic table): a tonic
 //! client cannot send an authority the `http` crate rejects.
 
-#[allow(dead_code)] // the rewriter's unit tests use the rest
-#[path = "../src/csi/authority/test_frames.rs"]
-mod test_frames;
-
 use std::path::Path;
 use std::time::Duration;
 
@@ -23,7 +19,7 @@ use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use test_frames::{
+use localvol_grpc_frames::{
     ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, GRPC_GO_AUTHORITY, GrpcGoEncoder, HEADERS,
     RST_STREAM, SETTINGS, frame, grpc_request, preface_and_settings,
 };

@@ -724,13 +724,11 @@ fn one_mock_api_server() {
 }
 
 /// What tests and benchmarks share is a crate they `use` (tests/testkit), not a file
-/// they include: no `#[path]` in tests/ or benches/ reaches out of its own folder. The
-/// one exception is tests/authority.rs's include of the rewriter's byte fixtures
-/// (src/csi/authority/test_frames.rs), which the library's unit tests use too and
-/// which the library keeps test-only rather than exporting.
+/// they include: no `#[path]` in tests/ or benches/ reaches out of its own folder (the
+/// rewriter's byte fixtures, which the library's unit tests use too, are the crate
+/// tests/grpc-frames).
 #[test]
 fn no_path_include_in_tests_or_benches_crosses_folders() {
-    const ALLOWED: &[(&str, &str)] = &[("tests/authority.rs", "../src/csi/authority/test_frames.rs")];
     let root = src().parent().unwrap().to_path_buf();
     let mut files = Vec::new();
     all_source_files(&root.join("tests"), &mut files);
@@ -742,7 +740,6 @@ fn no_path_include_in_tests_or_benches_crosses_folders() {
         for (_, path) in child_modules(&code) {
             if let Some(path) = path
                 && path.split('/').any(|part| part == "..")
-                && !ALLOWED.contains(&(rel.as_str(), path.as_str()))
             {
                 crossing.push(format!("{rel}: #[path = {path:?}] (use localvol_testkit)"));
             }

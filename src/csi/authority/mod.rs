@@ -11,9 +11,6 @@
 
 mod frames;
 mod header_block;
-#[cfg(test)]
-#[allow(dead_code)] // shared with tests/authority.rs, which uses the rest
-mod test_frames;
 
 use std::io;
 use std::pin::Pin;
@@ -128,7 +125,7 @@ mod tests {
     async fn untouched_bytes_and_a_truncated_tail_reach_the_server() {
         let (mut client, server) = tokio::io::duplex(64);
         let mut server = NormalizedStream::new(server);
-        let mut sent = test_frames::preface_and_settings();
+        let mut sent = localvol_grpc_frames::preface_and_settings();
         // A PING, then a HEADERS frame header announcing 20 octets that never come.
         sent.extend_from_slice(&[0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
         sent.extend_from_slice(&[0, 0, 20, 1, 4, 0, 0, 0, 1, 0x82]);
@@ -156,7 +153,7 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
         let mut server = NormalizedStream::new(server);
         tokio::spawn(async move {
-            let mut sent = test_frames::preface_and_settings();
+            let mut sent = localvol_grpc_frames::preface_and_settings();
             // HEADERS without END_HEADERS, then CONTINUATION frames without end.
             sent.extend_from_slice(&[0, 0x40, 0, 1, 0, 0, 0, 0, 1]);
             sent.extend_from_slice(&[0x82; 0x4000]);

@@ -1,5 +1,5 @@
 use super::*;
-use crate::csi::authority::test_frames::{
+use localvol_grpc_frames::{
     self as t, CONTINUATION, END_HEADERS, END_STREAM, GRPC_GO_AUTHORITY, GrpcGoEncoder, HEADERS, PADDED,
     PRIORITY, frame, grpc_request, preface_and_settings, server_view, split_frames, with_authority,
 };

@@ -1,5 +1,5 @@
 use super::*;
-use crate::csi::authority::test_frames::{GRPC_GO_AUTHORITY, GrpcGoEncoder, grpc_request, with_authority};
+use localvol_grpc_frames::{GRPC_GO_AUTHORITY, GrpcGoEncoder, grpc_request, with_authority};
 
 const PATH: &str = "/pluginregistration.Registration/GetInfo";
 

@@ -1,9 +1,10 @@
 //! Byte fixtures for the rewriter's tests: frames built by hand, header blocks encoded
 //! as grpc-go does (Huffman, incremental indexing), and h2's view of the output.
 //!
-//! Standalone (only external crates), so that tests/authority.rs includes it too. The
-//! wire constants are stated here again on purpose: tests do not take the
-//! implementation's word for them.
+//! A crate of its own (a dev-dependency), so that the library's unit tests and
+//! tests/authority.rs use the same fixtures without a `#[path]` include. The wire
+//! constants are stated here again on purpose: tests do not take the implementation's
+//! word for them.
 
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// SETTINGS_MAX_FRAME_SIZE's initial value (RFC 9113 §6.5.2).
