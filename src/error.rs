@@ -188,6 +188,12 @@ fn reclaim_code(e: &ReclaimError) -> Code {
     }
 }
 
+/// The code a backend error gets, for backend tests that assert it without a volume around it.
+#[cfg(test)]
+pub(crate) fn code_of(e: &BackendError) -> Code {
+    backend_code(e)
+}
+
 fn backend_code(e: &BackendError) -> Code {
     match e {
         BackendError::NoSpace { .. } => Code::ResourceExhausted,
@@ -225,7 +231,12 @@ fn lvm_code(e: &LvmError) -> Code {
 
 fn pmem_code(e: &PmemError) -> Code {
     match e {
-        PmemError::RegionNotFound { .. } | PmemError::ReportUnavailable { .. } => Code::Unavailable,
+        PmemError::RegionNotFound { .. }
+        | PmemError::RegionUnreachable { .. }
+        | PmemError::ReportUnavailable { .. } => Code::Unavailable,
+        // As for a full thin pool: no space to give, which makes external-provisioner
+        // try another node for a claim that waits for its first consumer.
+        PmemError::RegionDisabled { .. } => Code::ResourceExhausted,
         // CSI: a capacity range the plugin cannot honour.
         PmemError::FixedSize { .. } => Code::OutOfRange,
         PmemError::NameTaken { .. } => Code::AlreadyExists,

@@ -217,13 +217,12 @@ impl Backend {
     }
 
     /// The class's capacity and the state of its storage as a whole, from one look at
-    /// it (a loop class counts its images once for both). A PMEM region says nothing of
-    /// its health in the listing localvol reads: healthy.
+    /// it (a loop class counts its images once for both).
     pub async fn capacity_and_health(&self) -> Result<(ClassCapacity, StorageHealth), BackendError> {
         match self {
             Backend::Loop(b) => b.capacity_and_health().await,
             Backend::Lvm(b) => Ok((b.capacity().await?, b.storage_health().await?)),
-            Backend::Pmem(b) => Ok((b.capacity().await?, StorageHealth::Healthy)),
+            Backend::Pmem(b) => Ok((b.capacity().await?, b.storage_health().await?)),
         }
     }
 
@@ -282,10 +281,10 @@ impl Backend {
         match self {
             Backend::Lvm(b) => b.volume_health(&record.id.token).await,
             Backend::Loop(b) => b.volume_health(record, device.is_some()).await,
-            Backend::Pmem(b) => match device {
-                Some((_, dev)) => b.volume_health(&record.id.token, dev).await,
-                None => Ok(VolumeHealth::Healthy),
-            },
+            Backend::Pmem(b) => {
+                b.volume_health(&record.id.token, device.map(|(_, dev)| dev))
+                    .await
+            }
         }
     }
 

@@ -46,7 +46,11 @@ impl Terminal for LvmError {
 impl Terminal for PmemError {
     fn is_terminal(&self) -> bool {
         match self {
-            PmemError::RegionNotFound { .. } | PmemError::ReportUnavailable { .. } => false,
+            // A region comes back when it is enabled again or its report can be read.
+            PmemError::RegionNotFound { .. }
+            | PmemError::RegionDisabled { .. }
+            | PmemError::RegionUnreachable { .. }
+            | PmemError::ReportUnavailable { .. } => false,
             // fsdax namespaces cannot grow in place; the same size asked again fails again.
             PmemError::FixedSize { .. } | PmemError::TooSmall { .. } => true,
             PmemError::NameTaken { .. } | PmemError::Duplicate { .. } => true,

@@ -28,8 +28,15 @@
 //! **State** is one `ndctl list` of the region, cached. Our own creates and destroys
 //! apply the namespace they made or removed to it; the free sizes they changed are
 //! left to ndctl (capacity lists again; a create lets ndctl refuse).
+//!
+//! **A disabled region** lists no namespaces, so it cannot say whether a volume's
+//! namespace still exists. Nothing is concluded from that: the class offers no space and
+//! refuses creates (RESOURCE_EXHAUSTED), calls that would change or reach a volume
+//! answer UNAVAILABLE, its records are kept and still listed, its storage is critical
+//! and its volumes abnormal ([`health`]), until the region is enabled again.
 
 pub mod fuzz;
+mod health;
 pub mod ndctl;
 mod provision;
 #[cfg(test)]
@@ -45,9 +52,9 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use self::ndctl::{Namespace, Region};
-use super::cache::{DEFAULT_TTL, KNOWN_TTL, ReportCache};
+use super::cache::{DEFAULT_TTL, KNOWN_TTL, REFUSAL_TTL, ReportCache};
 use super::files;
-use super::{BackendError, ClassCapacity, VolumeHealth, VolumeRecord};
+use super::{BackendError, ClassCapacity, StorageHealth, VolumeHealth, VolumeRecord};
 use crate::fs::FsType;
 use crate::host::{CommandError, CommandSpec, Host};
 use crate::model::{CapacityRange, ClaimRef, DEFAULT_VOLUME_BYTES, ValidationError};
@@ -62,6 +69,12 @@ const MAX_NAMESPACE_NAME: usize = 63;
 pub enum PmemError {
     #[error("PMEM region {region} does not exist on this node")]
     RegionNotFound { region: String },
+    /// A create in a disabled region: there is no space to give.
+    #[error("{}", health::disabled(region))]
+    RegionDisabled { region: String },
+    /// A call that needs a volume's namespace while its region is disabled.
+    #[error("{}; nothing was changed", health::disabled(region))]
+    RegionUnreachable { region: String },
     #[error(
         "volume {token} is an fsdax namespace of {size} bytes, and a namespace cannot grow in place \
          ({requested} bytes requested); use a pmem class in lvm mode for volumes that grow"
@@ -172,6 +185,9 @@ impl PmemBackend {
         files::create_private_dir(&backend.dir).await?;
         let region = backend.state().await?;
         backend.align = region.align.max(ndctl::FSDAX_ALIGN);
+        if region.is_disabled() {
+            warn!(class = %backend.class, region = %backend.region, "{}", health::disabled(&backend.region));
+        }
         if region.available_size == 0
             && region
                 .namespaces
@@ -201,9 +217,22 @@ impl PmemBackend {
     }
 
     /// The cached report up to [`KNOWN_TTL`] old, with our own creates and destroys
-    /// applied: for looking up this class's namespaces.
+    /// applied: for looking up this class's namespaces. A disabled region lists none,
+    /// which says nothing of them: [`PmemError::RegionUnreachable`], on a report
+    /// recent enough that an administrator's `ndctl enable-region` is seen.
     async fn known_state(&self) -> Result<Arc<Region>, BackendError> {
-        self.state_within(KNOWN_TTL).await
+        let region = self.state_within(KNOWN_TTL).await?;
+        if !region.is_disabled() {
+            return Ok(region);
+        }
+        let recent = self.state_within(REFUSAL_TTL).await?;
+        if recent.is_disabled() {
+            return Err(PmemError::RegionUnreachable {
+                region: self.region.clone(),
+            }
+            .into());
+        }
+        Ok(recent)
     }
 
     async fn state_within(&self, max_age: Duration) -> Result<Arc<Region>, BackendError> {
@@ -291,11 +320,12 @@ impl PmemBackend {
         Ok(first)
     }
 
-    fn to_record(&self, token: Token, file: RecordFile, namespace: &Namespace) -> VolumeRecord {
-        let size_bytes = if namespace.blockdev.is_some() {
-            namespace.size
-        } else {
-            file.size_bytes
+    /// The volume a done record describes, sized by its namespace when that is enabled
+    /// (`None`: not seen, while the region is disabled).
+    fn to_record(&self, token: Token, file: RecordFile, namespace: Option<&Namespace>) -> VolumeRecord {
+        let size_bytes = match namespace {
+            Some(ns) if ns.blockdev.is_some() => ns.size,
+            _ => file.size_bytes,
         };
         VolumeRecord {
             id: VolumeId::new(self.class.clone(), token),
@@ -321,7 +351,7 @@ impl PmemBackend {
         };
         let region = self.known_state().await?;
         match self.namespace(&region, &file.namespace)? {
-            Some(ns) => Ok(Some((self.to_record(token.clone(), file, ns), ns.clone()))),
+            Some(ns) => Ok(Some((self.to_record(token.clone(), file, Some(ns)), ns.clone()))),
             None => {
                 warn!(class = %self.class, volume = %token, namespace = %file.namespace, "the record names a namespace that is gone");
                 Ok(None)
@@ -329,8 +359,18 @@ impl PmemBackend {
         }
     }
 
+    /// The volume, from its done record and its namespace; while the region is disabled,
+    /// from its done record alone, so that the class's volumes are still listed and
+    /// looked up (a lookup of a name in every class, a volume's stats) and reported.
     pub async fn get(&self, token: &Token) -> Result<Option<VolumeRecord>, BackendError> {
-        Ok(self.volume(token).await?.map(|(record, _)| record))
+        match self.volume(token).await {
+            Err(BackendError::Pmem(PmemError::RegionUnreachable { .. })) => Ok(self
+                .read_record(token)
+                .await?
+                .filter(|f| !f.pending)
+                .map(|file| self.to_record(token.clone(), file, None))),
+            found => Ok(found?.map(|(record, _)| record)),
+        }
     }
 
     pub async fn list(&self) -> Result<Vec<VolumeRecord>, BackendError> {
@@ -369,6 +409,13 @@ impl PmemBackend {
 
     fn capacity_of(&self, region: &Region) -> ClassCapacity {
         let usable = |raw: u64| ndctl::fsdax_usable(raw / self.align * self.align);
+        if region.is_disabled() {
+            return ClassCapacity {
+                available: 0,
+                total: region.size,
+                max_volume: 0,
+            };
+        }
         ClassCapacity {
             available: usable(region.available_size),
             total: region.size,
@@ -380,10 +427,23 @@ impl PmemBackend {
         Ok(self.capacity_of(&*self.sized_state().await?))
     }
 
-    /// Media errors under the volume on device `dev`: the bad sectors the kernel lists
-    /// for its namespace's block device (one sysfs read; the namespace is looked up only
-    /// to name it). Reads of them fail with EIO, and what they held is lost.
-    pub async fn volume_health(&self, token: &Token, dev: u64) -> Result<VolumeHealth, BackendError> {
+    /// The region's state, the class's storage health (see [`health`]).
+    pub async fn storage_health(&self) -> Result<StorageHealth, BackendError> {
+        Ok(health::region_health(&*self.state().await?))
+    }
+
+    /// What is wrong under the volume: its region disabled (from the cached listing),
+    /// or media errors on device `dev`, its namespace's block device (`None`: the device
+    /// is gone, which the caller reports): the bad sectors the kernel lists for it (one
+    /// sysfs read; the namespace is looked up only to name it). Reads of them fail with
+    /// EIO, and what they held is lost.
+    pub async fn volume_health(&self, token: &Token, dev: Option<u64>) -> Result<VolumeHealth, BackendError> {
+        if self.state().await?.is_disabled() {
+            return Ok(VolumeHealth::Abnormal(health::disabled(&self.region)));
+        }
+        let Some(dev) = dev else {
+            return Ok(VolumeHealth::Healthy);
+        };
         let bad = self.host.syscalls.bad_sectors(dev).await?;
         if bad == 0 {
             return Ok(VolumeHealth::Healthy);
@@ -422,8 +482,13 @@ impl PmemBackend {
         .into())
     }
 
+    /// The namespace's block device; `None` while the namespace is disabled, or the
+    /// whole region is (its devices are gone).
     pub async fn device(&self, token: &Token) -> Result<Option<PathBuf>, BackendError> {
-        Ok(self.volume(token).await?.and_then(|(_, ns)| self.device_of(&ns)))
+        match self.volume(token).await {
+            Err(BackendError::Pmem(PmemError::RegionUnreachable { .. })) => Ok(None),
+            found => Ok(found?.and_then(|(_, ns)| self.device_of(&ns))),
+        }
     }
 
     /// The namespace's block device, enabling the namespace if it was disabled.

@@ -18,6 +18,16 @@ pub struct Region {
     pub max_available_extent: u64,
     #[serde(default)]
     pub namespaces: Vec<Namespace>,
+    /// `disabled` while the region's driver is unbound (`ndctl disable-region`, or a
+    /// region the kernel could not enable); absent while it is enabled. A disabled
+    /// region lists no namespaces: they and their block devices are gone until it is
+    /// enabled again.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// The media errors the platform reported in the region (its `badblocks` in sysfs);
+    /// absent when there are none.
+    #[serde(default)]
+    pub badblock_count: u64,
     /// Set when our own create or destroy was applied to a cached report: the
     /// namespaces are exact, the free sizes are not (ndctl picks where a namespace goes).
     #[serde(skip)]
@@ -25,6 +35,10 @@ pub struct Region {
 }
 
 impl Region {
+    pub fn is_disabled(&self) -> bool {
+        self.state.as_deref() == Some("disabled")
+    }
+
     /// The listing after our `create-namespace` made `ns` (as it printed it).
     pub fn created(&mut self, ns: Namespace) {
         self.namespaces.retain(|n| n.dev != ns.dev);
@@ -282,6 +296,11 @@ mod tests {
         let fresh = parse_regions(fixture!("list-RNi-uninitialized-labels.json")).unwrap();
         assert_eq!(fresh[0].available_size, 0);
         assert_eq!(fresh[0].namespaces[0].mode, "raw");
+
+        let disabled = parse_regions(fixture!("list-RNi-region0-disabled.json")).unwrap();
+        assert!(disabled[0].is_disabled() && !r.is_disabled());
+        assert_eq!((disabled[0].namespaces.len(), disabled[0].badblock_count), (0, 0));
+        assert!(disabled[0].available_size > 0, "free sizes are still listed, yet unusable");
 
         let bare = parse_regions(fixture!("list-R-two-namespaces.json")).unwrap();
         assert_eq!(bare[0].namespaces, []);

@@ -37,6 +37,9 @@ impl PmemBackend {
 
     pub async fn create(&self, spec: &CreateSpec) -> Result<VolumeRecord, BackendError> {
         let _allocation = self.allocation.lock().await;
+        if let Err(BackendError::Pmem(PmemError::RegionUnreachable { region })) = self.known_state().await {
+            return Err(PmemError::RegionDisabled { region }.into());
+        }
         if let Some((record, _)) = self.volume(&spec.token).await? {
             return Ok(record);
         }
@@ -136,7 +139,7 @@ impl PmemBackend {
                 file.size_bytes = ns.size;
                 file.pending = false;
                 self.write_record(&spec.token, &file).await?;
-                Ok(self.to_record(spec.token.clone(), file, &ns))
+                Ok(self.to_record(spec.token.clone(), file, Some(&ns)))
             }
             Err(e) => {
                 // Leave nothing behind. If this fails too, the pending record remains:

@@ -40,6 +40,9 @@ struct FakeRegion {
     namespaces: Vec<FakeNs>,
     next: usize,
     fail: Vec<(&'static str, String)>,
+    /// `ndctl disable-region`: listed with `"state":"disabled"` and no namespaces
+    /// (tests/fixtures/ndctl/list-RNi-region0-disabled.json); every change refused.
+    disabled: bool,
 }
 
 impl FakeRegion {
@@ -48,6 +51,13 @@ impl FakeRegion {
     }
 
     fn json(&self) -> String {
+        if self.disabled {
+            return format!(
+                r#"[{{"dev":"region0","size":{},"align":{ALIGN},"available_size":{a},"max_available_extent":{a},"type":"pmem","persistence_domain":"unknown","state":"disabled"}}]"#,
+                self.size,
+                a = self.available()
+            );
+        }
         let namespaces: Vec<String> = self
             .namespaces
             .iter()
@@ -91,6 +101,7 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
             match a[0].as_str() {
                 "list" if flag("-r").as_deref() == Some("region0") => ok(r.json()),
                 "list" => ok(String::new()),
+                other if r.disabled => panic!("ndctl {other} in a disabled region"),
                 "create-namespace" => {
                     let raw: u64 = flag("-s").unwrap().parse().unwrap();
                     if !raw.is_multiple_of(ALIGN) {
@@ -437,12 +448,12 @@ async fn media_errors_on_a_namespace_make_its_volume_abnormal() {
     let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
     let dev = nix::sys::stat::makedev(259, 0);
     assert_eq!(
-        f.backend.volume_health(&token, dev).await.unwrap(),
+        f.backend.volume_health(&token, Some(dev)).await.unwrap(),
         VolumeHealth::Healthy
     );
     f.syscalls.set_bad_sectors((259, 0), 8);
     assert_eq!(
-        f.backend.volume_health(&token, dev).await.unwrap(),
+        f.backend.volume_health(&token, Some(dev)).await.unwrap(),
         VolumeHealth::Abnormal(
             "its namespace namespace0.0 has 8 bad sectors (media errors the kernel lists in \
              /sys/block/pmem0/badblocks): reads of them fail and what they held is lost; copy \
@@ -451,6 +462,77 @@ async fn media_errors_on_a_namespace_make_its_volume_abnormal() {
                 .to_string()
         )
     );
+}
+
+/// A disabled region lists no namespaces, which proves nothing of them: the class offers
+/// nothing and refuses a create with RESOURCE_EXHAUSTED, calls on its volumes answer
+/// UNAVAILABLE, its records are kept and listed, its storage is critical and its
+/// volumes abnormal; nothing is run but `ndctl list`. Enabled again, all of it serves.
+#[tokio::test]
+async fn a_disabled_region_takes_no_volume_and_keeps_its_records() {
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
+    let changes = f.changes().len();
+    f.region.lock().unwrap().disabled = true;
+    f.backend.cache.invalidate();
+    let b = &f.backend;
+    assert_eq!(
+        b.capacity().await.unwrap(),
+        ClassCapacity {
+            available: 0,
+            total: 1 << 30,
+            max_volume: 0
+        }
+    );
+    let StorageHealth::Critical(why) = b.storage_health().await.unwrap() else {
+        panic!("not critical");
+    };
+    assert_eq!(why, health::disabled("region0"));
+    let err = b
+        .create(&spec("pvc-2", 62 * MIB, VolumeMode::Block))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Pmem(PmemError::RegionDisabled { .. })),
+        "{err}"
+    );
+    assert_eq!(crate::error::code_of(&err), tonic::Code::ResourceExhausted);
+    let listed = b.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].name.as_str(), listed[0].size_bytes),
+        ("pvc-1", 62 * MIB)
+    );
+    assert_eq!(b.get(&token).await.unwrap().as_ref(), Some(&listed[0]));
+    assert_eq!(b.device(&token).await.unwrap(), None);
+    assert_eq!(
+        b.volume_health(&token, None).await.unwrap(),
+        VolumeHealth::Abnormal(health::disabled("region0"))
+    );
+    for err in [
+        b.attach(&token).await.unwrap_err(),
+        b.delete(&token).await.unwrap_err(),
+        b.expand(&token, 62 * MIB).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, BackendError::Pmem(PmemError::RegionUnreachable { .. })),
+            "{err}"
+        );
+        assert_eq!(crate::error::code_of(&err), tonic::Code::Unavailable);
+        assert!(err.to_string().ends_with("; nothing was changed"), "{err}");
+    }
+    assert_eq!(f.records(), ["pvc-1.json"]);
+    assert_eq!(f.changes().len(), changes, "{:?}", f.changes());
+    b.check_health()
+        .await
+        .expect("the region is listed: the daemon stays ready");
+
+    f.region.lock().unwrap().disabled = false;
+    f.backend.cache.invalidate();
+    assert!(b.capacity().await.unwrap().available > 0);
+    assert_eq!(b.storage_health().await.unwrap(), StorageHealth::Healthy);
+    assert_eq!(b.device(&token).await.unwrap(), Some(PathBuf::from("/dev/pmem0")));
+    b.delete(&token).await.unwrap();
+    assert!(f.records().is_empty() && f.names().is_empty());
 }
 
 #[tokio::test]
