@@ -300,7 +300,10 @@ mod tests {
         let disabled = parse_regions(fixture!("list-RNi-region0-disabled.json")).unwrap();
         assert!(disabled[0].is_disabled() && !r.is_disabled());
         assert_eq!((disabled[0].namespaces.len(), disabled[0].badblock_count), (0, 0));
-        assert!(disabled[0].available_size > 0, "free sizes are still listed, yet unusable");
+        assert!(
+            disabled[0].available_size > 0,
+            "free sizes are still listed, yet unusable"
+        );
 
         let bare = parse_regions(fixture!("list-R-two-namespaces.json")).unwrap();
         assert_eq!(bare[0].namespaces, []);

@@ -23,7 +23,15 @@ impl PmemBackend {
             .await;
         match result {
             Ok(_) => Ok(()),
-            Err(e) if ndctl::stderr::is_missing(e.stderr()) => Ok(()),
+            // ndctl says the same of a namespace in a region disabled since the cached
+            // listing: only a fresh one (the failed change made it stale) says it is gone.
+            Err(e) if ndctl::stderr::is_missing(e.stderr()) => match self.state().await?.is_disabled() {
+                true => Err(PmemError::RegionUnreachable {
+                    region: self.region.clone(),
+                }
+                .into()),
+                false => Ok(()),
+            },
             Err(e) if ndctl::stderr::is_busy(e.stderr()) => Err(BackendError::InUse {
                 token: token.clone(),
                 by: format!(
@@ -123,6 +131,13 @@ impl PmemBackend {
             }),
             Err(e) => {
                 files::remove_durably(&self.dir, &self.record_path(&spec.token)).await?;
+                // A region disabled since the cached listing has "no space" too.
+                if self.state().await?.is_disabled() {
+                    return Err(PmemError::RegionDisabled {
+                        region: self.region.clone(),
+                    }
+                    .into());
+                }
                 return Err(if ndctl::stderr::is_no_space(e.stderr()) {
                     BackendError::NoSpace {
                         class: self.class.clone(),

@@ -41,7 +41,8 @@ struct FakeRegion {
     next: usize,
     fail: Vec<(&'static str, String)>,
     /// `ndctl disable-region`: listed with `"state":"disabled"` and no namespaces
-    /// (tests/fixtures/ndctl/list-RNi-region0-disabled.json); every change refused.
+    /// (tests/fixtures/ndctl/list-RNi-region0-disabled.json); a create finds no space and
+    /// a destroy no namespace, as ndctl says then; any other change panics.
     disabled: bool,
 }
 
@@ -101,6 +102,16 @@ fn simulate(commands: &FakeCommands, region: &Shared) {
             match a[0].as_str() {
                 "list" if flag("-r").as_deref() == Some("region0") => ok(r.json()),
                 "list" => ok(String::new()),
+                // As ndctl 76 answers while the region is disabled (its namespaces are
+                // gone from sysfs): tests/fixtures/ndctl/*-region-disabled.txt.
+                "create-namespace" if r.disabled => {
+                    failed(cmd, 237, "failed to create namespace: No space left on device\n")
+                }
+                "destroy-namespace" if r.disabled => failed(
+                    cmd,
+                    250,
+                    "error destroying namespaces: No such device or address\ndestroyed 0 namespaces\n",
+                ),
                 other if r.disabled => panic!("ndctl {other} in a disabled region"),
                 "create-namespace" => {
                     let raw: u64 = flag("-s").unwrap().parse().unwrap();
@@ -531,6 +542,42 @@ async fn a_disabled_region_takes_no_volume_and_keeps_its_records() {
     assert!(b.capacity().await.unwrap().available > 0);
     assert_eq!(b.storage_health().await.unwrap(), StorageHealth::Healthy);
     assert_eq!(b.device(&token).await.unwrap(), Some(PathBuf::from("/dev/pmem0")));
+    b.delete(&token).await.unwrap();
+    assert!(f.records().is_empty() && f.names().is_empty());
+}
+
+/// The region disabled after the class last listed it: the cached listing still shows
+/// the namespace, and ndctl's answers are those of a missing namespace and a full
+/// region. A fresh listing tells them apart: the record is kept (the namespace comes
+/// back with the region) and the create is refused for the region, not for space.
+#[tokio::test]
+async fn a_region_disabled_behind_the_cached_listing_loses_no_record() {
+    let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
+    f.region.lock().unwrap().disabled = true;
+    let b = &f.backend;
+    let err = b.delete(&token).await.unwrap_err();
+    assert!(
+        matches!(err, BackendError::Pmem(PmemError::RegionUnreachable { .. })),
+        "{err}"
+    );
+    assert_eq!(f.records(), ["pvc-1.json"]);
+    // Listed enabled again (and cached), then disabled before the create runs ndctl.
+    f.region.lock().unwrap().disabled = false;
+    f.backend.cache.invalidate();
+    assert!(b.capacity().await.unwrap().available > 0);
+    f.region.lock().unwrap().disabled = true;
+    let err = b
+        .create(&spec("pvc-2", 62 * MIB, VolumeMode::Block))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, BackendError::Pmem(PmemError::RegionDisabled { .. })),
+        "{err}"
+    );
+    assert_eq!(f.records(), ["pvc-1.json"], "the pending record is removed");
+
+    f.region.lock().unwrap().disabled = false;
+    f.backend.cache.invalidate();
     b.delete(&token).await.unwrap();
     assert!(f.records().is_empty() && f.names().is_empty());
 }
