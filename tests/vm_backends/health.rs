@@ -1,5 +1,6 @@
-//! A thin pool that fills up under a volume, and a volume group that loses a disk, on
-//! real device-mapper: reported before the next claim or the volume's writes find it.
+//! A thin pool that fills up under a volume and a volume group that loses a disk, on
+//! real device-mapper, and a PMEM region disabled under its volumes, on the emulated
+//! NVDIMM: reported before the next claim or the volume's writes find it.
 
 use super::*;
 
@@ -208,4 +209,96 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
     d.stop().await;
     guest::remove_volume_group_on_loop(FULL_VG, &loop_dev);
     lossy.remove();
+}
+
+/// Whether `ndctl` lists the region as disabled (`-i`: without it, a disabled region is
+/// not listed at all).
+fn region_disabled() -> bool {
+    let listed = guest::json_list(&sh("ndctl", &["list", "-R", "-i", "-r", REGION]));
+    listed
+        .first()
+        .unwrap_or_else(|| panic!("ndctl lists no {REGION}"))["state"]
+        == "disabled"
+}
+
+/// `ndctl disable-region` under a volume of the direct PMEM class, as an administrator
+/// does before a module is replaced (or as a region the kernel could not enable
+/// looks): its namespaces and block devices are gone, and ndctl answers a destroy as
+/// for a missing namespace. The class offers nothing and refuses a create for the
+/// region; a delete answers UNAVAILABLE and keeps the record (the namespace comes back
+/// with the region); the class's storage is critical in /metrics. Enabled again, the
+/// delete goes through and the class serves, without a restart.
+///
+/// The suite's pmemvg sits on a namespace of the same region; it holds no active LV
+/// between tests, so nothing keeps the region busy, and it is whole afterwards.
+pub async fn a_disabled_pmem_region_is_reported_and_takes_no_volume() {
+    let config = Path::new(CONFIG_DIR).join("region.yaml");
+    std::fs::write(
+        &config,
+        "device-classes:\n  - name: pmem\n    kind: pmem\n    mode: direct\n    region: region0\n    default: true\n",
+    )
+    .unwrap();
+    let dir = tempfile::Builder::new().prefix("localvol-vm-").tempdir().unwrap();
+    let d = InProcessDaemon::start_with_config(dir, "vm-node", &config).await;
+    let c = Csi::of(&d).await;
+    let mut t = Steps::new("pmem-region");
+    let cap = block_cap();
+    let kept = c.create("pmem", "kept", 64 * MIB, &cap).await.unwrap();
+    assert_eq!(namespaces_named("kept").len(), 1);
+    sh("vgchange", &["-q", "-an", PMEM_VG]);
+    let out = std::process::Command::new("ndctl")
+        .args(["disable-region", REGION])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && said.contains("disabled 1 region"),
+        "{said}"
+    );
+    assert!(region_disabled());
+    t.done("a volume made, the region disabled");
+
+    let refused = c.create("pmem", "refused", 64 * MIB, &cap).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("PMEM region region0 is disabled"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        c.capacity("pmem").await,
+        (0, 0),
+        "a disabled region offers nothing"
+    );
+    d.wait_for_metric(r#"localvol_storage_health{device_class="pmem",status="critical"} 1"#)
+        .await;
+    let unreachable = c.delete(&kept.volume_id).await.unwrap_err();
+    assert_eq!(unreachable.code(), Code::Unavailable, "{unreachable:?}");
+    assert!(
+        unreachable.message().ends_with("; nothing was changed"),
+        "{unreachable:?}"
+    );
+    assert!(c.listed(&kept.volume_id).await, "the volume is still listed");
+    t.done("no capacity, a create refused, critical, the delete kept the record");
+
+    sh("ndctl", &["enable-region", REGION]);
+    assert!(!region_disabled());
+    // The refusal's listing is at most REFUSAL_TTL (10 s) old when the next call asks.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = c.delete(&kept.volume_id).await {
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+        assert!(
+            Instant::now() < deadline,
+            "still unreachable 30 s after enable-region: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(namespaces_named("kept").is_empty() && namespaces_named("refused").is_empty());
+    assert!(c.capacity("pmem").await.0 > 0);
+    let again = c.create("pmem", "again", 64 * MIB, &cap).await.unwrap();
+    c.delete(&again.volume_id).await.unwrap();
+    d.wait_for_metric(r#"localvol_storage_health{device_class="pmem",status="healthy"} 1"#)
+        .await;
+    t.done("enabled: deleted, served again, healthy");
+    d.stop().await;
+    sh("vgs", &[PMEM_VG]);
 }

@@ -13,7 +13,7 @@
 //!
 //! The tests are listed here, under the names CI knows; their bodies live beside this
 //! file, one file per concern (lifecycle, capacity, restarts, old bytes, half-done
-//! creates, a missing VG, a full thin pool, encryption). The storage set-up and gate are tests/testkit/src/guest.rs, the
+//! creates, a missing VG, a full thin pool and a disabled region, encryption). The storage set-up and gate are tests/testkit/src/guest.rs, the
 //! CSI client tests/testkit/src/csi_client.rs.
 
 mod capacity;
@@ -101,6 +101,7 @@ macro_rules! vm_tests {
 vm_tests! {
     missing_vg::a_missing_volume_group_is_served_once_it_appears,
     health::a_full_thin_pool_is_reported_and_takes_no_volume,
+    health::a_disabled_pmem_region_is_reported_and_takes_no_volume,
     capacity::capacity_matches_the_tools_and_too_big_leaves_nothing,
     half_done::half_done_creates_are_finished_on_retry,
     capacity::limits_are_kept_and_the_largest_volume_fits,
