@@ -61,6 +61,18 @@ rust_scenario() {
     OVERLAY="$OVERLAY" REGISTRATION="$REGISTRATION" LVM_VG="$LVM_VG" WAIT_SCALE="${WAIT_SCALE:-1}" VG_DISK="${VG_DISK:-}" "$@"
 }
 
+# volume_health_gate RECIPE: the kubelet of a copy of the kit's recipe (the kit itself is
+# read-only) with the alpha CSIVolumeHealth gate on, so that it reads the volume condition
+# of NodeGetVolumeStats (scenario 15 asserts its
+# kubelet_volume_stats_health_status_abnormal). Both the host's node (run.sh) and the
+# guest's (tests/vm/cluster-guest.sh) call it.
+volume_health_gate() {
+  local config=$1/kubelet-config.yaml.in
+  ! grep -q '^featureGates:' "$config" ||
+    { echo "kit's kubelet config has featureGates of its own: merge CSIVolumeHealth into them" >&2; return 1; }
+  printf 'featureGates:\n  CSIVolumeHealth: true\n' >>"$config"
+}
+
 # netns_dir_shared: /run/netns a shared mount point of its own, as the first `ip netns
 # add` on a machine makes it, before any pod's network namespace is mounted there.
 # Made later (a guest cluster's first `ip netns add` while the host's cluster runs

@@ -56,15 +56,11 @@ exec 9>/run/localvol-cluster.lock
 flock -n 9 || { echo "tests/cluster/run.sh: waiting for another cluster run to finish"; flock 9; }
 
 LOGS=$(mktemp -d /tmp/localvol-cluster.XXXXXX)
-# A copy of the kit's recipe (the kit itself is read-only) whose kubelet has the alpha
-# CSIVolumeHealth gate on, so that it reads the volume condition of NodeGetVolumeStats
-# (scenario 15 asserts its kubelet_volume_stats_health_status_abnormal), and another
-# maxPods if one is asked for.
+# A copy of the kit's recipe whose kubelet has the CSIVolumeHealth gate on (lib.sh), and
+# another maxPods if one is asked for.
 cp -r "$KIT/recipe" "$LOGS/recipe"
 RECIPE=$LOGS/recipe
-! grep -q '^featureGates:' "$RECIPE/kubelet-config.yaml.in" ||
-  { echo "kit's kubelet config has featureGates of its own: merge CSIVolumeHealth into them" >&2; exit 1; }
-printf 'featureGates:\n  CSIVolumeHealth: true\n' >>"$RECIPE/kubelet-config.yaml.in"
+volume_health_gate "$RECIPE" || exit 1
 if [ -n "${LOCALVOL_CLUSTER_MAX_PODS:-}" ]; then
   sed -i "s/^maxPods: .*/maxPods: $LOCALVOL_CLUSTER_MAX_PODS/" "$RECIPE/kubelet-config.yaml.in"
   grep -qx "maxPods: $LOCALVOL_CLUSTER_MAX_PODS" "$RECIPE/kubelet-config.yaml.in" ||

@@ -132,5 +132,5 @@ async fn s14_helm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cluster with localvol deployed: tests/cluster/scenarios/s15_volume_health.sh runs it"]
 async fn s15_volume_health() {
-    scenario("s15_volume_health", volume_health::loop_image_deleted).await;
+    scenario("s15_volume_health", volume_health::storage_failed).await;
 }

@@ -164,6 +164,12 @@ fn lv_bytes_fields(vg: &str, lv: &str, fields: &str) -> Result<String> {
     )
 }
 
+/// The size in bytes of the run's thin pool.
+pub fn pool_bytes(run: &Run) -> Result<u64> {
+    let out = lv_bytes_fields(&run.lvm_vg, &run.thin_pool, "lv_size")?;
+    lv_size_in(&out).ok_or_else(|| format!("lvs: no size of the pool {} in {out:?}", run.thin_pool).into())
+}
+
 /// The data_percent of the run's thin pool.
 pub fn pool_data_percent(run: &Run) -> Result<f64> {
     let pool = format!("{}/{}", run.lvm_vg, run.thin_pool);

@@ -148,6 +148,7 @@ rm -rf "$GUEST_RECIPE" && cp -a "$KIT/recipe" "$GUEST_RECIPE" &&
   sed -i 's|^\( *BinaryName = \)"/usr/sbin/runc"$|\1"/usr/bin/crun"|' "$GUEST_RECIPE/containerd.toml.in" &&
   grep -q 'BinaryName = "/usr/bin/crun"' "$GUEST_RECIPE/containerd.toml.in" ||
   { echo "FATAL: the kit's containerd template does not name /usr/sbin/runc as BinaryName" >&2; exit 1; }
+volume_health_gate "$GUEST_RECIPE" || exit 1   # lib.sh: kubelet reads volume conditions
 [ -x /usr/bin/crun ] || { echo "FATAL: no /usr/bin/crun (tests/cluster/lib.sh's NODE_PACKAGES)" >&2; exit 1; }
 phase "start-node.sh --no-control-plane"
 if ! KUBE_KIT_BIN=$GUEST_KIT_BIN "$GUEST_RECIPE/start-node.sh" --no-control-plane >"$LOGS/start-node.log" 2>&1; then

@@ -111,7 +111,8 @@ fn per_mode_values_fall_back_to_the_mode_before() {
 
 /// Today's values of the scripts (tests/all.sh, tests/vm/suite.sh, tests/vm/cluster.sh,
 /// tests/cluster/run.sh, tests/sanity/vm.sh) before they read the plan, plus what was added
-/// to the plan since (scenario 15 on the host cluster): a change of selection is made here too.
+/// to the plan since (scenario 15 on the host cluster and on the guest's lvm-thin class): a
+/// change of selection is made here too.
 #[test]
 fn the_selections_are_the_scripts_former_ones() {
     let p = real();
@@ -147,12 +148,12 @@ fn the_selections_are_the_scripts_former_ones() {
         (
             "guest_cluster.scenarios",
             Mode::Ci,
-            "s1_registration s2_volumes s3_ephemeral s5_reclaim s9_snapshots s13_encryption s6_daemon_restart s4_expansion s12_mixed_node",
+            "s1_registration s2_volumes s3_ephemeral s5_reclaim s9_snapshots s13_encryption s6_daemon_restart s4_expansion s15_volume_health s12_mixed_node",
         ),
         (
             "guest_cluster.scenarios",
             Mode::Full,
-            "s1_registration s2_volumes s3_ephemeral s5_reclaim s9_snapshots s13_encryption s6_daemon_restart s4_expansion s11_e2e_storage s12_mixed_node",
+            "s1_registration s2_volumes s3_ephemeral s5_reclaim s9_snapshots s13_encryption s6_daemon_restart s4_expansion s11_e2e_storage s15_volume_health s12_mixed_node",
         ),
         (
             "guest_cluster.default_classes",
@@ -168,7 +169,7 @@ fn the_selections_are_the_scripts_former_ones() {
         (
             "guest_cluster.extra_scenarios",
             Mode::Ci,
-            "s5_reclaim s9_snapshots s11_e2e_storage s12_mixed_node s13_encryption",
+            "s5_reclaim s9_snapshots s11_e2e_storage s12_mixed_node s13_encryption s15_volume_health",
         ),
         (
             "host_cluster.scenarios",
@@ -186,7 +187,7 @@ fn the_selections_are_the_scripts_former_ones() {
         .iter()
         .map(|s| scenario_number(s))
         .collect();
-    assert_eq!(numbers.join(" "), "1 2 3 5 9 13 6 4 11 12");
+    assert_eq!(numbers.join(" "), "1 2 3 5 9 13 6 4 11 15 12");
     assert_eq!(p.budget("guest_cluster", Mode::Ci).unwrap(), 3600);
     assert_eq!(p.budget("vm_a", Mode::Ci).unwrap(), 4800);
     assert_eq!(p.budget("vm_b", Mode::Full).unwrap(), 4800);
@@ -215,6 +216,7 @@ fn scenario_numbers() {
 const MIXED: &str = "the mixed node runs scenario 12; each class's own run covers the rest";
 const BENCH: &str = "the benchmark's configuration runs the benchmark only";
 const OWN: &str = "a configuration of its own: the mixed run's";
+const S15: &str = "under the guest's kubelet it fills the thin pool with a pod's writes; every class's failures are made for real in tests/vm_backends (health.rs, missing_vg.rs, encryption.rs) and the loop class's under the host's kubelet";
 
 /// Every entry of not_for_class's case table, in its order, and its fall-through.
 #[test]
@@ -259,6 +261,10 @@ fn not_for_answers_every_entry_of_the_former_case_table() {
         ("bench_cluster", "loop", Some(BENCH)),
         ("s12_mixed_node", "lvm-thin", Some(OWN)),
         ("s12_mixed_node", "pmem", Some(OWN)),
+        ("s15_volume_health", "lvm", Some(S15)),
+        ("s15_volume_health", "pmem", Some(S15)),
+        ("s15_volume_health", "pmem-lvm", Some(S15)),
+        ("s15_volume_health", "lvm-thin", None),
         // The rest runs.
         ("s1_registration", "lvm-thin", None),
         ("s2_volumes", "pmem", None),
