@@ -408,7 +408,15 @@ impl Volumes {
 
     pub async fn stats(&self, req: &StatsRequest) -> Result<VolumeStats, VolumeError> {
         let (backend, record) = self.record(&req.id).await?;
-        let mount = self.mount_of(backend, &req.id, req.volume_path.as_ref()).await?;
+        let mount = match self.mount_of(backend, &req.id, req.volume_path.as_ref()).await {
+            Ok(mount) => mount,
+            Err(unproven) => {
+                return match self.lost_device_stats(backend, &record, req).await? {
+                    Some(stats) => Ok(stats),
+                    None => Err(unproven),
+                };
+            }
+        };
         let path = mount.mount_point.as_path();
         let (usage, condition) = match record.mode {
             VolumeMode::Block => (
@@ -429,6 +437,48 @@ impl Volumes {
             condition,
             claim: record.claim,
         })
+    }
+}
+
+impl Volumes {
+    /// The stats of a raw block volume whose device was removed under its publication
+    /// at the path ([`lost_bind_at`](Self::lost_bind_at)), or `None` for anything else.
+    /// The mount there cannot be proven the volume's as any other is, but it is its
+    /// own bind, and an answer that changes nothing may say what became of it: kubelet
+    /// then shows the volume abnormal with what to do, instead of failing to read its
+    /// stats. (A filesystem's mount holds its device open: nothing removes it under one
+    /// but `dmsetup remove --force`, which leaves the node, with an error table.)
+    async fn lost_device_stats(
+        &self,
+        backend: &Backend,
+        record: &VolumeRecord,
+        req: &StatsRequest,
+    ) -> Result<Option<VolumeStats>, VolumeError> {
+        if record.mode != VolumeMode::Block {
+            return Ok(None);
+        }
+        let Some(bind) = self.lost_bind_at(&record.id, req.volume_path.as_ref()).await? else {
+            return Ok(None);
+        };
+        let condition = match condition_of(&self.host, backend, record, None).await? {
+            abnormal @ VolumeCondition { abnormal: true, .. } => abnormal,
+            // The volume's storage serves again (staged again since): not through this bind.
+            VolumeCondition { abnormal: false, .. } => VolumeCondition {
+                abnormal: true,
+                message: format!(
+                    "the device node bound at {} is gone: unpublish the volume and publish it again",
+                    bind.mount_point.display()
+                ),
+            },
+        };
+        Ok(Some(VolumeStats {
+            // What CreateVolume gave: the device that held the data's size is gone.
+            usage: Usage::Block {
+                size_bytes: record.size_bytes,
+            },
+            condition,
+            claim: record.claim.clone(),
+        }))
     }
 }
 

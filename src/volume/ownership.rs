@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::placed::Role;
 use super::targets::nothing_below;
 use super::{VolumeError, Volumes, check_no_symlinks, io_error};
 use crate::backend::Backend;
@@ -231,6 +232,44 @@ impl Volumes {
         // The long way, with the symlink check and the identity already in hand.
         let table = MountTable::read(&self.host).await?;
         Ok(held_at(&table, id, path, identity.as_ref())?.mounted_at())
+    }
+
+    /// The bind at `path` of the volume's raw device node, once that node is gone: the
+    /// volume's device removed under a publication (an encrypted volume's mapping
+    /// closed by hand, a loop device detached). What proves a bind the volume's, its
+    /// device's identity, went with the node; what proves this one is that this daemon
+    /// published the volume at `path` ([`placed`](super::placed)) and that what is
+    /// bound there is a device node devtmpfs no longer has. `None` for anything else.
+    pub(super) async fn lost_bind_at(
+        &self,
+        id: &VolumeId,
+        path: Option<&HostPath>,
+    ) -> Result<Option<MountedAt>, VolumeError> {
+        let path = inside_roots(id, path)?;
+        if !self.placed.is(id, path, Role::Publication) || check_no_symlinks(path).await.is_err() {
+            return Ok(None);
+        }
+        let mounted = match self.host.syscalls.mount_at(path).await {
+            Ok(mounted) => mounted,
+            // The kernel cannot say by path: the table can.
+            Err(_) => MountTable::read(&self.host)
+                .await?
+                .at(path)
+                .map(MountEntry::mounted_at),
+        };
+        Ok(match mounted {
+            Some(bind) if self.is_lost_bind(&bind).await => Some(bind),
+            _ => None,
+        })
+    }
+
+    /// Whether `mount` is a bind of a device node that no longer exists.
+    pub(super) async fn is_lost_bind(&self, mount: &MountedAt) -> bool {
+        if mount.fs_type != "devtmpfs" {
+            return false;
+        }
+        let node = Path::new("/dev").join(mount.root.strip_prefix("/").unwrap_or(&mount.root));
+        matches!(self.host.syscalls.device_number(&node).await, Err(e) if e.is_not_found())
     }
 
     /// The mount of this volume at `path` (its staging mount, a bind of it, or a bind of

@@ -176,6 +176,11 @@ impl PlacedPaths {
         );
     }
 
+    /// Whether this daemon made `path` the volume's `role` (and has not undone it).
+    pub(super) fn is(&self, id: &VolumeId, path: &Path, role: Role) -> bool {
+        self.paths().get(path).is_some_and(|(i, r)| i == id && *r == role)
+    }
+
     /// Refuses a call that names, as its `field`, a path this daemon made the volume's
     /// `other` role: NodeUnpublishVolume at the staging path, NodeUnstageVolume or
     /// NodeStageVolume at a target. INVALID_ARGUMENT, naming the volume and the path; the

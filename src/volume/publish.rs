@@ -121,6 +121,7 @@ impl Volumes {
         );
         links?;
         let identity = identity?;
+        let placed = self.placed.is(&req.id, target, Role::Publication);
         // A path inside the volume's own filesystem is never a target of it.
         let inside = identity.as_ref().map(|i| (&req.id, i.dev));
         // Bounded: a path with more stacked mounts than this is not ours to untangle.
@@ -137,6 +138,13 @@ impl Volumes {
                     budget -= 1;
                     shown = self.host.syscalls.mount_at(target).await;
                 }
+                // The volume's own bind of a device node removed under it (ownership.rs,
+                // lost_bind_at): what the condition tells kubelet to unpublish.
+                Ok(Some(m)) if placed && self.is_lost_bind(&m).await => {
+                    mount::unmount(&self.host, target).await?;
+                    budget -= 1;
+                    shown = self.host.syscalls.mount_at(target).await;
+                }
                 Ok(Some(_)) | Err(_) => break,
             }
         }
@@ -148,6 +156,13 @@ impl Volumes {
                     mount::unmount(&self.host, target).await?;
                     budget -= 1;
                     // It was the only mount there: nothing is left to look at.
+                    if table.count_at(target) == 1 {
+                        return remove_target(target, inside).await;
+                    }
+                }
+                Holding::Other(e) if placed && self.is_lost_bind(&e.mounted_at()).await => {
+                    mount::unmount(&self.host, target).await?;
+                    budget -= 1;
                     if table.count_at(target) == 1 {
                         return remove_target(target, inside).await;
                     }

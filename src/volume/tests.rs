@@ -98,13 +98,35 @@ impl Fixture {
         id
     }
 
-    /// The condition NodeGetVolumeStats reports for `id` at the path `name`.
-    async fn condition(&self, id: &VolumeId, name: &str) -> VolumeCondition {
-        let req = crate::request::StatsRequest {
+    fn unpublish_req(&self, id: &VolumeId, target: &str) -> UnpublishRequest {
+        UnpublishRequest {
+            id: id.clone(),
+            target_path: self.host_path(target),
+        }
+    }
+
+    async fn unpublish(&self, id: &VolumeId, target: &str) -> Result<(), VolumeError> {
+        let guard = self.locks.try_lock(&id.token, "unpublish").unwrap();
+        self.volumes
+            .unpublish(&guard, &self.unpublish_req(id, target))
+            .await
+    }
+
+    /// NodeGetVolumeStats of `id` at the path `name`.
+    fn stats_req(&self, id: &VolumeId, name: &str) -> crate::request::StatsRequest {
+        crate::request::StatsRequest {
             id: id.clone(),
             volume_path: Some(self.host_path(name)),
-        };
-        self.volumes.stats(&req).await.unwrap().condition
+        }
+    }
+
+    /// The condition NodeGetVolumeStats reports for `id` at the path `name`.
+    async fn condition(&self, id: &VolumeId, name: &str) -> VolumeCondition {
+        self.volumes
+            .stats(&self.stats_req(id, name))
+            .await
+            .unwrap()
+            .condition
     }
 
     fn stage_req(&self, id: &VolumeId, access: AccessType) -> StageRequest {

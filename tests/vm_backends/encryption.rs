@@ -4,8 +4,9 @@
 //! below it, a wrong passphrase changes nothing, the data comes back after an unstage
 //! and a restage, the mapping grows with the volume, a key rotation done as
 //! docs/encryption.md says keeps the data readable, a snapshot's restore and a clone
-//! open with the source's passphrase, a suspended mapping shows in the volume's
-//! condition, and the real daemon finds an open mapping after a SIGKILL.
+//! open with the source's passphrase, a suspended mapping and one closed under a staged
+//! volume show in the volume's condition (the closed one healthy again once staged
+//! again), and the real daemon finds an open mapping after a SIGKILL.
 
 use std::collections::HashMap;
 
@@ -215,6 +216,43 @@ async fn encrypted_lifecycle(c: &Csi, class: &str, kind: &str, rotate: bool) {
             "{condition:?}"
         );
         t.done("suspended mapping reported");
+    }
+    if block && class == "thin" {
+        // The mapping closed under the staged, published volume (by hand, or by a tool
+        // that cleaned up what it took for its own; nothing holds a raw block volume's
+        // mapping open without a reader): its condition says so and what to do, and
+        // doing it (unstage, stage again) serves the data again, healthy.
+        let dm = format!("localvol-crypt-{id}");
+        sh("cryptsetup", &["close", &dm]);
+        assert!(!mapping(&id).exists());
+        let condition = c
+            .client
+            .stats(&id, &target)
+            .await
+            .unwrap()
+            .volume_condition
+            .unwrap();
+        assert!(condition.abnormal, "{condition:?}");
+        assert!(
+            condition.message.starts_with(&format!(
+                "its dm-crypt mapping {dm} is not open, so its data cannot be reached"
+            )),
+            "{condition:?}"
+        );
+        c.unpublish(&id, &name).await.unwrap();
+        c.unstage(&id, &name).await.unwrap();
+        stage(c, &id, &name, &cap, Some(key)).await.unwrap();
+        c.publish(&id, &name, &cap).await.unwrap();
+        assert_eq!(read_marker(&target, block), MARKER);
+        let condition = c
+            .client
+            .stats(&id, &target)
+            .await
+            .unwrap()
+            .volume_condition
+            .unwrap();
+        assert!(!condition.abnormal, "{condition:?}");
+        t.done("closed mapping reported; staged again, healthy");
     }
     // Growth: the device, then the mapping, then the filesystem.
     let before = if block { 0 } else { c.stats_total(&id, &name).await };

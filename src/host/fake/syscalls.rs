@@ -15,6 +15,29 @@ use crate::host::{
 struct FakeMount {
     call: MountCall,
     dev: (u32, u32),
+    /// A bind of a device node: shown as the kernel shows one, a mount of devtmpfs
+    /// whose root is the node's name below /dev.
+    node: Option<PathBuf>,
+}
+
+/// devtmpfs's device number, which every bind of a device node shows.
+const DEVTMPFS: (u32, u32) = (0, 6);
+
+impl FakeMount {
+    fn fs_type(&self) -> String {
+        match (&self.node, &self.call.fs_type) {
+            (Some(_), _) => "devtmpfs".to_string(),
+            (None, Some(fs)) => fs.clone(),
+            (None, None) => "ext4".to_string(),
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        match &self.node {
+            Some(node) => Path::new("/").join(node.strip_prefix("/dev").unwrap_or(node)),
+            None => "/".into(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -274,16 +297,22 @@ impl Syscalls for FakeSyscalls {
             }
             return Ok(());
         }
-        // A bind mount of a mounted path shows the device of what is mounted there.
-        let dev = s
+        // A bind mount of a mounted path shows the device of what is mounted there; a
+        // bind of a device node, devtmpfs.
+        let mounted = s
             .mounts
             .iter()
             .rev()
             .find(|m| m.call.target == call.source)
-            .map(|m| m.dev)
-            .or_else(|| s.devices.get(&call.source).copied())
-            .unwrap_or((0, 99));
-        s.mounts.push(FakeMount { call, dev });
+            .cloned();
+        let node = (mounted.is_none() && call.fs_type.is_none() && s.devices.contains_key(&call.source))
+            .then(|| call.source.clone());
+        let (dev, node) = match (mounted, node) {
+            (Some(m), _) => (m.dev, m.node),
+            (None, Some(node)) => (DEVTMPFS, Some(node)),
+            (None, None) => (s.devices.get(&call.source).copied().unwrap_or((0, 99)), None),
+        };
+        s.mounts.push(FakeMount { call, dev, node });
         Ok(())
     }
 
@@ -314,8 +343,11 @@ impl Syscalls for FakeSyscalls {
             } else {
                 "rw"
             };
-            let fs = m.call.fs_type.clone().unwrap_or_else(|| "ext4".to_string());
-            let source = if bind {
+            let fs = m.fs_type();
+            let root = m.root();
+            let source = if m.node.is_some() {
+                "udev".to_string()
+            } else if bind {
                 "/dev/fake".to_string()
             } else {
                 m.call.source.display().to_string()
@@ -326,10 +358,11 @@ impl Syscalls for FakeSyscalls {
                 "rw"
             };
             text.push_str(&format!(
-                "{} 1 {}:{} / {} {ro},relatime - {fs} {source} {sb}\n",
+                "{} 1 {}:{} {} {} {ro},relatime - {fs} {source} {sb}\n",
                 100 + i,
                 m.dev.0,
                 m.dev.1,
+                root.display(),
                 m.call.target.display()
             ));
         }
@@ -353,9 +386,9 @@ impl Syscalls for FakeSyscalls {
             .map(|m| MountedAt {
                 major: m.dev.0,
                 minor: m.dev.1,
-                root: "/".into(),
+                root: m.root(),
                 mount_point: m.call.target.clone(),
-                fs_type: m.call.fs_type.clone().unwrap_or_else(|| "ext4".to_string()),
+                fs_type: m.fs_type(),
                 read_only: m.call.flags.contains(nix::mount::MsFlags::MS_RDONLY),
                 sb_read_only: s.sb_read_only.contains(&m.dev),
             }))
@@ -371,11 +404,19 @@ impl Syscalls for FakeSyscalls {
         Ok(self.state.lock().unwrap().sizes.get(device).copied().unwrap_or(0))
     }
 
+    /// As stat answers: the fake's device nodes, `None` for a path that exists (on the
+    /// real filesystem: the tests' directories) and is no device, ENOENT for the rest.
     async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError> {
         let s = self.state.lock().unwrap();
-        Ok(s.devices
-            .get(path)
-            .map(|(major, minor)| nix::sys::stat::makedev((*major).into(), (*minor).into())))
+        match s.devices.get(path) {
+            Some((major, minor)) => Ok(Some(nix::sys::stat::makedev((*major).into(), (*minor).into()))),
+            None if path.exists() => Ok(None),
+            None => Err(SyscallError {
+                call: "stat",
+                path: path.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            }),
+        }
     }
 
     async fn device_mapper_names(&self) -> Result<Vec<String>, SyscallError> {

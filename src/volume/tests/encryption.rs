@@ -208,9 +208,9 @@ async fn the_key_shows_in_no_argv_or_error() {
 }
 
 /// A staged encrypted volume's condition says when its mapping stops carrying its I/O:
-/// suspended, until it is resumed. (One closed by hand under a published block device
-/// leaves a bind no longer proven the volume's: stats then answers that the volume is
-/// not at the path.)
+/// suspended, until it is resumed; closed by hand under a published block device, until
+/// the volume is staged again. The bind the close left is no longer proven the volume's,
+/// but the stats still answer, with the condition and the size CreateVolume gave.
 #[tokio::test]
 async fn a_suspended_or_closed_mapping_makes_the_volume_abnormal() {
     let f = Fixture::new();
@@ -238,4 +238,68 @@ async fn a_suspended_or_closed_mapping_makes_the_volume_abnormal() {
     );
     f.syscalls.set_device_mapper_suspended((253, 40), false);
     assert_eq!(condition().await, healthy);
+
+    f.syscalls.remove_device(&mapping(&id));
+    let stats = f.volumes.stats(&f.stats_req(&id, "target")).await.unwrap();
+    assert_eq!(stats.usage, Usage::Block { size_bytes: 64 << 20 });
+    assert!(stats.condition.abnormal, "{:?}", stats.condition);
+    assert_eq!(
+        stats.condition.message,
+        format!(
+            "its dm-crypt mapping localvol-crypt-{id} is not open, so its data cannot be reached: \
+             unpublish and unstage the volume, and stage it again (on {LOOP_DEV})"
+        )
+    );
+    // At any path but the publication the proof decides as ever.
+    let elsewhere = f.volumes.stats(&f.stats_req(&id, "stage")).await.unwrap_err();
+    assert!(
+        matches!(elsewhere, VolumeError::NotAtPath { .. }),
+        "{elsewhere:?}"
+    );
+
+    // What the condition says to do serves the volume again: the bind the close left is
+    // the volume's to unpublish, and a new stage opens the mapping.
+    f.unpublish(&id, "target").await.unwrap();
+    assert!(f.syscalls.mounts().is_empty(), "{:?}", f.syscalls.mounts());
+    assert!(!f.path("target").exists());
+    unstage(&f, &id).await.unwrap();
+    f.stage(&with_key(f.stage_req(&id, AccessType::Block), KEY))
+        .await
+        .unwrap();
+    f.publish(&f.publish_req(&id, "target", AccessType::Block, false))
+        .await
+        .unwrap();
+    assert_eq!(condition().await, healthy);
+}
+
+/// A bind the daemon did not make is never taken for a lost one: a device node gone
+/// under a target this daemon never published the volume at is not the volume's, and
+/// unpublish there unmounts nothing.
+#[tokio::test]
+async fn a_lost_device_bind_the_daemon_did_not_make_is_left_alone() {
+    let f = Fixture::new();
+    play_cryptsetup(&f);
+    let id = encrypted(&f, "pvc-blk", AccessType::Block).await;
+    f.stage(&with_key(f.stage_req(&id, AccessType::Block), KEY))
+        .await
+        .unwrap();
+    // Someone else's bind of the mapping at a path kubelet could name.
+    std::fs::write(f.path("other"), b"").unwrap();
+    f.syscalls.add_device("/dev/mapper/theirs", 253, 41, 62 << 20);
+    f.syscalls
+        .mount(MountCall {
+            source: "/dev/mapper/theirs".into(),
+            target: f.path("other"),
+            fs_type: None,
+            flags: nix::mount::MsFlags::MS_BIND,
+            data: None,
+        })
+        .await
+        .unwrap();
+    f.syscalls.remove_device(Path::new("/dev/mapper/theirs"));
+    let err = f.volumes.stats(&f.stats_req(&id, "other")).await.unwrap_err();
+    assert!(matches!(err, VolumeError::NotAtPath { .. }), "{err:?}");
+    let err = f.unpublish(&id, "other").await.unwrap_err();
+    assert!(matches!(err, VolumeError::Occupied { .. }), "{err:?}");
+    assert_eq!(f.syscalls.mounts().len(), 1);
 }

@@ -14,10 +14,7 @@ async fn stats_ask_the_kernel_for_the_one_mount_not_the_whole_table() {
         .unwrap();
     let (f, id) = (&f, &id);
     let stats = |path: &str| {
-        let req = crate::request::StatsRequest {
-            id: id.clone(),
-            volume_path: Some(f.host_path(path)),
-        };
+        let req = f.stats_req(id, path);
         async move { f.volumes.stats(&req).await }
     };
     let reads = f.syscalls.mountinfo_reads();

@@ -11,25 +11,11 @@ fn code(err: VolumeError) -> tonic::Code {
 }
 
 impl Fixture {
-    fn unpublish_req(&self, id: &VolumeId, target: &str) -> UnpublishRequest {
-        UnpublishRequest {
-            id: id.clone(),
-            target_path: self.host_path(target),
-        }
-    }
-
     fn unstage_req(&self, id: &VolumeId, staging: &str) -> UnstageRequest {
         UnstageRequest {
             id: id.clone(),
             staging_path: self.host_path(staging),
         }
-    }
-
-    async fn unpublish(&self, id: &VolumeId, target: &str) -> Result<(), VolumeError> {
-        let guard = self.locks.try_lock(&id.token, "unpublish").unwrap();
-        self.volumes
-            .unpublish(&guard, &self.unpublish_req(id, target))
-            .await
     }
 
     async fn unstage(&self, id: &VolumeId, staging: &str) -> Result<(), VolumeError> {
