@@ -337,6 +337,75 @@ async fn a_full_disk_or_a_deleted_image_under_a_loop_volume_is_abnormal() {
     d.stop().await;
 }
 
+/// A loop device detached by hand under a published raw block volume (nothing holds a
+/// device no one has open, so `losetup -d` detaches it at once; its node stays): the
+/// volume's condition says so, the unpublish it asks for unmounts the bind, and a new
+/// stage serves the same data, healthy.
+#[tokio::test]
+async fn a_loop_device_detached_under_a_published_block_volume_is_abnormal_until_staged_again() {
+    use localvol_testkit::guest::sh;
+    if !privileged() {
+        return;
+    }
+    const MARKER: &[u8] = b"LOCALVOL-DETACHED-MARKER";
+    let d = InProcessDaemon::start(&[]).await;
+    // Whatever fails below, nothing of the test stays mounted or attached.
+    let _cleanup = Cleanup {
+        mounts: vec![d.path("stage"), d.path("target")],
+        data: d.path(""),
+    };
+    let cap = block_cap();
+    let vol = create(&d, "pvc-loop-detached", 16 * MIB, &cap).await;
+    let id = &vol.volume_id;
+    stage(&d, id, &cap).await.unwrap();
+    publish(&d, id, &cap, "target").await.unwrap();
+    let write_marker = || {
+        let mut dev = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.path("target"))
+            .unwrap();
+        dev.write_all(MARKER).unwrap();
+        dev.sync_all().unwrap();
+    };
+    let read_marker = || {
+        let mut got = vec![0; MARKER.len()];
+        std::fs::File::open(d.path("target"))
+            .unwrap()
+            .read_exact(&mut got)
+            .unwrap();
+        got
+    };
+    write_marker();
+    let devices = loops_under(&d.path(""));
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    sh("losetup", &["-d", &format!("/dev/{}", devices[0])]);
+    assert!(loops_under(&d.path("")).is_empty());
+
+    let c = stats(&d, id, "target").await.volume_condition.unwrap();
+    assert!(c.abnormal, "{c:?}");
+    assert!(c.message.starts_with("no loop device holds its image "), "{c:?}");
+    assert!(
+        c.message
+            .contains("(detached outside localvol): unpublish and unstage the volume, and stage it again"),
+        "{c:?}"
+    );
+    let csi = d.client().await;
+    csi.unpublish(id, &d.path("target")).await.unwrap();
+    assert!(
+        mounts_under(&d.path("")).is_empty(),
+        "{:?}",
+        mounts_under(&d.path(""))
+    );
+    csi.unstage(id, &d.path("stage")).await.unwrap();
+    stage(&d, id, &cap).await.unwrap();
+    publish(&d, id, &cap, "target").await.unwrap();
+    assert_eq!(read_marker(), MARKER);
+    let c = stats(&d, id, "target").await.volume_condition.unwrap();
+    assert!(!c.abnormal, "{c:?}");
+    teardown(&d, id, "target").await;
+    d.stop().await;
+}
+
 #[tokio::test]
 async fn block_lifecycle_and_no_data_from_a_previous_tenant() {
     if !privileged() {

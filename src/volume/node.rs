@@ -457,7 +457,10 @@ impl Volumes {
         if record.mode != VolumeMode::Block {
             return Ok(None);
         }
-        let Some(bind) = self.lost_bind_at(&record.id, req.volume_path.as_ref()).await? else {
+        let Some(bind) = self
+            .lost_bind_at(backend, &record.id, req.volume_path.as_ref())
+            .await?
+        else {
             return Ok(None);
         };
         let condition = match condition_of(&self.host, backend, record, None).await? {

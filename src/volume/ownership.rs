@@ -6,6 +6,7 @@
 //! block volume's target is a bind of its device node, which shows as devtmpfs with the
 //! node's name as the mount's root.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::placed::Role;
@@ -147,13 +148,17 @@ impl Volumes {
     }
 
     /// The identity of `device`, the volume's [`Backend::holding_device`]; `None` when
-    /// its node is gone (detached since it was found).
+    /// its node is gone (detached since it was found, or a PMEM namespace disabled since
+    /// the class's cached listing named its device).
     pub(super) async fn identity_of(&self, device: &Path) -> Result<Option<Identity>, VolumeError> {
         // Two independent lookups, at once.
         let (dev, devtmpfs_root) =
             tokio::join!(self.host.syscalls.device_number(device), devtmpfs_root(device));
-        let Some(dev) = dev? else {
-            return Ok(None);
+        let dev = match dev {
+            Ok(Some(dev)) => dev,
+            Ok(None) => return Ok(None),
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
         };
         Ok(Some(Identity {
             dev,
@@ -234,14 +239,16 @@ impl Volumes {
         Ok(held_at(&table, id, path, identity.as_ref())?.mounted_at())
     }
 
-    /// The bind at `path` of the volume's raw device node, once that node is gone: the
-    /// volume's device removed under a publication (an encrypted volume's mapping
-    /// closed by hand, a loop device detached). What proves a bind the volume's, its
-    /// device's identity, went with the node; what proves this one is that this daemon
-    /// published the volume at `path` ([`placed`](super::placed)) and that what is
-    /// bound there is a device node devtmpfs no longer has. `None` for anything else.
+    /// The bind at `path` of the volume's raw device node, once its device was removed
+    /// under a publication (an encrypted volume's mapping closed by hand, a PMEM
+    /// namespace disabled, a loop device detached). What proves a bind the volume's,
+    /// its device's identity, went with the device; what proves this one is that this
+    /// daemon published the volume at `path` ([`placed`](super::placed)) and that what
+    /// is bound there is a device node ([`is_lost_bind`](Self::is_lost_bind)). `None`
+    /// for anything else.
     pub(super) async fn lost_bind_at(
         &self,
+        backend: &Backend,
         id: &VolumeId,
         path: Option<&HostPath>,
     ) -> Result<Option<MountedAt>, VolumeError> {
@@ -249,7 +256,11 @@ impl Volumes {
         if !self.placed.is(id, path, Role::Publication) || check_no_symlinks(path).await.is_err() {
             return Ok(None);
         }
-        let mounted = match self.host.syscalls.mount_at(path).await {
+        let (mounted, identity) = tokio::join!(
+            self.host.syscalls.mount_at(path),
+            self.identity(backend, &id.token)
+        );
+        let mounted = match mounted {
             Ok(mounted) => mounted,
             // The kernel cannot say by path: the table can.
             Err(_) => MountTable::read(&self.host)
@@ -257,16 +268,25 @@ impl Volumes {
                 .at(path)
                 .map(MountEntry::mounted_at),
         };
+        let identity = identity?;
         Ok(match mounted {
-            Some(bind) if self.is_lost_bind(&bind).await => Some(bind),
+            Some(bind) if self.is_lost_bind(&bind, identity.as_ref()).await => Some(bind),
             _ => None,
         })
     }
 
-    /// Whether `mount` is a bind of a device node that no longer exists.
-    pub(super) async fn is_lost_bind(&self, mount: &MountedAt) -> bool {
-        if mount.fs_type != "devtmpfs" {
+    /// Whether `mount`, at a path this daemon published the volume at, is a bind of a
+    /// device node the volume no longer has: the node removed (the kernel shows an
+    /// unlinked node's name with `//deleted` after it; one gone meanwhile, or made
+    /// anew, is the same removal), or the volume has no device at all (`identity`
+    /// `None`: a loop device detached, whose node stays). A bind of the volume's
+    /// device now is no lost one.
+    pub(super) async fn is_lost_bind(&self, mount: &MountedAt, identity: Option<&Identity>) -> bool {
+        if mount.fs_type != "devtmpfs" || identity.is_some_and(|i| i.is_shown_by(mount)) {
             return false;
+        }
+        if identity.is_none() || mount.root.as_os_str().as_bytes().ends_with(b"//deleted") {
+            return true;
         }
         let node = Path::new("/dev").join(mount.root.strip_prefix("/").unwrap_or(&mount.root));
         matches!(self.host.syscalls.device_number(&node).await, Err(e) if e.is_not_found())

@@ -140,7 +140,7 @@ impl Volumes {
                 }
                 // The volume's own bind of a device node removed under it (ownership.rs,
                 // lost_bind_at): what the condition tells kubelet to unpublish.
-                Ok(Some(m)) if placed && self.is_lost_bind(&m).await => {
+                Ok(Some(m)) if placed && self.is_lost_bind(&m, identity.as_ref()).await => {
                     mount::unmount(&self.host, target).await?;
                     budget -= 1;
                     shown = self.host.syscalls.mount_at(target).await;
@@ -160,7 +160,9 @@ impl Volumes {
                         return remove_target(target, inside).await;
                     }
                 }
-                Holding::Other(e) if placed && self.is_lost_bind(&e.mounted_at()).await => {
+                Holding::Other(e)
+                    if placed && self.is_lost_bind(&e.mounted_at(), identity.as_ref()).await =>
+                {
                     mount::unmount(&self.host, target).await?;
                     budget -= 1;
                     if table.count_at(target) == 1 {

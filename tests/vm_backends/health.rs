@@ -169,7 +169,14 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
         lvs_named(FULL_VG, "another").is_empty(),
         "refused before any lvcreate"
     );
-    t.done("reported abnormal, no capacity, a create refused");
+    let refused = c.client.snapshot("full-snap", &vol.volume_id).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("thin pool fullvg/pool"), "{refused:?}");
+    assert!(
+        lvs_named(FULL_VG, "full-snap").is_empty(),
+        "refused before any lvcreate"
+    );
+    t.done("reported abnormal, no capacity, a create and a snapshot refused");
 
     // The pool extended by hand, the disk back: both serve again, the volumes are
     // healthy.
@@ -221,6 +228,7 @@ fn region_disabled() -> bool {
         == "disabled"
 }
 
+/// First one namespace disabled under its published volume, then the whole region:
 /// `ndctl disable-region` under a volume of the direct PMEM class, as an administrator
 /// does before a module is replaced (or as a region the kernel could not enable
 /// looks): its namespaces and block devices are gone, and ndctl answers a destroy as
@@ -245,6 +253,47 @@ pub async fn a_disabled_pmem_region_is_reported_and_takes_no_volume() {
     let cap = block_cap();
     let kept = c.create("pmem", "kept", 64 * MIB, &cap).await.unwrap();
     assert_eq!(namespaces_named("kept").len(), 1);
+
+    // One namespace disabled under its published raw block volume (nothing refuses
+    // it: only a bind holds the node). Its condition says why within a listing's
+    // refusal lifetime (10 s; until then, that its device is gone); enabled again,
+    // unpublished and published anew as the condition says, healthy.
+    let id = kept.volume_id.clone();
+    c.stage(&id, "kept", &cap).await.unwrap();
+    c.publish(&id, "kept", &cap).await.unwrap();
+    let ns = namespaces_named("kept")[0]["dev"].as_str().unwrap().to_string();
+    sh("ndctl", &["disable-namespace", &ns]);
+    let disabled = format!("its namespace {ns} is disabled, so its block device is gone");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = c.client.stats(&id, &c.target("kept")).await.unwrap();
+        let condition = stats.volume_condition.unwrap();
+        assert!(condition.abnormal, "{condition:?}");
+        if condition.message.starts_with(&disabled) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not said disabled within 30 s: {condition:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    sh("ndctl", &["enable-namespace", &ns]);
+    c.unpublish(&id, "kept").await.unwrap();
+    c.unstage(&id, "kept").await.unwrap();
+    c.stage(&id, "kept", &cap).await.unwrap();
+    c.publish(&id, "kept", &cap).await.unwrap();
+    let condition = c
+        .client
+        .stats(&id, &c.target("kept"))
+        .await
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+    c.unpublish(&id, "kept").await.unwrap();
+    c.unstage(&id, "kept").await.unwrap();
+    t.done("a namespace disabled under its published volume: said so; enabled, served again");
     sh("vgchange", &["-q", "-an", PMEM_VG]);
     let out = std::process::Command::new("ndctl")
         .args(["disable-region", REGION])

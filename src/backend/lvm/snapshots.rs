@@ -206,6 +206,11 @@ impl LvmBackend {
                 token: spec.source.clone(),
             });
         };
+        // A snapshot shares the pool's data: one past its critical fill takes none, as
+        // it takes no new volume (the source's next writes would fail both). Judged on
+        // the report capacity reads, as a create is: the pool's fill changes behind
+        // localvol's back.
+        self.check_usable(&*self.vg.state().await?).await?;
         let created = SystemTime::now();
         let tags = snapshot_tags(&self.class, spec, source, &record, created);
         let mut cmd = lvm_command("lvcreate").args(["-y", "-s", "-ky", "-pr", "-n", &lv]);

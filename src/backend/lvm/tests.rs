@@ -503,3 +503,9 @@ fn spec(name: &str, size: u64, mode: VolumeMode) -> CreateSpec {
         encryption: None,
     }
 }
+
+/// Past the cached report's lifetime (in a test with time paused): the next call reads
+/// lvm again.
+async fn past_the_report_ttl() {
+    tokio::time::advance(crate::backend::cache::DEFAULT_TTL + std::time::Duration::from_secs(1)).await;
+}

@@ -11,6 +11,14 @@
 use super::ndctl::Region;
 use crate::backend::StorageHealth;
 
+/// Why one namespace's volume is out of reach, and the way back.
+pub fn namespace_disabled(namespace: &str) -> String {
+    format!(
+        "its namespace {namespace} is disabled, so its block device is gone: `ndctl enable-namespace \
+         {namespace}` brings it back, then unpublish and publish the volume again"
+    )
+}
+
 /// Why the region is out of reach, and the way back.
 pub fn disabled(region: &str) -> String {
     format!(

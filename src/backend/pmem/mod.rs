@@ -442,7 +442,7 @@ impl PmemBackend {
             return Ok(VolumeHealth::Abnormal(health::disabled(&self.region)));
         }
         let Some(dev) = dev else {
-            return Ok(VolumeHealth::Healthy);
+            return self.without_device(token).await;
         };
         let bad = self.host.syscalls.bad_sectors(dev).await?;
         if bad == 0 {
@@ -460,6 +460,23 @@ impl PmemBackend {
             ns.blockdev.as_deref().unwrap_or_default(),
             ns.dev
         )))
+    }
+
+    /// Why the volume has no block device, where the listing can tell: its namespace
+    /// disabled (`ndctl disable-namespace`, which nothing refuses while only binds of
+    /// its node hold it). Asked of a listing at most [`REFUSAL_TTL`] old, and only
+    /// while a device is gone, so that an `ndctl enable-namespace` is seen soon.
+    async fn without_device(&self, token: &Token) -> Result<VolumeHealth, BackendError> {
+        let Some(file) = self.read_record(token).await?.filter(|f| !f.pending) else {
+            return Ok(VolumeHealth::Healthy);
+        };
+        let region = self.state_within(REFUSAL_TTL).await?;
+        Ok(match self.namespace(&region, &file.namespace)? {
+            Some(ns) if ns.blockdev.is_none() && ns.state.as_deref() == Some("disabled") => {
+                VolumeHealth::Abnormal(health::namespace_disabled(&ns.dev))
+            }
+            _ => VolumeHealth::Healthy,
+        })
     }
 
     fn device_of(&self, ns: &Namespace) -> Option<PathBuf> {

@@ -305,6 +305,26 @@ mod tests {
             "free sizes are still listed, yet unusable"
         );
 
+        // `ndctl disable-namespace`: listed raw, at its raw size, with its name and no
+        // block device.
+        let one_off = parse_regions(fixture!("list-RNi-namespace-disabled.json")).unwrap();
+        assert!(!one_off[0].is_disabled());
+        let off = one_off[0]
+            .namespaces
+            .iter()
+            .find(|n| n.name.as_deref() == Some("myname"))
+            .unwrap();
+        assert_eq!(
+            (
+                off.dev.as_str(),
+                off.mode.as_str(),
+                off.state.as_deref(),
+                off.blockdev.as_deref()
+            ),
+            ("namespace0.0", "raw", Some("disabled"), None)
+        );
+        assert_eq!(off.size, 64 << 20);
+
         let bare = parse_regions(fixture!("list-R-two-namespaces.json")).unwrap();
         assert_eq!(bare[0].namespaces, []);
         assert_eq!(

@@ -475,6 +475,29 @@ async fn media_errors_on_a_namespace_make_its_volume_abnormal() {
     );
 }
 
+/// A namespace disabled under its volume (`ndctl disable-namespace`, as the fake lists
+/// it as ndctl does: tests/fixtures/ndctl/list-RNi-namespace-disabled.json) is why its
+/// device is gone, read on a listing at most REFUSAL_TTL old; enabled, it is not.
+#[tokio::test]
+async fn a_disabled_namespace_is_why_its_volume_has_no_device() {
+    let (f, token) = Fixture::with_volume(VolumeMode::Block).await;
+    let made = f.changes().len();
+    f.region.lock().unwrap().namespaces[0].enabled = false;
+    f.backend.cache.invalidate();
+    assert_eq!(f.backend.device(&token).await.unwrap(), None);
+    assert_eq!(
+        f.backend.volume_health(&token, None).await.unwrap(),
+        VolumeHealth::Abnormal(health::namespace_disabled("namespace0.0"))
+    );
+    f.region.lock().unwrap().namespaces[0].enabled = true;
+    f.backend.cache.invalidate();
+    assert_eq!(
+        f.backend.volume_health(&token, None).await.unwrap(),
+        VolumeHealth::Healthy
+    );
+    assert_eq!(f.changes().len(), made, "only listed: {:?}", f.changes());
+}
+
 /// A disabled region lists no namespaces, which proves nothing of them: the class offers
 /// nothing and refuses a create with RESOURCE_EXHAUSTED, calls on its volumes answer
 /// UNAVAILABLE, its records are kept and listed, its storage is critical and its

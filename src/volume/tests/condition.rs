@@ -1,7 +1,7 @@
 //! NodeGetVolumeStats' condition for what the filesystem says of itself (I/O errors at
 //! its root, a read-only turn the kernel made, ext4's error count; each clears when the
 //! filesystem does) and for what fails under a loop volume (its image deleted, the disk
-//! under it full).
+//! under it full), and a raw block volume whose device node went while it was published.
 
 use super::*;
 use crate::host::FilesystemState;
@@ -91,4 +91,26 @@ async fn a_loop_image_deleted_under_its_device_or_a_full_disk_is_reported() {
             image.display()
         )
     );
+}
+
+/// A raw block volume whose device node is gone while what the backend last listed
+/// still names it (a PMEM namespace disabled since the class's cached listing: the
+/// listing gives `/dev/pmem0.1`, which no longer exists): the stats answer with the
+/// condition, not an error for the missing node, and unpublish unmounts the bind.
+#[tokio::test]
+async fn a_block_volume_whose_listed_device_node_is_gone_is_abnormal_not_an_error() {
+    let f = Fixture::new();
+    let id = f.create("pvc-b", AccessType::Block).await;
+    f.stage(&f.stage_req(&id, AccessType::Block)).await.unwrap();
+    f.publish(&f.publish_req(&id, "target", AccessType::Block, false))
+        .await
+        .unwrap();
+    assert!(!f.condition(&id, "target").await.abnormal);
+
+    f.syscalls.remove_device(Path::new(LOOP_DEV));
+    let stats = f.volumes.stats(&f.stats_req(&id, "target")).await.unwrap();
+    assert!(stats.condition.abnormal, "{:?}", stats.condition);
+    assert_eq!(stats.usage, Usage::Block { size_bytes: 64 << 20 });
+    f.unpublish(&id, "target").await.unwrap();
+    assert!(f.syscalls.mounts().is_empty(), "{:?}", f.syscalls.mounts());
 }

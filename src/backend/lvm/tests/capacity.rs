@@ -197,11 +197,6 @@ async fn a_missing_vg_or_pool_fails_at_open() {
     );
 }
 
-/// Past the cached report's lifetime: the next call reads lvm again.
-async fn past_the_report_ttl() {
-    tokio::time::advance(crate::backend::cache::DEFAULT_TTL + std::time::Duration::from_secs(1)).await;
-}
-
 /// Once the storage is repaired, at the next report: capacity again, a create of `name`
 /// served, and the volume `token` healthy.
 async fn serves_again(b: &LvmBackend, token: &Token, name: &str) {

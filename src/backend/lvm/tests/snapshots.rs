@@ -74,6 +74,26 @@ async fn a_snapshot_is_one_tagged_read_only_skipped_thin_snapshot_found_after_a_
     assert_eq!(b2.get_snapshot(&Token::for_name("nope")).await.unwrap(), None);
 }
 
+/// A pool past its critical fill takes no snapshot, as it takes no volume, before any
+/// lvcreate; one already taken is still answered as taken.
+#[tokio::test(start_paused = true)]
+async fn a_critical_pool_takes_no_new_snapshot() {
+    let f = Fixture::new(Some(true));
+    let b = thin_with_formatted(&f).await;
+    let taken = b.create_snapshot(&snap("snap-1", "pvc-1")).await.unwrap();
+    f.vg.lock().unwrap().pool_fill = Some((96.0, 10.0));
+    past_the_report_ttl().await;
+    let seen = f.changes().len();
+    let err = b.create_snapshot(&snap("snap-2", "pvc-1")).await.unwrap_err();
+    assert!(
+        matches!(&err, BackendError::Lvm(LvmError::PoolUnusable { reason, .. })
+            if reason == "thin pool vg1/pool0: data 96.0% full (critical at 95%)"),
+        "{err}"
+    );
+    assert_eq!(f.changes().len(), seen, "refused before any lvcreate");
+    assert_eq!(b.create_snapshot(&snap("snap-1", "pvc-1")).await.unwrap(), taken);
+}
+
 #[tokio::test]
 async fn a_snapshot_of_a_missing_volume_is_refused_and_snapshots_promise_no_room() {
     let f = Fixture::new(Some(true));
