@@ -176,7 +176,24 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
         lvs_named(FULL_VG, "full-snap").is_empty(),
         "refused before any lvcreate"
     );
-    t.done("reported abnormal, no capacity, a create and a snapshot refused");
+    // The same in /metrics: each volume's last condition, each class's storage.
+    for (v, status) in [
+        (&vol, "abnormal"),
+        (&lossy_volumes[1], "abnormal"),
+        (&lossy_volumes[0], "healthy"),
+    ] {
+        assert_eq!(
+            d.volume_health(&v.volume_id).await.as_deref(),
+            Some(status),
+            "{}",
+            v.volume_id
+        );
+    }
+    d.wait_for_metric(r#"localvol_storage_health{device_class="full",status="critical"} 1"#)
+        .await;
+    d.wait_for_metric(r#"localvol_storage_health{device_class="lossy",status="degraded"} 1"#)
+        .await;
+    t.done("reported abnormal, no capacity, a create and a snapshot refused; in /metrics");
 
     // The pool extended by hand, the disk back: both serve again, the volumes are
     // healthy.
@@ -196,6 +213,7 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
             !condition.abnormal && condition.message.starts_with("healthy on "),
             "{name}: {condition:?}"
         );
+        assert_eq!(d.volume_health(&v.volume_id).await.as_deref(), Some("healthy"));
         c.unpublish(&v.volume_id, name).await.unwrap();
         c.unstage(&v.volume_id, name).await.unwrap();
         c.delete(&v.volume_id).await.unwrap();
@@ -206,6 +224,13 @@ pub async fn a_full_thin_pool_is_reported_and_takes_no_volume() {
         "{:?}",
         stats.volume_condition
     );
+    assert_eq!(d.volume_health(&vol.volume_id).await.as_deref(), Some("healthy"));
+    for class in ["full", "lossy"] {
+        d.wait_for_metric(&format!(
+            r#"localvol_storage_health{{device_class="{class}",status="healthy"}} 1"#
+        ))
+        .await;
+    }
     let another = c.create("full", "another", 4 * MIB, &cap).await.unwrap();
     t.done("the pool extended, the disk back: served again");
 
@@ -278,6 +303,7 @@ pub async fn a_disabled_pmem_region_is_reported_and_takes_no_volume() {
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    assert_eq!(d.volume_health(&id).await.as_deref(), Some("abnormal"));
     sh("ndctl", &["enable-namespace", &ns]);
     c.unpublish(&id, "kept").await.unwrap();
     c.unstage(&id, "kept").await.unwrap();
@@ -291,6 +317,7 @@ pub async fn a_disabled_pmem_region_is_reported_and_takes_no_volume() {
         .volume_condition
         .unwrap();
     assert!(!condition.abnormal, "{condition:?}");
+    assert_eq!(d.volume_health(&id).await.as_deref(), Some("healthy"));
     c.unpublish(&id, "kept").await.unwrap();
     c.unstage(&id, "kept").await.unwrap();
     t.done("a namespace disabled under its published volume: said so; enabled, served again");

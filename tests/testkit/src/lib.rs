@@ -243,6 +243,20 @@ impl InProcessDaemon {
         panic!("{line:?} did not appear in /metrics within 5s:\n{text}");
     }
 
+    /// The status `localvol_volume_health` gives volume `id` now (`healthy` or
+    /// `abnormal`: what its last NodeGetVolumeStats found), `None` before any.
+    pub async fn volume_health(&self, id: &str) -> Option<String> {
+        let text = self.get("/metrics").await.1;
+        let volume = format!("volume_id=\"{id}\"");
+        text.lines()
+            .filter(|l| l.starts_with("localvol_volume_health{") && l.contains(&volume))
+            .filter(|l| l.ends_with("} 1"))
+            .find_map(|l| {
+                let status = l.split("status=\"").nth(1)?;
+                Some(status.split('"').next()?.to_string())
+            })
+    }
+
     /// Stops the daemon as SIGTERM would, waits for it to finish, and hands back its
     /// directory (for a restart with [`InProcessDaemon::start_in`]).
     pub async fn stop(mut self) -> tempfile::TempDir {
