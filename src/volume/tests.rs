@@ -90,9 +90,14 @@ impl Fixture {
 
     /// An ext4 volume `name`, staged and published read-write at `target`.
     async fn published(&self, name: &str, target: &str) -> VolumeId {
-        let id = self.create(name, ext4()).await;
-        self.stage(&self.stage_req(&id, ext4())).await.unwrap();
-        self.publish(&self.publish_req(&id, target, ext4(), false))
+        self.published_as(name, target, ext4()).await
+    }
+
+    /// A volume `name` of `access`, staged and published read-write at `target`.
+    async fn published_as(&self, name: &str, target: &str, access: AccessType) -> VolumeId {
+        let id = self.create(name, access.clone()).await;
+        self.stage(&self.stage_req(&id, access.clone())).await.unwrap();
+        self.publish(&self.publish_req(&id, target, access, false))
             .await
             .unwrap();
         id

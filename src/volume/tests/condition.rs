@@ -100,11 +100,7 @@ async fn a_loop_image_deleted_under_its_device_or_a_full_disk_is_reported() {
 #[tokio::test]
 async fn a_block_volume_whose_listed_device_node_is_gone_is_abnormal_not_an_error() {
     let f = Fixture::new();
-    let id = f.create("pvc-b", AccessType::Block).await;
-    f.stage(&f.stage_req(&id, AccessType::Block)).await.unwrap();
-    f.publish(&f.publish_req(&id, "target", AccessType::Block, false))
-        .await
-        .unwrap();
+    let id = f.published_as("pvc-b", "target", AccessType::Block).await;
     assert!(!f.condition(&id, "target").await.abnormal);
 
     f.syscalls.remove_device(Path::new(LOOP_DEV));

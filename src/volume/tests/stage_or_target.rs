@@ -125,11 +125,7 @@ async fn unpublish_at_the_staging_path_is_refused_with_no_publication_too() {
 #[tokio::test]
 async fn a_raw_block_volumes_staging_directory_is_no_target_either() {
     let f = Fixture::new();
-    let id = f.create("pvc-b", AccessType::Block).await;
-    f.stage(&f.stage_req(&id, AccessType::Block)).await.unwrap();
-    f.publish(&f.publish_req(&id, "dev", AccessType::Block, false))
-        .await
-        .unwrap();
+    let id = f.published_as("pvc-b", "dev", AccessType::Block).await;
     let err = f.unpublish(&id, "stage").await.unwrap_err();
     assert_refused(err, "target_path", &id, &f.path("stage"));
     // kubelet skips NodeUnstageVolume when the block staging directory is gone.
