@@ -224,7 +224,7 @@ fn lvm_code(e: &LvmError) -> Code {
         LvmError::PoolUnusable { .. } | LvmError::VgPartial { .. } => Code::ResourceExhausted,
         LvmError::PoolNotZeroing { .. } => Code::FailedPrecondition,
         LvmError::NameTaken { .. } => Code::AlreadyExists,
-        LvmError::Report { .. } | LvmError::Extension { .. } => Code::Internal,
+        LvmError::Report { .. } | LvmError::Extension { .. } | LvmError::Random(_) => Code::Internal,
         LvmError::Command { source, .. } => command_code(source),
     }
 }
@@ -275,6 +275,7 @@ fn fs_code(e: &FsError) -> Code {
         | FsError::Format { source, .. }
         | FsError::Grow { source, .. }
         | FsError::Check { source, .. } => command_code(source),
+        FsError::ReadSuperblock { source, .. } => syscall_code(source),
     }
 }
 

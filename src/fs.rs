@@ -8,10 +8,11 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::host::{CommandError, CommandSpec, Host};
+use crate::host::{CommandError, CommandSpec, Host, SyscallError};
 
 pub mod fuzz;
 pub mod health;
+pub mod superblock;
 
 /// The filesystems localvol makes and grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -98,6 +99,12 @@ pub enum FsError {
     },
     #[error("cannot grow a {fs_type} filesystem: only ext4 and xfs are supported")]
     UnsupportedGrow { fs_type: String },
+    #[error("cannot read the superblock on {device}: {source}", device = device.display())]
+    ReadSuperblock {
+        device: std::path::PathBuf,
+        #[source]
+        source: SyscallError,
+    },
 }
 
 impl FsError {
@@ -109,6 +116,7 @@ impl FsError {
             | FsError::Format { source, .. }
             | FsError::Grow { source, .. }
             | FsError::Check { source, .. } => source.is_terminal(),
+            FsError::ReadSuperblock { source, .. } => source.is_terminal(),
         }
     }
 }
@@ -146,6 +154,20 @@ pub async fn probe(host: &Host, device: &Path) -> Result<Signature, FsError> {
     }
 }
 
+/// Whether `device` holds the finished filesystem of a mkfs given `uuid` (see
+/// [`superblock`]): one read of its first 4 KiB, no program run.
+pub async fn finished_with(host: &Host, device: &Path, uuid: superblock::FsUuid) -> Result<bool, FsError> {
+    let head = host
+        .syscalls
+        .device_head(device, superblock::HEAD_BYTES)
+        .await
+        .map_err(|source| FsError::ReadSuperblock {
+            device: device.to_path_buf(),
+            source,
+        })?;
+    Ok(superblock::finished_uuid(&head) == Some(uuid))
+}
+
 /// Extra knobs for mkfs that depend on the device class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FormatOptions {
@@ -156,6 +178,9 @@ pub struct FormatOptions {
     /// zeroes new blocks): ext4 then skips zeroing its inode tables and journal, which
     /// on thin storage would map pool blocks for nothing, in the background, after mkfs.
     pub prezeroed: bool,
+    /// The filesystem's UUID, chosen before mkfs so that its superblock proves the
+    /// format finished ([`superblock::finished_uuid`]); mkfs picks one otherwise.
+    pub uuid: Option<superblock::FsUuid>,
 }
 
 pub fn mkfs_command(fs_type: FsType, device: &Path, options: FormatOptions) -> CommandSpec {
@@ -167,16 +192,30 @@ pub fn mkfs_command(fs_type: FsType, device: &Path, options: FormatOptions) -> C
             } else {
                 "lazy_itable_init=1,lazy_journal_init=1"
             };
-            let cmd = CommandSpec::new("mkfs.ext4").args(["-F", "-q", "-E", extended]);
+            let mut cmd = CommandSpec::new("mkfs.ext4").args(["-F", "-q", "-E", extended]);
             // DAX needs the block size to be the page size; small devices default to 1K.
             if options.dax {
-                cmd.args(["-b", "4096"])
-            } else {
-                cmd
+                cmd = cmd.args(["-b", "4096"]);
+            }
+            match options.uuid {
+                Some(uuid) => cmd.arg("-U").arg(uuid.to_string()),
+                None => cmd,
             }
         }
-        FsType::Xfs if options.dax => CommandSpec::new("mkfs.xfs").args(["-f", "-q", "-m", "reflink=0"]),
-        FsType::Xfs => CommandSpec::new("mkfs.xfs").args(["-f", "-q"]),
+        FsType::Xfs => {
+            let metadata: Vec<String> = options
+                .dax
+                .then(|| "reflink=0".to_string())
+                .into_iter()
+                .chain(options.uuid.map(|uuid| format!("uuid={uuid}")))
+                .collect();
+            let cmd = CommandSpec::new("mkfs.xfs").args(["-f", "-q"]);
+            if metadata.is_empty() {
+                cmd
+            } else {
+                cmd.arg("-m").arg(metadata.join(","))
+            }
+        }
     };
     cmd.arg(device).timeout(Duration::from_secs(600))
 }
@@ -330,6 +369,29 @@ mod tests {
         // xfs writes no inode tables up front: nothing to skip.
         let cmd = mkfs_command(FsType::Xfs, Path::new("/dev/vg/lv"), prezeroed);
         assert_eq!(cmd.args_display(), "-f -q /dev/vg/lv");
+        // A UUID chosen before mkfs, beside DAX's options.
+        let uuid = superblock::FsUuid::parse("6f1c2a8e-3b4d-4e5f-9a0b-1c2d3e4f5a6b");
+        let chosen = |dax| FormatOptions {
+            dax,
+            uuid,
+            ..Default::default()
+        };
+        let cmd = mkfs_command(FsType::Xfs, Path::new("/dev/vg/lv"), chosen(false));
+        assert_eq!(
+            cmd.args_display(),
+            "-f -q -m uuid=6f1c2a8e-3b4d-4e5f-9a0b-1c2d3e4f5a6b /dev/vg/lv"
+        );
+        let cmd = mkfs_command(FsType::Xfs, Path::new("/dev/vg/lv"), chosen(true));
+        assert_eq!(
+            cmd.args_display(),
+            "-f -q -m reflink=0,uuid=6f1c2a8e-3b4d-4e5f-9a0b-1c2d3e4f5a6b /dev/vg/lv"
+        );
+        let cmd = mkfs_command(FsType::Ext4, Path::new("/dev/vg/lv"), chosen(true));
+        assert_eq!(
+            cmd.args_display(),
+            "-F -q -E lazy_itable_init=1,lazy_journal_init=1 -b 4096 \
+             -U 6f1c2a8e-3b4d-4e5f-9a0b-1c2d3e4f5a6b /dev/vg/lv"
+        );
     }
 
     #[test]

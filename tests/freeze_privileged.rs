@@ -57,6 +57,9 @@ impl Syscalls for HeldCopies {
     async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError> {
         self.real.block_device_size(device).await
     }
+    async fn device_head(&self, device: &Path, len: usize) -> Result<Vec<u8>, SyscallError> {
+        self.real.device_head(device, len).await
+    }
     async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError> {
         self.real.device_number(path).await
     }

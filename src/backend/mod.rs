@@ -339,20 +339,20 @@ impl Backend {
     }
 
     /// What the backend's own mark says of the volume's filesystem (see [`FormatMark`]).
-    /// Only loop records tell a finished format apart; an LV's or a namespace's mark
-    /// says only whether one was left unfinished.
+    /// Loop records tell a finished format apart; an LV's mark leaves that to the
+    /// superblock ([`FormatMark::Pending`]); a namespace's says only whether one was
+    /// left unfinished.
     pub async fn format_mark(&self, token: &Token) -> Result<FormatMark, BackendError> {
-        let unfinished = |yes: bool| {
-            if yes {
-                FormatMark::Unfinished
-            } else {
-                FormatMark::Unknown
-            }
-        };
         match self {
             Backend::Loop(b) => b.format_mark(token).await,
-            Backend::Lvm(b) => b.format_unfinished(token).await.map(unfinished),
-            Backend::Pmem(b) => b.format_unfinished(token).await.map(unfinished),
+            Backend::Lvm(b) => b.format_mark(token).await,
+            Backend::Pmem(b) => b.format_unfinished(token).await.map(|unfinished| {
+                if unfinished {
+                    FormatMark::Unfinished
+                } else {
+                    FormatMark::Unknown
+                }
+            }),
         }
     }
 

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::fs::FsType;
+use crate::fs::superblock::FsUuid;
 use crate::model::{ClaimRef, Encryption, SnapshotId, Token, VolumeId, VolumeMode};
 
 /// A volume as its backend records it.
@@ -36,6 +37,11 @@ pub enum FormatMark {
     Finished,
     /// No mark that tells: only the device can say what it holds.
     Unknown,
+    /// Begun with this filesystem UUID chosen for it, and finished exactly when the
+    /// device's primary superblock is a finished one of that UUID (see
+    /// [`crate::fs::superblock`]): the filesystem is its own mark, so nothing is written
+    /// after mkfs. Only for unencrypted filesystem LVs.
+    Pending(FsUuid),
 }
 
 /// A snapshot as its backend records it: found again after a restart from the storage

@@ -37,7 +37,7 @@ impl Terminal for LvmError {
             | LvmError::Locked { .. } => false,
             LvmError::PoolNotZeroing { .. } | LvmError::NameTaken { .. } => true,
             // Unexpected report or extension state: unrecognised, so retried.
-            LvmError::Report { .. } | LvmError::Extension { .. } => false,
+            LvmError::Report { .. } | LvmError::Extension { .. } | LvmError::Random(_) => false,
             LvmError::Command { source, .. } => source.is_terminal(),
         }
     }

@@ -151,6 +151,9 @@ pub trait Syscalls: Send + Sync + 'static {
     async fn statvfs(&self, path: &Path) -> Result<FsUsage, SyscallError>;
     /// Size in bytes of a block device (BLKGETSIZE64).
     async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError>;
+    /// The first `len` bytes of a device (fewer if it is shorter), read through the page
+    /// cache both mkfs programs write through or invalidate.
+    async fn device_head(&self, device: &Path, len: usize) -> Result<Vec<u8>, SyscallError>;
     /// The device number of a block or character device node, or of the device a path
     /// is a bind mount of; `None` for anything else.
     async fn device_number(&self, path: &Path) -> Result<Option<u64>, SyscallError>;
@@ -436,6 +439,19 @@ impl Syscalls for SystemSyscalls {
             unsafe { blk_get_size64(file.as_raw_fd(), &mut size) }
                 .map_err(|e| SyscallError::new("BLKGETSIZE64", d, e))?;
             Ok(size)
+        })
+        .await
+    }
+
+    async fn device_head(&self, device: &Path, len: usize) -> Result<Vec<u8>, SyscallError> {
+        blocking("read", device, move |d| {
+            use std::io::Read;
+            let file = std::fs::File::open(d).map_err(|e| SyscallError::new("open", d, e))?;
+            let mut head = Vec::with_capacity(len);
+            file.take(len as u64)
+                .read_to_end(&mut head)
+                .map_err(|e| SyscallError::new("read", d, e))?;
+            Ok(head)
         })
         .await
     }

@@ -108,20 +108,23 @@ impl Volumes {
             (_, Some(path)) => return Ok((path, Unlocked::Existing)),
             // The header was made and the format after it finished.
             (FormatMark::Finished, None) => false,
-            (FormatMark::Unknown, None) => match fs::probe(&self.host, device).await? {
-                Signature::Luks => false,
-                Signature::Empty => {
-                    backend.begin_format(&id.token).await?;
-                    true
+            // (An encrypted LV's mark is never pending: see `tags::FS_UUID`.)
+            (FormatMark::Unknown | FormatMark::Pending(_), None) => {
+                match fs::probe(&self.host, device).await? {
+                    Signature::Luks => false,
+                    Signature::Empty => {
+                        backend.begin_format(&id.token).await?;
+                        true
+                    }
+                    Signature::Filesystem(found) | Signature::Other(found) => {
+                        return Err(VolumeError::NotLuks {
+                            id: id.clone(),
+                            device: device.to_path_buf(),
+                            found,
+                        });
+                    }
                 }
-                Signature::Filesystem(found) | Signature::Other(found) => {
-                    return Err(VolumeError::NotLuks {
-                        id: id.clone(),
-                        device: device.to_path_buf(),
-                        found,
-                    });
-                }
-            },
+            }
         };
         if must_format {
             info!(volume.id = %id, device = %device.display(), "making the LUKS2 header");

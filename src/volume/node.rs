@@ -12,7 +12,7 @@ use super::placed::Role;
 use super::stage_plan::{self, AfterMark, FilesystemStage, FormatOptionsFrom, MountPlan, StagedAs, Unlock};
 use super::targets::create_dir;
 use super::{VolumeError, Volumes, check_no_symlinks, guard_matches};
-use crate::backend::{Backend, VolumeHealth, VolumeRecord};
+use crate::backend::{Backend, FormatMark, VolumeHealth, VolumeRecord};
 use crate::fs::{self, FormatOptions, FsType, Signature};
 use crate::host::Host;
 use crate::locks::VolumeGuard;
@@ -181,7 +181,15 @@ impl Volumes {
                 .syscalls
                 .mount(options.filesystem_call(&device, staging, fs_type.as_str()))
         };
-        let mark = backend.format_mark(&req.id.token).await?;
+        // A pending format's filesystem proves itself: its superblock, which mkfs writes
+        // last, holds the UUID chosen for it. The same UUID goes to any mkfs below.
+        let (mark, chosen_uuid) = match backend.format_mark(&req.id.token).await? {
+            FormatMark::Pending(uuid) if fs::finished_with(&self.host, &device, uuid).await? => {
+                (FormatMark::Finished, Some(uuid))
+            }
+            FormatMark::Pending(uuid) => (FormatMark::Unfinished, Some(uuid)),
+            mark => (mark, None),
+        };
         let found = match stage_plan::after_mark(record, fs_type, mark) {
             AfterMark::MountMade => {
                 create_dir(staging).await?;
@@ -206,9 +214,12 @@ impl Volumes {
                 // Marked begun before mkfs and finished only after it: a kill in between
                 // leaves the mark unfinished for the retry (`stage_plan::after_mark`).
                 backend.begin_format(&req.id.token).await?;
-                let options = match options {
-                    FormatOptionsFrom::Defaults => FormatOptions::default(),
-                    FormatOptionsFrom::Backend => backend.format_options(&req.id.token).await?,
+                let options = FormatOptions {
+                    uuid: chosen_uuid,
+                    ..match options {
+                        FormatOptionsFrom::Defaults => FormatOptions::default(),
+                        FormatOptionsFrom::Backend => backend.format_options(&req.id.token).await?,
+                    }
                 };
                 fs::format(&self.host, fs_type, &device, options).await?;
                 backend.mark_formatted(&req.id.token).await?;

@@ -13,7 +13,9 @@
 //! zeroed. A create that finds such a pending LV (the daemon or lvcreate died) removes
 //! it and starts again; a delete removes it too. A filesystem LV (thick or thin) is
 //! created with the format mark `format=formatting`: a volume at once, formatted over
-//! at its first stage whatever its device holds. Thin LVs read zeros until written.
+//! at its first stage whatever its device holds, and with the UUID its mkfs is given
+//! (`fs-uuid`): the finished filesystem's superblock is then the only mark left, so no
+//! lvchange follows mkfs. Thin LVs read zeros until written.
 //!
 //! **Raw block volumes never show old bytes.** Thick: the LV is zeroed before it
 //! becomes a volume, and an extension is made only of extents zeroed beforehand (a
@@ -41,7 +43,8 @@ use self::report::Lv;
 use self::tags::Ownership;
 pub use self::vg::{CONTAINER_CONFIG, LvmError, VgState, VolumeGroup, lvm_command};
 use super::{
-    BackendError, ClassCapacity, StorageHealth, StoreUsage, ThinPoolFill, VolumeHealth, VolumeRecord,
+    BackendError, ClassCapacity, FormatMark, StorageHealth, StoreUsage, ThinPoolFill, VolumeHealth,
+    VolumeRecord,
 };
 use crate::config::PoolThresholds;
 use crate::fs::FormatOptions;
@@ -425,7 +428,7 @@ impl LvmBackend {
         let Layout::Thin { pool, .. } = &self.settings.layout else {
             return Ok(FormatOptions {
                 dax,
-                prezeroed: false,
+                ..FormatOptions::default()
             });
         };
         let state = self.vg.known_state().await?;
@@ -434,7 +437,7 @@ impl LvmBackend {
             _ => {
                 return Ok(FormatOptions {
                     dax,
-                    prezeroed: false,
+                    ..FormatOptions::default()
                 });
             }
         };
@@ -448,7 +451,11 @@ impl LvmBackend {
             .await
             .map_err(|e| self.failed("dmsetup status", &lv.name, e))?;
         let prezeroed = report::parse_thin_mapped_sectors(&out.stdout_str()) == Some(0);
-        Ok(FormatOptions { dax, prezeroed })
+        Ok(FormatOptions {
+            dax,
+            prezeroed,
+            ..FormatOptions::default()
+        })
     }
 
     /// The volume's LV, which must be a finished volume.
@@ -463,12 +470,13 @@ impl LvmBackend {
         }
     }
 
-    /// True when the LV carries [`tags::FORMATTING`]: a mkfs began and never finished.
-    pub async fn format_unfinished(&self, token: &Token) -> Result<bool, BackendError> {
+    /// What the LV's tags say of its filesystem ([`tags::format_mark`]); nothing to say
+    /// of a volume that is not there, or not finished.
+    pub async fn format_mark(&self, token: &Token) -> Result<FormatMark, BackendError> {
         let state = self.vg.known_state().await?;
         Ok(match self.lookup(&state, token)? {
-            Lookup::Ready(lv, _) => tags::format_unfinished(lv),
-            _ => false,
+            Lookup::Ready(lv, _) => tags::format_mark(lv),
+            _ => FormatMark::Unknown,
         })
     }
 
@@ -488,9 +496,14 @@ impl LvmBackend {
     }
 
     /// Replaces [`tags::FORMATTING`] with [`tags::FORMATTED`] in one lvchange, so the
-    /// LV never has neither (which would hand the decision back to blkid).
+    /// LV never has neither (which would hand the decision back to blkid). Nothing to
+    /// write for an LV whose filesystem proves itself ([`FormatMark::Pending`]): the
+    /// superblock mkfs wrote last is the mark.
     pub async fn mark_formatted(&self, token: &Token) -> Result<(), BackendError> {
         let lv = self.ready_lv(token).await?;
+        if matches!(tags::format_mark(&lv), FormatMark::Pending(_)) {
+            return Ok(());
+        }
         let remove: &[&str] = if tags::format_unfinished(&lv) {
             &[tags::FORMATTING]
         } else {

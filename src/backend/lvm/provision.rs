@@ -9,6 +9,7 @@ use tracing::{info, warn};
 use super::vg::{REPORT_TIMEOUT, VgState, stderr};
 use super::{Layout, Lookup, LvmBackend, LvmError, lvm_command, report, tags};
 use crate::backend::{BackendError, CreateSpec, VolumeRecord};
+use crate::fs::superblock::FsUuid;
 use crate::host::CommandSpec;
 use crate::model::{Token, VolumeMode};
 
@@ -18,7 +19,7 @@ fn zero_timeout(bytes: u64) -> std::time::Duration {
 }
 
 impl LvmBackend {
-    fn lvcreate_command(&self, lv: &str, spec: &CreateSpec) -> CommandSpec {
+    fn lvcreate_command(&self, lv: &str, spec: &CreateSpec, tags: &[String]) -> CommandSpec {
         let size = format!("{}b", spec.size_bytes);
         let mut cmd = lvm_command("lvcreate").args(["-y", "-n", lv]);
         cmd = match &self.settings.layout {
@@ -28,7 +29,7 @@ impl LvmBackend {
             Layout::Thin { pool, .. } => cmd.args(["-V", &size, "--thinpool", pool]),
         };
         cmd = cmd.args(&self.settings.lvcreate_options);
-        for tag in self.creation_tags(spec) {
+        for tag in tags {
             cmd = cmd.arg("--addtag").arg(tag);
         }
         cmd.arg(self.vg_name())
@@ -38,8 +39,12 @@ impl LvmBackend {
     /// zeroed. A filesystem volume is born [`tags::FORMATTING`]: whatever its device
     /// holds (an interrupted lvcreate may not have wiped its start) is formatted over at
     /// the first stage, never mounted, and no lvchange is needed before mkfs. So is an
-    /// encrypted block volume, whose LUKS header is its format.
-    fn creation_tags(&self, spec: &CreateSpec) -> Vec<String> {
+    /// encrypted block volume, whose LUKS header is its format. An unencrypted
+    /// filesystem volume also gets the UUID its mkfs will be given
+    /// ([`tags::FS_UUID`]), so no lvchange is needed after mkfs either. (An encrypted
+    /// one keeps the lvchange: its mark covers the LUKS header too, which a superblock
+    /// read through the mapping cannot vouch for without the passphrase.)
+    fn creation_tags(&self, spec: &CreateSpec) -> Result<Vec<String>, LvmError> {
         let mut tags = tags::volume_tags(&self.class, spec);
         if spec.mode == VolumeMode::Block && self.is_thick() {
             tags.push(tags::PENDING.to_string());
@@ -47,12 +52,16 @@ impl LvmBackend {
         if spec.mode == VolumeMode::Filesystem || spec.encryption.is_some() {
             tags.push(tags::FORMATTING.to_string());
         }
-        tags
+        if spec.mode == VolumeMode::Filesystem && spec.encryption.is_none() {
+            let uuid = FsUuid::random().map_err(|e| LvmError::Random(e.to_string()))?;
+            tags.push(tags::fs_uuid_tag(uuid));
+        }
+        Ok(tags)
     }
 
     /// The LV lvcreate makes for `spec`, as `lvs` would report it: the size is already a
     /// multiple of the class's alignment, so lvcreate does not round it.
-    fn created_lv(&self, lv: &str, spec: &CreateSpec) -> report::Lv {
+    fn created_lv(&self, lv: &str, spec: &CreateSpec, tags: Vec<String>) -> report::Lv {
         let pool = match &self.settings.layout {
             Layout::Thin { pool, .. } => Some(pool.clone()),
             Layout::Thick { .. } => None,
@@ -67,7 +76,7 @@ impl LvmBackend {
                 "-wi-a-----"
             }
             .to_string(),
-            tags: self.creation_tags(spec),
+            tags,
             data_percent: pool.as_ref().map(|_| 0.0),
             pool,
             path: Some(PathBuf::from(format!("/dev/{}/{lv}", self.vg.name))),
@@ -160,9 +169,10 @@ impl LvmBackend {
             return Err(self.no_space(spec.size_bytes, available));
         }
         self.check_block_zeroing(state, spec.mode)?;
-        let lvcreate = self.lvcreate_command(lv, spec);
+        let tags = self.creation_tags(spec)?;
+        let lvcreate = self.lvcreate_command(lv, spec, &tags);
         let lvcreate = if self.settings.lvcreate_options.is_empty() {
-            let created = self.created_lv(lv, spec);
+            let created = self.created_lv(lv, spec, tags);
             let extents_bytes = if self.is_thick() { spec.size_bytes } else { 0 };
             self.vg
                 .change_known(lvcreate, |state| state.created(created, extents_bytes))

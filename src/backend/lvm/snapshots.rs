@@ -60,11 +60,15 @@ pub fn snapshot_lv_name(token: &Token, vg: &str) -> String {
     format!("s+{}", tags::lv_name(token, vg))
 }
 
-/// The format mark a copy of `lv` inherits: the one `lv` carries, if any.
-fn format_mark(lv: &Lv) -> Option<&'static str> {
-    [tags::FORMATTED, tags::FORMATTING]
+/// The format mark a copy of `lv` inherits: the one `lv` carries, if any, with the
+/// filesystem UUID beside it (the copy's filesystem is `lv`'s, so it proves itself the
+/// same way).
+fn format_mark(lv: &Lv) -> Vec<String> {
+    let mark = [tags::FORMATTED, tags::FORMATTING]
         .into_iter()
-        .find(|t| lv.has_tag(t))
+        .find(|t| lv.has_tag(t));
+    let uuid = mark.and(tags::whole(lv, tags::FS_UUID));
+    mark.map(str::to_string).into_iter().chain(uuid).collect()
 }
 
 /// The tags of a new snapshot of `source` (an LV of `record`).
@@ -87,7 +91,7 @@ pub fn snapshot_tags(
     if let Some(fs) = record.fs_type {
         all.push(tags::tag(tags::FS, fs.as_str()));
     }
-    all.extend(format_mark(source).map(str::to_string));
+    all.extend(format_mark(source));
     all
 }
 
@@ -393,7 +397,7 @@ pub(super) fn copy_tags(
     all.push(tags::PENDING.to_string());
     // An encrypted block volume's LUKS header carries the mark as a filesystem does.
     if spec.mode == origin_mode {
-        all.extend(format_mark(origin).map(str::to_string));
+        all.extend(format_mark(origin));
     }
     if spec.mode == VolumeMode::Filesystem && spec.size_bytes > origin.size {
         all.push(tags::GROW_FILESYSTEM.to_string());

@@ -9,8 +9,9 @@
 use sha2::{Digest, Sha256};
 
 use super::report::Lv;
-use crate::backend::{CreateSpec, VolumeRecord};
+use crate::backend::{CreateSpec, FormatMark, VolumeRecord};
 use crate::fs::FsType;
+use crate::fs::superblock::FsUuid;
 use crate::model::ClaimRef;
 use crate::model::{ClassName, Encryption, Token, VolumeId, VolumeMode};
 
@@ -28,15 +29,22 @@ const ENCRYPTION: &str = "encryption";
 pub const PENDING: &str = "localvol.csi.dev/state=zeroing";
 /// On the temporary LV that zeroes the extents of a block volume's extension.
 const ZEROING_FOR: &str = "zeroing-for";
-/// Added just before mkfs runs on a filesystem volume and replaced by [`FORMATTED`]
-/// (one `lvchange`, one metadata commit) once mkfs has finished: an LV that still has
-/// it was killed mid-mkfs and may carry a half-written signature, so the next stage
-/// formats it again instead of trusting or refusing what blkid finds. The key is not
+/// On a filesystem volume from its lvcreate (or added just before mkfs on an LV that
+/// had none) until mkfs has finished: an LV whose format is unfinished was killed
+/// mid-mkfs and may carry a half-written signature, so the next stage formats it again
+/// instead of trusting or refusing what blkid finds. With [`FS_UUID`] beside it, the
+/// filesystem's superblock says when mkfs finished and the tag stays; without, one
+/// `lvchange` (one metadata commit) replaces it with [`FORMATTED`]. The key is not
 /// `state`, because a formatting LV is still a volume (it is listed, staged, deleted).
 pub const FORMATTING: &str = "localvol.csi.dev/format=formatting";
 /// The mkfs begun under [`FORMATTING`] finished. LVs formatted before the mark existed
 /// have neither tag; blkid alone decides for them.
 pub const FORMATTED: &str = "localvol.csi.dev/format=formatted";
+/// Beside [`FORMATTING`] from the lvcreate of an unencrypted filesystem volume: the UUID
+/// its mkfs is given. The finished filesystem then proves itself (its superblock holds
+/// the UUID), so no lvchange follows mkfs and [`FORMATTING`] stays; a copy inherits both
+/// with the filesystem they describe.
+pub(super) const FS_UUID: &str = "fs-uuid";
 
 /// On a restore or clone made larger than its source, from the lvcreate that makes it
 /// (so no kill can leave a grown copy without it) until stage has grown the filesystem
@@ -128,6 +136,25 @@ pub fn format_unfinished(lv: &Lv) -> bool {
     lv.has_tag(FORMATTING)
 }
 
+/// The tag naming the UUID a new filesystem volume's mkfs is given ([`FS_UUID`]).
+pub(super) fn fs_uuid_tag(uuid: FsUuid) -> String {
+    tag(FS_UUID, &uuid.to_string())
+}
+
+/// What the LV's tags say of its filesystem. [`FORMATTED`] says only that a format
+/// finished once, not what the device holds now, so it is [`FormatMark::Unknown`]; so
+/// is a [`FS_UUID`] tag that is not a UUID (edited by hand: blkid decides, nothing is
+/// formatted on the tags' word).
+pub fn format_mark(lv: &Lv) -> FormatMark {
+    if !format_unfinished(lv) {
+        return FormatMark::Unknown;
+    }
+    match value(lv, FS_UUID) {
+        None => FormatMark::Unfinished,
+        Some(text) => FsUuid::parse(text).map_or(FormatMark::Unknown, FormatMark::Pending),
+    }
+}
+
 /// What an LV is to a device class.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ownership {
@@ -145,6 +172,11 @@ pub(super) fn value<'a>(lv: &'a Lv, key: &str) -> Option<&'a str> {
             .and_then(|rest| rest.strip_prefix(key))
             .and_then(|rest| rest.strip_prefix('='))
     })
+}
+
+/// The whole `key` tag of `lv`, as it is (for a copy to carry unchanged).
+pub(super) fn whole(lv: &Lv, key: &str) -> Option<String> {
+    value(lv, key).map(|v| format!("{PREFIX}{key}={v}"))
 }
 
 pub(super) fn parse_mode(value: Option<&str>) -> Result<VolumeMode, String> {

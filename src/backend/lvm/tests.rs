@@ -8,9 +8,11 @@ use std::sync::{Arc, Mutex};
 use super::*;
 use crate::backend::CreateSpec;
 use crate::fs::FsType;
+use crate::fs::superblock::FsUuid;
 use crate::host::CommandError;
 use crate::host::fake::{FakeCommands, FakeSyscalls, failed, succeeded as ok, take_scripted};
 use crate::model::ClaimRef;
+use crate::model::Encryption;
 use crate::model::VolumeMode;
 
 /// Capacity per layout, and what open and create refuse.

@@ -84,6 +84,9 @@ pub enum LvmError {
     },
     #[error("cannot pre-zero the extension of {vg}/{lv}: {reason}")]
     Extension { vg: String, lv: String, reason: String },
+    /// The kernel gave no random bytes for a new filesystem's UUID.
+    #[error("cannot choose a filesystem UUID: {0}")]
+    Random(String),
     #[error("{op} {target}: another lvm command holds the lock: {source}")]
     Locked {
         op: &'static str,

@@ -47,6 +47,8 @@ struct SyscallState {
     /// Device-mapper devices and the devices they are built on.
     slaves: HashMap<(u32, u32), Vec<(u32, u32)>>,
     sizes: HashMap<PathBuf, u64>,
+    /// What a device's first bytes hold (zeros where nothing was planted).
+    heads: HashMap<PathBuf, Vec<u8>>,
     loops: Vec<LoopDevice>,
     /// Backing inodes of loop devices attached "by inode" (see attach_loop_by_inode).
     loop_inodes: HashMap<PathBuf, (u64, u64)>,
@@ -153,6 +155,11 @@ impl FakeSyscalls {
             .unwrap()
             .slaves
             .insert((major, minor), vec![below]);
+    }
+
+    /// What the device at `path` holds at its start from now on (a superblock).
+    pub fn set_device_head(&self, path: impl Into<PathBuf>, head: Vec<u8>) {
+        self.state.lock().unwrap().heads.insert(path.into(), head);
     }
 
     /// Removes the device node at `path` (and what it was built on, for a mapping).
@@ -402,6 +409,21 @@ impl Syscalls for FakeSyscalls {
     async fn block_device_size(&self, device: &Path) -> Result<u64, SyscallError> {
         self.record("BLKGETSIZE64", device)?;
         Ok(self.state.lock().unwrap().sizes.get(device).copied().unwrap_or(0))
+    }
+
+    async fn device_head(&self, device: &Path, len: usize) -> Result<Vec<u8>, SyscallError> {
+        self.record("read", device)?;
+        let s = self.state.lock().unwrap();
+        let Some(size) = s.sizes.get(device) else {
+            return Err(SyscallError {
+                call: "open",
+                path: device.to_path_buf(),
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            });
+        };
+        let mut head = s.heads.get(device).cloned().unwrap_or_default();
+        head.resize(len.min(*size as usize), 0);
+        Ok(head)
     }
 
     /// As stat answers: the fake's device nodes, `None` for a path that exists (on the

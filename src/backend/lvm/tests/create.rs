@@ -13,15 +13,22 @@ async fn a_thick_filesystem_volume_is_tagged_committed_and_listed() {
         .unwrap();
     assert_eq!(record.size_bytes, 64 * MIB);
     assert_eq!(record.claim.pvc_namespace.as_deref(), Some("team"));
+    let uuid = f
+        .lv("pvc-1")
+        .tags
+        .iter()
+        .find_map(|t| t.strip_prefix("localvol.csi.dev/fs-uuid=").map(str::to_string))
+        .expect("the UUID mkfs will be given");
+    assert!(FsUuid::parse(&uuid).is_some(), "{uuid}");
     assert_eq!(
         f.changes(),
-        [
+        [format!(
             "lvcreate -y -n pvc-1 -L 67108864b -Wy -Zy --addtag localvol.csi.dev/class=thick \
              --addtag localvol.csi.dev/name=pvc-1 --addtag localvol.csi.dev/mode=filesystem \
              --addtag localvol.csi.dev/fs=ext4 --addtag localvol.csi.dev/pvc=data \
              --addtag localvol.csi.dev/namespace=team --addtag localvol.csi.dev/pv=pvc-1 \
-             --addtag localvol.csi.dev/format=formatting vg1",
-        ],
+             --addtag localvol.csi.dev/format=formatting --addtag localvol.csi.dev/fs-uuid={uuid} vg1"
+        )],
         "a filesystem volume is a volume once lvcreate returns: it is formatted over at \
          its first stage, whatever its device holds"
     );

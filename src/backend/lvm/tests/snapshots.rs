@@ -13,7 +13,8 @@ fn snap(name: &str, source: &str) -> SnapshotSpec {
     }
 }
 
-/// The changes so far, with the creation time tag (a clock reading) made fixed.
+/// The changes so far, with the creation time tag (a clock reading) and the filesystem
+/// UUID (chosen at random by the source's lvcreate) made fixed.
 fn changes_without_time(f: &Fixture, seen: usize) -> Vec<String> {
     f.changes()[seen..]
         .iter()
@@ -21,6 +22,13 @@ fn changes_without_time(f: &Fixture, seen: usize) -> Vec<String> {
             c.split(' ')
                 .map(|w| match w.strip_prefix("localvol.csi.dev/created=") {
                     Some(n) if n.parse::<u64>().is_ok() => "localvol.csi.dev/created=T",
+                    _ if w
+                        .strip_prefix("localvol.csi.dev/fs-uuid=")
+                        .and_then(FsUuid::parse)
+                        .is_some() =>
+                    {
+                        "localvol.csi.dev/fs-uuid=U"
+                    }
                     _ => w,
                 })
                 .collect::<Vec<_>>()
@@ -43,7 +51,7 @@ async fn a_snapshot_is_one_tagged_read_only_skipped_thin_snapshot_found_after_a_
              --addtag localvol.csi.dev/name=snap-1 --addtag localvol.csi.dev/source=pvc-1 \
              --addtag localvol.csi.dev/created=T --addtag localvol.csi.dev/source-size=67108864 \
              --addtag localvol.csi.dev/mode=filesystem --addtag localvol.csi.dev/fs=ext4 \
-             --addtag localvol.csi.dev/format=formatted vg1/pvc-1",
+             --addtag localvol.csi.dev/format=formatting --addtag localvol.csi.dev/fs-uuid=U vg1/pvc-1",
         ],
         "one lvcreate, no FIFREEZE (lvcreate's suspend locks the filesystem)"
     );
@@ -128,23 +136,25 @@ async fn a_restore_is_a_writable_thin_snapshot_grown_then_committed() {
     let source = CopySource::Snapshot(Token::for_name("snap-1"));
     let record = b.create_from(&restore, &source).await.unwrap();
     assert_eq!(
-        f.changes()[seen..],
+        changes_without_time(&f, seen),
         [
             "lvcreate -y -s -kn -prw -n pvc-2 --addtag localvol.csi.dev/class=thin \
              --addtag localvol.csi.dev/name=pvc-2 --addtag localvol.csi.dev/mode=filesystem \
              --addtag localvol.csi.dev/fs=ext4 --addtag localvol.csi.dev/pvc=data \
              --addtag localvol.csi.dev/namespace=team --addtag localvol.csi.dev/pv=pvc-2 \
-             --addtag localvol.csi.dev/state=zeroing --addtag localvol.csi.dev/format=formatted \
-             --addtag localvol.csi.dev/grow=filesystem vg1/s+snap-1",
+             --addtag localvol.csi.dev/state=zeroing --addtag localvol.csi.dev/format=formatting \
+             --addtag localvol.csi.dev/fs-uuid=U --addtag localvol.csi.dev/grow=filesystem vg1/s+snap-1",
             "lvextend -L 100663296b vg1/pvc-2",
             "lvchange --deltag localvol.csi.dev/state=zeroing vg1/pvc-2",
         ]
     );
     assert_eq!(record.size_bytes, 96 * MIB);
     assert_eq!(record.name, "pvc-2");
-    // The copied filesystem is kept at the first stage, not formatted over.
-    assert!(!b.format_unfinished(&restore.token).await.unwrap());
-    assert!(f.lv("pvc-2").tags.contains(&tags::FORMATTED.to_string()));
+    // The copied filesystem proves itself by its source's UUID at the first stage, and
+    // is kept, not formatted over.
+    let source_mark = b.format_mark(&Token::for_name("pvc-1")).await.unwrap();
+    assert!(matches!(source_mark, FormatMark::Pending(_)), "{source_mark:?}");
+    assert_eq!(b.format_mark(&restore.token).await.unwrap(), source_mark);
     // Idempotent.
     let seen = f.changes().len();
     assert_eq!(b.create_from(&restore, &source).await.unwrap(), record);

@@ -160,11 +160,27 @@ pub fn mounted_device(path: &Path) -> PathBuf {
 
 /// The volume's format mark: `Some(true)` while a format is unfinished, `Some(false)`
 /// once finished, `None` without a mark (no such volume, or never formatted on LVM).
+/// An LV tagged `fs-uuid` keeps `format=formatting` for good: its format is finished
+/// once blkid finds that UUID on the device, and for xfs `xfs_db` finds mkfs's
+/// in-progress flag clear (blkid reports an xfs in progress all the same).
 pub fn format_unfinished(class: &str, data: &Path, name: &str) -> Option<bool> {
     if is_lvm(class) {
         let tags = try_sh("lvs", &["--noheadings", "-o", "lv_tags", &format!("{VG}/{name}")])?;
         if tags.contains("localvol.csi.dev/format=formatting") {
-            return Some(true);
+            let Some(chosen) = tags
+                .trim()
+                .split(',')
+                .find_map(|t| t.strip_prefix("localvol.csi.dev/fs-uuid="))
+            else {
+                return Some(true);
+            };
+            let device = format!("/dev/{VG}/{name}");
+            let probe = |tag: &str| try_sh("blkid", &["-p", "-s", tag, "-o", "value", &device]);
+            let found = probe("UUID").unwrap_or_default();
+            let in_progress = probe("TYPE").as_deref().map(str::trim) == Some("xfs")
+                && try_sh("xfs_db", &["-r", "-c", "sb 0", "-c", "p inprogress", &device])
+                    .is_none_or(|out| out.trim() != "inprogress = 0");
+            return Some(found.trim() != chosen || in_progress);
         }
         return tags
             .contains("localvol.csi.dev/format=formatted")
