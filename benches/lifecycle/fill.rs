@@ -20,6 +20,9 @@ struct Mark {
     create: Duration,
     stats: Duration,
     rss_kib: u64,
+    /// The same create done with the syscalls alone, in a directory holding as many
+    /// entries as the class's: what the filesystem's own growth costs.
+    raw_create: Duration,
 }
 
 pub struct Fill {
@@ -30,6 +33,57 @@ pub struct Fill {
 }
 
 const CALLS: usize = 50;
+
+/// The syscalls of a loop class's raw block create, in `dir`: a new sparse image under
+/// a temporary name, renamed into place, then a small record written to a temporary
+/// file, fsynced, renamed, and the directory fsynced.
+fn raw_create(dir: &Path, name: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (tmp, image) = (
+        dir.join(format!("{name}.img.tmp")),
+        dir.join(format!("{name}.img")),
+    );
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .unwrap();
+    file.set_len(MIB.unsigned_abs()).unwrap();
+    std::fs::rename(&tmp, &image).unwrap();
+    let (tmp, record) = (
+        dir.join(format!("{name}.json.tmp")),
+        dir.join(format!("{name}.json")),
+    );
+    let mut file = std::fs::File::create(&tmp).unwrap();
+    file.write_all(&[b' '; 240]).unwrap();
+    file.sync_all().unwrap();
+    std::fs::rename(&tmp, &record).unwrap();
+    std::fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
+/// The median of [`CALLS`] raw creates in `floor`, topped up first to as many entries as
+/// `class_dir` holds; the creates' files are removed after.
+fn raw_floor(class_dir: &Path, floor: &Path) -> Duration {
+    let entries = |d: &Path| std::fs::read_dir(d).unwrap().count();
+    for i in entries(floor)..entries(class_dir) {
+        std::fs::File::create(floor.join(format!("filler-{i}"))).unwrap();
+    }
+    let mut times = Vec::with_capacity(CALLS);
+    for i in 0..CALLS {
+        let t = Instant::now();
+        raw_create(floor, &format!("raw-{i}"));
+        times.push(t.elapsed());
+    }
+    for i in 0..CALLS {
+        for ext in ["img", "json"] {
+            std::fs::remove_file(floor.join(format!("raw-{i}.{ext}"))).unwrap();
+        }
+    }
+    times.sort();
+    percentile(&times, 0.5)
+}
 
 async fn median_of<F: AsyncFnMut()>(mut call: F) -> Duration {
     let mut times = Vec::with_capacity(CALLS);
@@ -70,6 +124,15 @@ pub async fn fill_the_node(base: &Path, marks: &[usize]) -> Fill {
     csi.stage(&probe, &staging, &block).await.unwrap();
     csi.publish(&probe, &staging, &target, &block).await.unwrap();
 
+    // The raw floor's directory, on the same filesystem as the class's images.
+    let class_dir = dir.join("data/loop/default");
+    assert!(
+        class_dir.is_dir(),
+        "{} is the default class's directory",
+        class_dir.display()
+    );
+    let floor = dir.join("raw-floor");
+    std::fs::create_dir_all(&floor).unwrap();
     let mut made = 0usize;
     let measure = async |volumes: usize, made: &mut usize| {
         let mut creates = Vec::new();
@@ -93,6 +156,7 @@ pub async fn fill_the_node(base: &Path, marks: &[usize]) -> Fill {
             })
             .await,
             rss_kib: daemon.rss_kib(),
+            raw_create: raw_floor(&class_dir, &floor),
         }
     };
     // The empty node's creates are its first 50; its calls are measured before them.
@@ -105,12 +169,14 @@ pub async fn fill_the_node(base: &Path, marks: &[usize]) -> Fill {
     })
     .await;
     let empty_rss = daemon.rss_kib();
+    let empty_raw = raw_floor(&class_dir, &floor);
     let first = measure(0, &mut made).await;
     let empty = Mark {
         volumes: 0,
         capacity: empty_capacity,
         stats: empty_stats,
         rss_kib: empty_rss,
+        raw_create: empty_raw,
         ..first
     };
     let mut done = Vec::new();
@@ -134,7 +200,8 @@ pub async fn fill_the_node(base: &Path, marks: &[usize]) -> Fill {
 }
 
 impl Fill {
-    pub fn print(&self, idle_rss: u64, startup_empty: Duration) {
+    /// The table; `idle_rss`, the daemon's own idle figure, where one was measured.
+    pub fn print(&self, idle_rss: Option<u64>, startup_empty: Duration) {
         for mark in &self.marks {
             let n = mark.volumes;
             for (label, full, empty) in [
@@ -153,6 +220,11 @@ impl Fill {
                     mark.stats,
                     self.empty.stats,
                 ),
+                (
+                    format!("  raw create's syscalls ({n} entries vs none)"),
+                    mark.raw_create,
+                    self.empty.raw_create,
+                ),
             ] {
                 println!(
                     "{:<44} {:>10.3}ms {:>10.3}ms {:>8.3}",
@@ -169,7 +241,9 @@ impl Fill {
                 self.per_volume_kib(mark)
             );
         }
-        println!("{:<44} {:>10} KiB", "RSS idle", idle_rss);
+        if let Some(idle_rss) = idle_rss {
+            println!("{:<44} {:>10} KiB", "RSS idle", idle_rss);
+        }
         if let Some(last) = self.marks.last() {
             println!(
                 "{:<44} {:>10.1}ms {:>10.1}ms {:>8.3}",
@@ -189,7 +263,8 @@ impl Fill {
         json!({
             "empty": {"get_capacity_p50_ms": ms(self.empty.capacity),
                       "create_p50_ms_first_50": ms(self.empty.create),
-                      "stats_p50_ms": ms(self.empty.stats), "rss_kib": self.empty.rss_kib},
+                      "stats_p50_ms": ms(self.empty.stats), "rss_kib": self.empty.rss_kib,
+                      "raw_create_p50_ms": ms(self.empty.raw_create)},
             "marks": self.marks.iter().map(|m| json!({
                 "volumes": m.volumes,
                 "get_capacity_p50_ms": ms(m.capacity),
@@ -198,6 +273,8 @@ impl Fill {
                 "create_ratio": ms(m.create) / ms(self.empty.create),
                 "stats_p50_ms": ms(m.stats),
                 "stats_ratio": ms(m.stats) / ms(self.empty.stats),
+                "raw_create_p50_ms": ms(m.raw_create),
+                "raw_create_ratio": ms(m.raw_create) / ms(self.empty.raw_create),
                 "rss_kib": m.rss_kib,
                 "rss_kib_per_volume": self.per_volume_kib(m),
             })).collect::<Vec<_>>(),

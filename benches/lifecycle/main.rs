@@ -3,7 +3,8 @@
 //! scaling, resident memory and start-up time of the real daemon process.
 //!
 //! Results print as a table and go to `target/bench/lifecycle.json`.
-//! `-- --quick` runs fewer iterations (for CI smoke runs). `-- --only-publish` runs
+//! `-- --quick` runs fewer iterations (for CI smoke runs). `-- --only-fill` runs the
+//! costs as the node fills alone (printed, not written). `-- --only-publish` runs
 //! publish+unpublish alone, in a loop of `LOCALVOL_BENCH_ROUNDS` (default 2000), and
 //! prints its figures: the loop to profile the daemon's node calls against.
 
@@ -99,6 +100,12 @@ async fn main() {
 
     if std::env::args().any(|a| a == "--only-publish") {
         return only_publish(base.path()).await;
+    }
+    // The fill alone (section 4), printed, not written: the costs as the node fills.
+    if std::env::args().any(|a| a == "--only-fill") {
+        let fill = fill::fill_the_node(base.path(), if quick { &[500] } else { &[500, 5000] }).await;
+        fill.print(None, startup);
+        return;
     }
 
     let (mut daemon, _) = start_daemon(
@@ -296,7 +303,7 @@ async fn main() {
             rate / base_rate
         );
     }
-    fill.print(idle_rss, startup);
+    fill.print(Some(idle_rss), startup);
     for (pods, rss) in &rss_kube {
         println!(
             "{:<44} {:>10} KiB",
