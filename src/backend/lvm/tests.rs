@@ -464,6 +464,23 @@ impl Fixture {
         self.group.invalidate();
     }
 
+    /// The UUID in the LV's `fs-uuid` tag, which must be one if present.
+    fn fs_uuid(&self, lv: &str) -> Option<FsUuid> {
+        let prefix = format!("{}{}=", tags::PREFIX, tags::FS_UUID);
+        let tags = self.lv(lv).tags;
+        let value = tags.iter().find_map(|t| t.strip_prefix(&prefix))?;
+        Some(FsUuid::parse(value).expect("a UUID"))
+    }
+
+    /// A thick LV with the `thick` class's tags for a volume `name` of `mode` plus
+    /// `extra` (a mark, the pending tag), planted as [`Fixture::plant_thick`] does.
+    fn plant_thick_volume(&self, name: &str, size: u64, mode: VolumeMode, extra: &[&str]) {
+        let class = ClassName::parse("thick").unwrap();
+        let mut tags = tags::volume_tags(&class, &spec(name, size, mode));
+        tags.extend(extra.iter().map(|t| t.to_string()));
+        self.plant_thick(name, size, tags);
+    }
+
     fn lv_names(&self) -> Vec<String> {
         self.vg
             .lock()

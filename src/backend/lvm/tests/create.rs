@@ -13,13 +13,7 @@ async fn a_thick_filesystem_volume_is_tagged_committed_and_listed() {
         .unwrap();
     assert_eq!(record.size_bytes, 64 * MIB);
     assert_eq!(record.claim.pvc_namespace.as_deref(), Some("team"));
-    let uuid = f
-        .lv("pvc-1")
-        .tags
-        .iter()
-        .find_map(|t| t.strip_prefix("localvol.csi.dev/fs-uuid=").map(str::to_string))
-        .expect("the UUID mkfs will be given");
-    assert!(FsUuid::parse(&uuid).is_some(), "{uuid}");
+    let uuid = f.fs_uuid("pvc-1").expect("the UUID mkfs will be given");
     assert_eq!(
         f.changes(),
         [format!(
@@ -127,9 +121,7 @@ async fn a_pending_lv_from_a_crash_is_not_a_volume_and_is_redone() {
     let f = Fixture::new(None);
     let b = f.thick(0).await;
     // The daemon died while zeroing: the LV exists with the pending tag.
-    let mut tags = tags::volume_tags(b.class(), &spec("blk", 8 * MIB, VolumeMode::Block));
-    tags.push(tags::PENDING.to_string());
-    f.plant_thick("blk", 8 * MIB, tags);
+    f.plant_thick_volume("blk", 8 * MIB, VolumeMode::Block, &[tags::PENDING]);
     assert!(b.get(&Token::for_name("blk")).await.unwrap().is_none());
     assert!(b.list().await.unwrap().is_empty());
     assert!(b.device(&Token::for_name("blk")).await.unwrap().is_none());

@@ -27,20 +27,11 @@ async fn unfinished(b: &LvmBackend, token: &Token) -> bool {
     )
 }
 
-/// The UUID in the LV's `fs-uuid` tag.
-fn fs_uuid_of(f: &Fixture, lv: &str) -> Option<FsUuid> {
-    let tags = f.lv(lv).tags;
-    let value = tags
-        .iter()
-        .find_map(|t| t.strip_prefix("localvol.csi.dev/fs-uuid="))?;
-    Some(FsUuid::parse(value).expect("a UUID"))
-}
-
 #[tokio::test]
 async fn a_new_filesystem_volume_is_born_pending_on_its_own_uuid_and_never_retagged() {
     let f = Fixture::new(None);
     let (b, token) = f.thick_with_volume(VolumeMode::Filesystem).await;
-    let uuid = fs_uuid_of(&f, "pvc-1").expect("lvcreate tagged the UUID");
+    let uuid = f.fs_uuid("pvc-1").expect("lvcreate tagged the UUID");
     assert_eq!(b.format_mark(&token).await.unwrap(), FormatMark::Pending(uuid));
     b.begin_format(&token).await.unwrap();
     b.mark_formatted(&token).await.unwrap();
@@ -53,14 +44,14 @@ async fn a_new_filesystem_volume_is_born_pending_on_its_own_uuid_and_never_retag
     b.create(&spec("pvc-2", 64 * MIB, VolumeMode::Filesystem))
         .await
         .unwrap();
-    assert_ne!(fs_uuid_of(&f, "pvc-2"), Some(uuid));
+    assert_ne!(f.fs_uuid("pvc-2"), Some(uuid));
     // A block volume has no mark: it is never formatted.
     b.create(&spec("blk", 8 * MIB, VolumeMode::Block)).await.unwrap();
     assert_eq!(
         b.format_mark(&Token::for_name("blk")).await.unwrap(),
         FormatMark::Unknown
     );
-    assert_eq!(fs_uuid_of(&f, "blk"), None);
+    assert_eq!(f.fs_uuid("blk"), None);
 }
 
 #[tokio::test]
@@ -75,7 +66,7 @@ async fn an_encrypted_volume_keeps_the_tag_that_covers_its_header() {
         ..spec("pvc-1", 64 * MIB, VolumeMode::Filesystem)
     };
     b.create(&encrypted).await.unwrap();
-    assert_eq!(fs_uuid_of(&f, "pvc-1"), None);
+    assert_eq!(f.fs_uuid("pvc-1"), None);
     assert_eq!(b.format_mark(&token).await.unwrap(), FormatMark::Unfinished);
     b.mark_formatted(&token).await.unwrap();
     assert_eq!(mark_changes(&f), [FINISH]);
@@ -86,10 +77,12 @@ async fn an_encrypted_volume_keeps_the_tag_that_covers_its_header() {
 async fn a_uuid_tag_edited_into_nonsense_hands_the_decision_to_blkid() {
     let f = Fixture::new(None);
     let b = f.thick(0).await;
-    let mut tags = tags::volume_tags(b.class(), &spec("pvc-1", 64 * MIB, VolumeMode::Filesystem));
-    tags.push(tags::FORMATTING.to_string());
-    tags.push("localvol.csi.dev/fs-uuid=not-a-uuid".to_string());
-    f.plant_thick("pvc-1", 64 * MIB, tags);
+    f.plant_thick_volume(
+        "pvc-1",
+        64 * MIB,
+        VolumeMode::Filesystem,
+        &[tags::FORMATTING, "localvol.csi.dev/fs-uuid=not-a-uuid"],
+    );
     let token = Token::for_name("pvc-1");
     assert_eq!(b.format_mark(&token).await.unwrap(), FormatMark::Unknown);
     // Not pending, so a finished mkfs is recorded the old way.
@@ -103,11 +96,7 @@ async fn the_mark_is_set_before_mkfs_and_replaced_after_in_one_change() {
     let b = f.thick(0).await;
     let token = Token::for_name("pvc-1");
     // A volume made before lvcreate set the mark (or the UUID): its tags have neither.
-    f.plant_thick(
-        "pvc-1",
-        64 * MIB,
-        tags::volume_tags(b.class(), &spec("pvc-1", 64 * MIB, VolumeMode::Filesystem)),
-    );
+    f.plant_thick_volume("pvc-1", 64 * MIB, VolumeMode::Filesystem, &[]);
     assert!(!unfinished(&b, &token).await, "no mark");
 
     b.begin_format(&token).await.unwrap();
@@ -155,10 +144,12 @@ async fn only_finished_volumes_are_marked() {
         Err(BackendError::NotFound { .. })
     ));
     // A pending create (state=zeroing) is not a volume: no mark, and nothing changes.
-    let mut tags = tags::volume_tags(b.class(), &spec("half", 8 * MIB, VolumeMode::Filesystem));
-    tags.push(tags::PENDING.to_string());
-    tags.push(tags::FORMATTING.to_string());
-    f.plant_thick("half", 8 * MIB, tags);
+    f.plant_thick_volume(
+        "half",
+        8 * MIB,
+        VolumeMode::Filesystem,
+        &[tags::PENDING, tags::FORMATTING],
+    );
     let half = Token::for_name("half");
     assert!(!unfinished(&b, &half).await);
     assert!(b.begin_format(&half).await.is_err());
