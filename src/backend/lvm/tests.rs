@@ -401,6 +401,18 @@ impl Fixture {
         }
     }
 
+    /// The same VG as a restarted daemon finds it: the same storage and tools, a
+    /// `VolumeGroup` of its own with nothing cached.
+    fn restarted(&self) -> Self {
+        Self {
+            vg: Arc::clone(&self.vg),
+            commands: self.commands.clone(),
+            syscalls: self.syscalls.clone(),
+            group: VolumeGroup::new("vg1".into(), self.host.clone()),
+            host: self.host.clone(),
+        }
+    }
+
     /// A thick class holding volume `pvc-1` of 64 MiB, made with `mode`.
     async fn thick_with_volume(&self, mode: VolumeMode) -> (LvmBackend, Token) {
         let b = self.thick(0).await;
@@ -475,10 +487,24 @@ impl Fixture {
     /// A thick LV with the `thick` class's tags for a volume `name` of `mode` plus
     /// `extra` (a mark, the pending tag), planted as [`Fixture::plant_thick`] does.
     fn plant_thick_volume(&self, name: &str, size: u64, mode: VolumeMode, extra: &[&str]) {
-        let class = ClassName::parse("thick").unwrap();
+        self.plant_volume("thick", name, size, mode, extra);
+    }
+
+    /// The same for class `class` (`thick`, or `thin` in `pool0`).
+    fn plant_volume(&self, class: &str, name: &str, size: u64, mode: VolumeMode, extra: &[&str]) {
+        let class = ClassName::parse(class).unwrap();
         let mut tags = tags::volume_tags(&class, &spec(name, size, mode));
         tags.extend(extra.iter().map(|t| t.to_string()));
-        self.plant_thick(name, size, tags);
+        self.vg.lock().unwrap().lvs.push(FakeLv {
+            name: name.into(),
+            size,
+            tags,
+            pool: (class.as_str() == "thin").then(|| "pool0".into()),
+            thin_pool: false,
+            zeroing: false,
+            in_use: false,
+        });
+        self.group.invalidate();
     }
 
     fn lv_names(&self) -> Vec<String> {

@@ -231,43 +231,72 @@ async fn a_lifecycle_reads_no_report_after_the_first() {
     }
 }
 
-/// What the RPCs learn from the report about two volumes.
+/// What the RPCs learn from the report about `volumes`: the class's capacity, its
+/// volumes, and each one's device and format mark.
 async fn seen(
     b: &LvmBackend,
-    fs: &Token,
-    blk: &Token,
+    volumes: &[&Token],
 ) -> (
     ClassCapacity,
     Vec<VolumeRecord>,
-    Option<PathBuf>,
-    Option<PathBuf>,
-    FormatMark,
+    Vec<(Option<PathBuf>, FormatMark)>,
 ) {
-    (
-        b.capacity().await.unwrap(),
-        b.list().await.unwrap(),
-        b.device(fs).await.unwrap(),
-        b.device(blk).await.unwrap(),
-        b.format_mark(fs).await.unwrap(),
-    )
+    let mut each = Vec::new();
+    for token in volumes {
+        each.push((
+            b.device(token).await.unwrap(),
+            b.format_mark(token).await.unwrap(),
+        ));
+    }
+    (b.capacity().await.unwrap(), b.list().await.unwrap(), each)
 }
 
+/// The report cache (issue 47's test of it): after each change localvol makes, a
+/// create, a mark, a grow, a delete, the daemon killed in a create after its lvcreate
+/// and restarted on what that left, the create retried, the patched report tells the
+/// RPCs what a rescan tells them.
 #[tokio::test]
 async fn the_patched_report_says_what_a_rescan_says() {
     for thin in [false, true] {
         let f = Fixture::new(Some(true));
-        let b = if thin { f.thin(2.0).await } else { f.thick(0).await };
+        let open = async |f: &Fixture| if thin { f.thin(2.0).await } else { f.thick(0).await };
+        let b = open(&f).await;
         f.commands
             .on("dmsetup", |_| ok("0 131072 thin 0 131071\n".to_string()));
-        let (fs, blk) = (Token::for_name("fs"), Token::for_name("blk"));
+        let (fs, blk, half) = (
+            Token::for_name("fs"),
+            Token::for_name("blk"),
+            Token::for_name("half"),
+        );
+        let all = [&fs, &blk, &half];
+        let same_as_rescan = async |f: &Fixture, b: &LvmBackend, step: &str| {
+            let patched = seen(b, &all).await;
+            f.group.invalidate();
+            assert_eq!(seen(b, &all).await, patched, "thin: {thin}, after {step}");
+        };
         b.create(&spec("fs", 64 * MIB, VolumeMode::Filesystem))
             .await
             .unwrap();
         b.create(&spec("blk", 8 * MIB, VolumeMode::Block)).await.unwrap();
+        same_as_rescan(&f, &b, "two creates").await;
         b.mark_formatted(&fs).await.unwrap();
-        let patched = seen(&b, &fs, &blk).await;
-        f.group.invalidate();
-        assert_eq!(seen(&b, &fs, &blk).await, patched, "thin: {thin}");
+        same_as_rescan(&f, &b, "a format mark").await;
+        b.expand(&fs, 128 * MIB).await.unwrap();
+        same_as_rescan(&f, &b, "a grow").await;
+        b.delete(&blk).await.unwrap();
+        same_as_rescan(&f, &b, "a delete").await;
+        // The daemon dies in a create, after its lvcreate: the LV is there with the
+        // pending tag, and its successor opens on it.
+        drop(b);
+        let class = if thin { "thin" } else { "thick" };
+        f.plant_volume(class, "half", 8 * MIB, VolumeMode::Block, &[tags::PENDING]);
+        let f = f.restarted();
+        let b = open(&f).await;
+        same_as_rescan(&f, &b, "a restart on a create the crash left").await;
+        assert!(b.get(&half).await.unwrap().is_none(), "thin: {thin}");
+        b.create(&spec("half", 8 * MIB, VolumeMode::Block)).await.unwrap();
+        same_as_rescan(&f, &b, "the retried create").await;
+        assert!(b.get(&half).await.unwrap().is_some(), "thin: {thin}");
     }
 }
 
