@@ -12,7 +12,10 @@
 //! Checked: written data survives every crash; the filesystem UUID seen at every stage
 //! is the one of the first stage (no second mkfs); a volume is never attached to two
 //! loop devices; at the end no loop device is backed by the test's files, nothing is
-//! mounted below the test directory, and the data directory holds no file.
+//! mounted below the test directory, and the data directory holds no file. The loop
+//! class's ledger, which GetCapacity answers from: after a crash in any call that
+//! changes what exists and that call's replay, it equals what a clean restart counts
+//! from the storage; at each lifecycle's end it promises nothing.
 //!
 //! Seeded and reproducible: `LOCALVOL_CRASH_SEED` (default fixed; printed first),
 //! `LOCALVOL_CRASH_ROUNDS` lifecycles (default sized for about a minute on two cores).
@@ -34,6 +37,10 @@ const MIB: i64 = 1 << 20;
 /// mkfs.xfs refuses filesystems below 300 MiB.
 const SIZE: i64 = 320 * MIB;
 const GROWN: i64 = 384 * MIB;
+/// The class's `--loop-capacity` (8Gi). The test's disk must hold more (see
+/// [`nothing_left_promised`]), so that GetCapacity answers the limit less what the
+/// volumes and snapshots promise: a figure the pod's writes do not move.
+const LIMIT: i64 = 8 << 30;
 const DEFAULT_SEED: u64 = 0x10ca_1b01;
 const DEFAULT_ROUNDS: usize = 48;
 /// Every this many lifecycles also snapshot, restore and clone the volume.
@@ -95,6 +102,9 @@ struct Counts {
     inside_call: usize,
     replays: usize,
     retryable_errors: usize,
+    /// Ledgers compared with a restart's count after a crash in a call that changes
+    /// what exists.
+    ledger_checks: usize,
 }
 
 /// Until a step has been timed: a guess at how long it takes.
@@ -193,7 +203,60 @@ impl Run {
             }
             _ => {}
         }
+        if kill && changes_promises(step) {
+            self.ledger_is_the_storages(step).await;
+        }
     }
+
+    /// The class's ledger (what GetCapacity answers from) after a crash in `step` and
+    /// its replay, against the one a clean restart counts from the storage alone.
+    async fn ledger_is_the_storages(&mut self, step: Step) {
+        let kept = capacity(&self.channel).await;
+        self.process.terminate().await;
+        let (process, channel) = start_daemon(&self.dir, self.seed).await;
+        (self.process, self.channel) = (process, channel);
+        let counted = capacity(&self.channel).await;
+        self.counts.ledger_checks += 1;
+        assert_eq!(
+            kept, counted,
+            "seed {:#x}: after a crash in {step:?} and its replay, GetCapacity said {kept}; \
+             a restart counting the storage says {counted}",
+            self.seed
+        );
+    }
+}
+
+/// Whether `step` changes what the class's volumes and snapshots promise.
+fn changes_promises(step: Step) -> bool {
+    matches!(
+        step,
+        Step::Create
+            | Step::ControllerExpand
+            | Step::Delete
+            | Step::Snapshot
+            | Step::Restore
+            | Step::Clone
+            | Step::DeleteSnapshot
+    )
+}
+
+/// The default class's GetCapacity, in bytes.
+async fn capacity(channel: &Channel) -> i64 {
+    localvol_testkit::CsiClient::new(channel.clone())
+        .capacity(None)
+        .await
+        .unwrap()
+        .available_capacity
+}
+
+/// The check of a round's end: with nothing left, GetCapacity is the whole limit (no
+/// promise or reservation leaked), which needs a disk with room beyond it.
+async fn nothing_left_promised(channel: &Channel, seed: u64, round: usize) {
+    assert_eq!(
+        capacity(channel).await,
+        LIMIT,
+        "seed {seed:#x} round {round}: with every volume deleted GetCapacity is the class's limit"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,6 +301,15 @@ async fn sigkill_at_random_points_loses_nothing() {
         mounts: Vec::new(),
         data: data.clone(),
     };
+    let free = nix::sys::statvfs::statvfs(&dir).unwrap();
+    let free = free.blocks_available() as u64 * free.fragment_size() as u64;
+    assert!(
+        free > LIMIT as u64 + (4 << 30),
+        "the crash test needs {} GiB free under {} for its capacity checks; {} GiB are",
+        (LIMIT >> 30) + 4,
+        dir.display(),
+        free >> 30
+    );
     let (process, channel) = start_daemon(&dir, seed).await;
     let mut run = Run {
         dir: dir.clone(),
@@ -312,6 +384,7 @@ async fn sigkill_at_random_points_loses_nothing() {
             }
         }
         assert_released(&dir, &data, &format!("seed {seed:#x} round {round}"));
+        nothing_left_promised(&run.channel, seed, round).await;
         run.counts.lifecycles += 1;
     }
     let elapsed = started.elapsed();
@@ -326,12 +399,14 @@ async fn sigkill_at_random_points_loses_nothing() {
     let c = &run.counts;
     eprintln!(
         "crash test: seed {seed:#x}: {} lifecycles, {} SIGKILLs ({} inside a running call), \
-         {} replays recovered, {} retryable errors, nothing lost, in {:.1}s",
+         {} replays recovered, {} retryable errors, {} ledgers as the storage counts, nothing \
+         lost, in {:.1}s",
         c.lifecycles,
         c.kills,
         c.inside_call,
         c.replays,
         c.retryable_errors,
+        c.ledger_checks,
         elapsed.as_secs_f64()
     );
     drop(cleanup);
