@@ -34,6 +34,7 @@ bench_pod_start() {
     done
   done
   kill -- -$pod_watch -$claim_watch 2>/dev/null
+  trap - EXIT
   delete_namespace $ns
   mkdir -p "$REPO/target/bench"
   python3 - "$samples" "$REPO/target/bench/guest-pod-start" "$rounds" <<'PY' | while IFS= read -r line; do note "NOTE bench: $line"; done
