@@ -605,6 +605,63 @@ async fn a_region_disabled_behind_the_cached_listing_loses_no_record() {
     assert!(f.records().is_empty() && f.names().is_empty());
 }
 
+/// The cached listing (issue 47's test of it): after two creates, a delete, the daemon
+/// killed in a create after its namespace was made (its record still pending) and
+/// restarted on that, and the retried create, what the RPCs read from the patched
+/// listing (capacity, list, each device) is what a fresh `ndctl list` gives them.
+#[tokio::test]
+async fn the_patched_listing_says_what_a_fresh_listing_says() {
+    let f = Fixture::new().await;
+    let tokens = ["fs", "blk", "half"].map(Token::for_name);
+    let seen = async |b: &PmemBackend| {
+        let mut devices = Vec::new();
+        for token in &tokens {
+            devices.push(b.device(token).await.unwrap());
+        }
+        (b.capacity().await.unwrap(), b.list().await.unwrap(), devices)
+    };
+    let same_as_fresh = async |b: &PmemBackend, step: &str| {
+        let patched = seen(b).await;
+        b.cache.invalidate();
+        assert_eq!(seen(b).await, patched, "after {step}");
+    };
+    let b = &f.backend;
+    b.create(&spec("fs", 62 * MIB, VolumeMode::Filesystem))
+        .await
+        .unwrap();
+    b.create(&spec("blk", 30 * MIB, VolumeMode::Block)).await.unwrap();
+    same_as_fresh(b, "two creates").await;
+    b.delete(&tokens[1]).await.unwrap();
+    same_as_fresh(b, "a delete").await;
+    // The daemon dies in a create after ndctl made the namespace: the record is pending.
+    b.create(&spec("half", 30 * MIB, VolumeMode::Block))
+        .await
+        .unwrap();
+    let mut file = b.read_record(&tokens[2]).await.unwrap().unwrap();
+    file.pending = true;
+    b.write_record(&tokens[2], &file).await.unwrap();
+    let host = Host {
+        commands: f.commands.clone(),
+        syscalls: Arc::new(f.syscalls.clone()),
+    };
+    let again = PmemBackend::open(
+        ClassName::parse("pmem").unwrap(),
+        "region0".into(),
+        b.dir.clone(),
+        host,
+    )
+    .await
+    .unwrap();
+    same_as_fresh(&again, "a restart on the create the crash left").await;
+    assert!(again.get(&tokens[2]).await.unwrap().is_none());
+    again
+        .create(&spec("half", 30 * MIB, VolumeMode::Block))
+        .await
+        .unwrap();
+    same_as_fresh(&again, "the retried create").await;
+    assert!(again.get(&tokens[2]).await.unwrap().is_some());
+}
+
 #[tokio::test]
 async fn a_disabled_namespace_is_enabled_on_attach() {
     let (f, token) = Fixture::with_volume(VolumeMode::Filesystem).await;
