@@ -6,6 +6,11 @@
 //! and with 100 thin ones, against TopoLVM's figure at 100 volumes. Results print as a
 //! table and go to `target/bench/backends.json`.
 //!
+//! `-- --only-thin-fill` runs instead the costs as an lvm-thin class fills (issue 47):
+//! GetCapacity, CreateVolume and NodeGetVolumeStats at [`FILL_VOLUMES`] thin LVs against
+//! the empty pool's, beside raw lvcreates at the same fill, memory per volume, start-up
+//! with them all, and the idle LVM command rate there (`bench/run --thin-fill`).
+//!
 //! It takes the guest's /dev/vda, /dev/vdb and region0 for itself: it refuses to run
 //! anywhere else (`VMTEST_GUEST=1` is set by tests/vm/run.sh).
 
@@ -16,6 +21,7 @@ use localvol::backend::pmem::ndctl;
 use serde_json::json;
 
 use localvol_testkit::bench as harness;
+use localvol_testkit::fill::{FillOf, fill_the_node};
 use localvol_testkit::guest;
 use localvol_testkit::process::DaemonProcess;
 
@@ -52,6 +58,22 @@ const IDLE_TARGET_PER_MINUTE: f64 = 2.0;
 
 /// The device classes measured, as named in [`CONFIG`].
 const CLASSES: [&str; 3] = ["thick", "thin", "pmem"];
+
+/// The thin fill's class alone: room in the pool's overprovisioning for every volume.
+const FILL_CONFIG: &str = "\
+device-classes:
+  - name: thin
+    kind: lvm-thin
+    volume-group: benchvg
+    default: true
+    thin-pool: {name: pool0, overprovision-ratio: 16.0}
+";
+/// Issue 47's mark for lvm-thin in the guest.
+const FILL_VOLUMES: usize = 1000;
+/// One extent: raw block, no mkfs.
+const FILL_BYTES: i64 = 4 << 20;
+/// Raw lvcreates timed per floor (each is an LVM command under TCG: 0.4 to 2 s).
+const FLOOR_CALLS: usize = 10;
 
 /// Fresh storage (tests/testkit/src/guest.rs): a VG on both disks with a zeroing thin pool,
 /// and region0 emptied.
@@ -158,12 +180,13 @@ const CAPACITY_POLL: Duration = Duration::from_secs(10);
 async fn idle_lvm_commands(
     daemon: &DaemonProcess,
     csi: &mut harness::Csi,
+    classes: &[&str],
     window: Duration,
 ) -> (f64, Vec<String>) {
     let before = daemon.commands_run().len();
     let start = std::time::Instant::now();
     while start.elapsed() < window {
-        for class in CLASSES {
+        for class in classes {
             csi.capacity_of(class).await;
         }
         tokio::time::sleep(CAPACITY_POLL.min(window.saturating_sub(start.elapsed()))).await;
@@ -189,6 +212,9 @@ async fn main() {
         std::process::exit(1);
     }
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--only-thin-fill") {
+        return thin_fill(quick).await;
+    }
     let rounds = if quick { 2 } else { 5 };
     prepare_storage();
     let base = tempfile::Builder::new()
@@ -242,12 +268,12 @@ async fn main() {
     // at least.
     let window = Duration::from_secs(if quick { 130 } else { 300 });
     let mut csi = harness::Csi::new(channel.clone());
-    let (rate_empty, programs_empty) = idle_lvm_commands(&daemon, &mut csi, window).await;
+    let (rate_empty, programs_empty) = idle_lvm_commands(&daemon, &mut csi, &CLASSES, window).await;
     let mut ids = Vec::new();
     for i in 0..IDLE_VOLUMES {
         ids.push(csi.create(&format!("idle-{i}"), 16 << 20, Some("thin")).await);
     }
-    let (rate_full, programs_full) = idle_lvm_commands(&daemon, &mut csi, window).await;
+    let (rate_full, programs_full) = idle_lvm_commands(&daemon, &mut csi, &CLASSES, window).await;
     for id in &ids {
         csi.delete(id).await;
     }
@@ -328,4 +354,111 @@ async fn main() {
     );
     report.insert("rounds".into(), json!(rounds));
     harness::write_report("backends.json", report);
+}
+
+/// The median of [`FLOOR_CALLS`] raw thin lvcreates of [`FILL_BYTES`] in the pool as it
+/// is (removed again after): LVM's own cost at this fill.
+fn raw_thin_floor() -> Duration {
+    let size = format!("{FILL_BYTES}b");
+    let mut times = Vec::with_capacity(FLOOR_CALLS);
+    for i in 0..FLOOR_CALLS {
+        let name = format!("raw-floor-{i}");
+        let t = std::time::Instant::now();
+        guest::sh(
+            "lvcreate",
+            &["-q", "-y", "-n", &name, "-V", &size, "--thinpool", POOL, VG],
+        );
+        times.push(t.elapsed());
+    }
+    for i in 0..FLOOR_CALLS {
+        guest::sh("lvremove", &["-q", "-y", &format!("{VG}/raw-floor-{i}")]);
+    }
+    times.sort();
+    percentile(&times, 0.5)
+}
+
+/// The thin class filled to [`FILL_VOLUMES`] (a tenth of it with `--quick`), then the
+/// idle LVM command rate with them all. Prints the table; leaves the LVs to the guest's
+/// end (removing them is as long as making them, and proves nothing here).
+async fn thin_fill(quick: bool) {
+    // A metadata area for a VG of a thousand tagged LVs: lvm's default (1 MiB, half of
+    // it for each copy) holds some 700 of localvol's.
+    guest::sh(
+        "pvcreate",
+        &["-q", "-y", "-ff", "--metadatasize", "16m", "/dev/vda", "/dev/vdb"],
+    );
+    guest::sh("vgcreate", &["-q", VG, "/dev/vda", "/dev/vdb"]);
+    // And pool metadata for them: lvm sizes a 1 GiB pool's at 4 MiB, which refuses new
+    // thin LVs at 75 % full, some 600 of them (measured).
+    guest::sh(
+        "lvcreate",
+        &[
+            "-q",
+            "-y",
+            "-T",
+            &format!("{VG}/{POOL}"),
+            "-L",
+            "1G",
+            "--poolmetadatasize",
+            "64m",
+            "-Zy",
+        ],
+    );
+    let base = tempfile::Builder::new()
+        .prefix("localvol-thin-fill-")
+        .tempdir()
+        .unwrap();
+    let config = base.path().join("config.yaml");
+    std::fs::write(&config, FILL_CONFIG).unwrap();
+    let args = ["--kube", "off", "--config", config.to_str().unwrap()];
+    let volumes = if quick { FILL_VOLUMES / 10 } else { FILL_VOLUMES };
+    let marks = [volumes / 4, volumes];
+    let of = FillOf {
+        bin: localvol_testkit::localvol_bin!(),
+        dir: base.path().join("daemon"),
+        args: &args,
+        class: Some("thin"),
+        bytes: FILL_BYTES,
+        marks: &marks,
+        floor: "raw thin lvcreate",
+    };
+    let fill = fill_the_node(of, async |_: &Path| raw_thin_floor()).await;
+    println!("\nlocalvol as an lvm-thin class fills (tests/vm guest, {FILL_BYTES} B raw block volumes)\n");
+    let startup = {
+        let (mut daemon, took) = start_daemon(
+            localvol_testkit::localvol_bin!(),
+            &base.path().join("empty"),
+            Launch {
+                args: &["--kube", "off", "--config", config.to_str().unwrap()],
+                ..Launch::default()
+            },
+        )
+        .await;
+        daemon.terminate().await;
+        took
+    };
+    fill.print(None, startup);
+    // Idle with them all, as the full bench measures it with 100.
+    let (daemon, _) = start_daemon(
+        localvol_testkit::localvol_bin!(),
+        &base.path().join("daemon"),
+        Launch {
+            args: &args,
+            log_commands: true,
+            ..Launch::default()
+        },
+    )
+    .await;
+    let channel = localvol::csi::socket::connect(&daemon.socket).await.unwrap();
+    let mut csi = harness::Csi::new(channel);
+    let window = Duration::from_secs(if quick { 130 } else { 300 });
+    let (rate, programs) = idle_lvm_commands(&daemon, &mut csi, &["thin"], window).await;
+    println!(
+        "{:<44} {:>10.2} {:>10.2} {:>8.3}",
+        format!("idle LVM commands/min, {volumes} volumes (target)"),
+        rate,
+        IDLE_TARGET_PER_MINUTE,
+        rate / IDLE_TARGET_PER_MINUTE
+    );
+    println!("  tools: {}", harness::tally_line(&programs));
 }

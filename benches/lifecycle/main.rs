@@ -4,7 +4,8 @@
 //!
 //! Results print as a table and go to `target/bench/lifecycle.json`.
 //! `-- --quick` runs fewer iterations (for CI smoke runs). `-- --only-fill` runs the
-//! costs as the node fills alone (printed, not written). `-- --only-publish` runs
+//! costs as the node fills alone (printed, not written); with `--before BIN` also an
+//! earlier build's daemon `BIN` through the same fill, beside it. `-- --only-publish` runs
 //! publish+unpublish alone, in a loop of `LOCALVOL_BENCH_ROUNDS` (default 2000), and
 //! prints its figures: the loop to profile the daemon's node calls against.
 
@@ -103,8 +104,17 @@ async fn main() {
     }
     // The fill alone (section 4), printed, not written: the costs as the node fills.
     if std::env::args().any(|a| a == "--only-fill") {
-        let fill = fill::fill_the_node(base.path(), if quick { &[500] } else { &[500, 5000] }).await;
+        let marks: &[usize] = if quick { &[500] } else { &[500, 5000] };
+        let this = localvol_testkit::localvol_bin!();
+        let fill = fill::fill_loop(base.path(), "fill", &this, marks).await;
         fill.print(None, startup);
+        // An earlier build's daemon through the same fill, in the same run.
+        let args: Vec<String> = std::env::args().collect();
+        if let Some(earlier) = args.iter().position(|a| a == "--before").map(|i| &args[i + 1]) {
+            let before = fill::fill_loop(base.path(), "fill-before", Path::new(earlier), marks).await;
+            println!("\nbefore: {earlier}; after: this build\n");
+            fill.print_beside(&before);
+        }
         return;
     }
 
@@ -184,7 +194,7 @@ async fn main() {
     // no mkfs, so what grows is only what localvol does per volume it holds).
     daemon.terminate().await;
     let fills: &[usize] = if quick { &[500] } else { &[500, 5000] };
-    let fill = fill::fill_the_node(base.path(), fills).await;
+    let fill = fill::fill_loop(base.path(), "fill", &localvol_testkit::localvol_bin!(), fills).await;
 
     // 4b. Resident memory with the Kubernetes caches on: no pods, then 110 pods on the
     // node (kubelet's default maximum), each served by a mock API server.

@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod crash;
 pub mod csi_client;
+pub mod fill;
 pub mod guest;
 pub mod hostile;
 pub mod limits;
