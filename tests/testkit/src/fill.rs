@@ -107,7 +107,8 @@ pub async fn fill_the_node(of: FillOf<'_>, floor: impl AsyncFn(&Path) -> Duratio
     csi.publish(&probe, &staging, &target, &block).await.unwrap();
 
     let mut made = 0usize;
-    let measure = async |volumes: usize, made: &mut usize| {
+    // Creates until `volumes` (at least CALLS) exist: the last CALLS creates' median.
+    let creates_to = async |volumes: usize, made: &mut usize| {
         let mut creates = Vec::new();
         while *made < volumes.max(CALLS) {
             let t = Instant::now();
@@ -124,44 +125,33 @@ pub async fn fill_the_node(of: FillOf<'_>, floor: impl AsyncFn(&Path) -> Duratio
         }
         let mut last = creates.split_off(creates.len().saturating_sub(CALLS));
         last.sort();
-        Mark {
-            volumes,
-            create: percentile(&last, 0.5),
-            capacity: median_of(async || {
-                csi.capacity(class).await.unwrap();
-            })
-            .await,
-            stats: median_of(async || {
-                csi.stats(&probe, &target).await.unwrap();
-            })
-            .await,
-            rss_kib: daemon.rss_kib(),
-            raw_create: floor(&dir).await,
-        }
+        percentile(&last, 0.5)
     };
-    // The empty node's creates are its first 50; its calls are measured before them.
-    let empty_capacity = median_of(async || {
-        csi.capacity(class).await.unwrap();
-    })
-    .await;
-    let empty_stats = median_of(async || {
-        csi.stats(&probe, &target).await.unwrap();
-    })
-    .await;
-    let empty_rss = daemon.rss_kib();
-    let empty_raw = floor(&dir).await;
-    let first = measure(0, &mut made).await;
+    // The calls' medians, the memory and the floor with `volumes` on the node.
+    let calls_at = async |volumes: usize, create: Duration| Mark {
+        volumes,
+        create,
+        capacity: median_of(async || {
+            csi.capacity(class).await.unwrap();
+        })
+        .await,
+        stats: median_of(async || {
+            csi.stats(&probe, &target).await.unwrap();
+        })
+        .await,
+        rss_kib: daemon.rss_kib(),
+        raw_create: floor(&dir).await,
+    };
+    // The empty node's calls are measured before its creates, which are its first 50.
+    let empty = calls_at(0, Duration::ZERO).await;
     let empty = Mark {
-        volumes: 0,
-        capacity: empty_capacity,
-        stats: empty_stats,
-        rss_kib: empty_rss,
-        raw_create: empty_raw,
-        ..first
+        create: creates_to(0, &mut made).await,
+        ..empty
     };
     let mut done = Vec::new();
     for &volumes in marks {
-        done.push(measure(volumes, &mut made).await);
+        let create = creates_to(volumes, &mut made).await;
+        done.push(calls_at(volumes, create).await);
     }
     // Start-up with them all: the socket serves before anything is walked that need not be.
     daemon.terminate().await;
