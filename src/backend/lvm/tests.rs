@@ -464,11 +464,16 @@ impl Fixture {
     /// A thick LV made behind the daemon's back (an earlier version, a killed create,
     /// an administrator), seen at the next report.
     fn plant_thick(&self, name: &str, size: u64, tags: Vec<String>) {
+        self.plant(name, size, tags, None);
+    }
+
+    /// An LV `name` with `tags`, thick or thin in `pool`, seen at the next report.
+    fn plant(&self, name: &str, size: u64, tags: Vec<String>, pool: Option<&str>) {
         self.vg.lock().unwrap().lvs.push(FakeLv {
             name: name.into(),
             size,
             tags,
-            pool: None,
+            pool: pool.map(Into::into),
             thin_pool: false,
             zeroing: false,
             in_use: false,
@@ -495,16 +500,7 @@ impl Fixture {
         let class = ClassName::parse(class).unwrap();
         let mut tags = tags::volume_tags(&class, &spec(name, size, mode));
         tags.extend(extra.iter().map(|t| t.to_string()));
-        self.vg.lock().unwrap().lvs.push(FakeLv {
-            name: name.into(),
-            size,
-            tags,
-            pool: (class.as_str() == "thin").then(|| "pool0".into()),
-            thin_pool: false,
-            zeroing: false,
-            in_use: false,
-        });
-        self.group.invalidate();
+        self.plant(name, size, tags, (class.as_str() == "thin").then_some("pool0"));
     }
 
     fn lv_names(&self) -> Vec<String> {
