@@ -1,6 +1,6 @@
 //! The tests/vm guest's storage fixtures, the one Rust copy of them, shared by
 //! tests/vm_backends, tests/hostile_vm.rs, tests/crash_vm.rs (through [`crash`]),
-//! tests/vm_grow.rs, tests/reclaim_privileged.rs and benches/backends.rs: the gate that
+//! tests/vm_grow.rs, tests/reclaim_privileged.rs and benches/backends: the gate that
 //! fails loudly when a required VM suite runs outside the guest, the tools run directly,
 //! a VG and thin pool on the guest's disks or on a loop device, and the NVDIMM region's
 //! set-up and listing; [`overlay`] and [`sanity`] the storage of the cluster
