@@ -6,7 +6,8 @@
 //! docs/encryption.md says keeps the data readable, a snapshot's restore and a clone
 //! open with the source's passphrase, a suspended mapping and one closed under a staged
 //! volume show in the volume's condition (the closed one healthy again once staged
-//! again), and the real daemon finds an open mapping after a SIGKILL.
+//! again), a suspended mapping holds no other LVM work, and the real daemon finds an
+//! open mapping after a SIGKILL.
 
 use std::collections::HashMap;
 
@@ -199,15 +200,37 @@ async fn encrypted_lifecycle(c: &Csi, class: &str, kind: &str, rotate: bool) {
         // A suspended mapping holds the volume's I/O: its condition says so, with the
         // command that resumes it, and is healthy again once that ran.
         let dm = format!("localvol-crypt-{id}");
+        // An LVM command reads every block device on the node, this mapping among them,
+        // whenever lvm's hints are stale (a device came or went since its last full
+        // scan): one suspended volume must not hold every class's LVM work, so the
+        // daemon's lvm commands skip suspended devices. Without the hints file the
+        // next command scans in full, as the first after any new mapping does. The
+        // condition, and a create and a delete beside the suspended volume, come back;
+        // the mapping is resumed before any of them is judged.
+        let stale_hints = || match std::fs::remove_file("/run/lvm/hints") {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => panic!("/run/lvm/hints: {e}"),
+            _ => {}
+        };
         sh("dmsetup", &["suspend", &dm]);
-        let condition = c
-            .client
-            .stats(&id, &target)
-            .await
-            .unwrap()
-            .volume_condition
-            .unwrap();
+        stale_hints();
+        let condition = c.client.stats(&id, &target).await;
+        stale_hints();
+        let beside = c
+            .create(
+                class,
+                &format!("{class}-beside-suspended"),
+                8 * MIB,
+                &mount_cap("ext4"),
+            )
+            .await;
+        let beside_deleted = match &beside {
+            Ok(v) => c.delete(&v.volume_id).await,
+            Err(_) => Ok(()),
+        };
         sh("dmsetup", &["resume", &dm]);
+        let condition = condition.unwrap().volume_condition.unwrap();
+        beside.unwrap();
+        beside_deleted.unwrap();
         assert!(condition.abnormal, "{condition:?}");
         assert!(
             condition.message.starts_with(&format!(
@@ -215,7 +238,7 @@ async fn encrypted_lifecycle(c: &Csi, class: &str, kind: &str, rotate: bool) {
             )),
             "{condition:?}"
         );
-        t.done("suspended mapping reported");
+        t.done("suspended mapping reported; a create and delete beside it");
     }
     if block && class == "thin" {
         // The mapping closed under the staged, published volume (by hand, or by a tool

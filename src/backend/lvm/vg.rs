@@ -28,12 +28,19 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(120);
 /// - `monitoring=0`: register no LV with dmeventd, which LVM would otherwise start as
 ///   a stray daemon in the pod (thin-pool auto-extend is therefore off; the thin
 ///   class's overprovision ratio bounds pool use).
+/// - `ignore_suspended_devices=1`: skip a suspended device-mapper device when scanning.
+///   lvm reads every block device whenever its hints are stale (any device came or
+///   went since its last full scan); a read of a suspended one waits until it is
+///   resumed, so one suspended mapping (an encrypted volume's, by hand) held every
+///   `lvs` to its timeout, for every class on the node. The price: a PV that is itself
+///   a device-mapper device shows as missing while it is suspended.
 ///
-/// A command-line `--config` beats lvm.conf for these three keys only, so a host whose
+/// A command-line `--config` beats lvm.conf for these four keys only, so a host whose
 /// lvm.conf says otherwise (udev on, as every distribution ships it) cannot make a
 /// command in the pod hang. The environment equivalent (DM_DISABLE_UDEV=1) does not
 /// cover monitoring, and the image's own lvm.conf is hidden by the host's.
-pub const CONTAINER_CONFIG: &str = "activation{udev_sync=0 udev_rules=0 monitoring=0}";
+pub const CONTAINER_CONFIG: &str =
+    "activation{udev_sync=0 udev_rules=0 monitoring=0} devices{ignore_suspended_devices=1}";
 
 /// The start of every LVM command localvol runs: `program --config CONTAINER_CONFIG`.
 pub fn lvm_command(program: &'static str) -> CommandSpec {
