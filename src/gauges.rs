@@ -311,8 +311,8 @@ mod tests {
         use crate::host::CommandOutput;
         use crate::host::fake::{FakeCommands, FakeSyscalls};
 
-        const LVS: &str = include_str!("../tests/fixtures/lvm/lvs.json");
-        const VGS: &str = include_str!("../tests/fixtures/lvm/vgs.json");
+        // The daemon's one `lvs` of vg1, its VG's fields on every row.
+        const LVS: &str = include_str!("../tests/fixtures/lvm/report.json");
         let lvs = Arc::new(Mutex::new(LVS.to_string()));
         let commands = Arc::new(FakeCommands::default());
         {
@@ -324,7 +324,6 @@ mod tests {
                 })
             });
         }
-        commands.ok("vgs", VGS);
         let host = Host {
             commands: commands.clone(),
             syscalls: Arc::new(FakeSyscalls::default()),
@@ -386,11 +385,11 @@ mod tests {
                 &format!(r#"localvol_storage_bytes{{device_class="{class}",kind="{kind}"}}"#),
             )
         };
-        // vgs.json: vg1 is 4290772992 bytes, 2940207104 free.
+        // report.json: vg1 is 4290772992 bytes, 2940207104 free.
         assert_eq!(storage("ssd", "size"), Some(4290772992.0), "{text}");
         assert_eq!(storage("ssd", "free"), Some(2940207104.0));
         assert_eq!(storage("ssd", "used"), Some(1350565888.0));
-        // lvs.json: pool0 is 1 GiB, data 6.25 %, metadata 12.01 %.
+        // report.json: pool0 is 1 GiB, data 6.25 %, metadata 11.62 %.
         assert_eq!(storage("thin", "size"), Some(1073741824.0));
         assert_eq!(storage("thin", "used"), Some(67108864.0));
         assert_eq!(storage("thin", "free"), Some(1006632960.0));
@@ -402,7 +401,7 @@ mod tests {
         };
         assert_eq!(ratio("data", "thin"), Some(0.0625), "{text}");
         let metadata = ratio("metadata", "thin").expect("metadata ratio exported");
-        assert!((metadata - 0.1201).abs() < 1e-9, "{metadata}");
+        assert!((metadata - 0.1162).abs() < 1e-9, "{metadata}");
         assert_eq!(ratio("data", "ssd"), None, "a thick class has no pool: {text}");
         let health = |text: &str, class: &str, status: &str| {
             value(
@@ -429,7 +428,7 @@ mod tests {
         // stay at their last values; the thick class is unaffected.
         *lvs.lock().unwrap() = LVS
             .replace(
-                r#""data_percent":"6.25", "metadata_percent":"12.01""#,
+                r#""data_percent":"6.25", "metadata_percent":"11.62""#,
                 r#""data_percent":"", "metadata_percent":"""#,
             )
             .replace("twi-aotz--", "twi---tz--");

@@ -1,4 +1,4 @@
-//! A cache of one storage report (lvm's `lvs`+`vgs`, ndctl's region listing), so that
+//! A cache of one storage report (lvm's `lvs`, ndctl's region listing), so that
 //! RPCs read the state of the storage without a scan each.
 //!
 //! - **Single flight:** one refresh at a time; callers that arrive meanwhile wait for

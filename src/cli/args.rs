@@ -131,7 +131,7 @@ pub struct ServeArgs {
     pub kubelet_csi_endpoint: Option<String>,
     /// How often the volume and capacity gauges of each device class are refreshed
     /// (`30s`, `5m`). Each refresh lists the class's volumes and asks for its free
-    /// space (on LVM: runs lvs and vgs).
+    /// space (on LVM: one lvs when the report is older than a minute).
     #[arg(long, env = "LOCALVOL_STATS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub stats_interval: Duration,
     #[command(flatten)]

@@ -2,8 +2,8 @@
 //! volume, in one thin pool) and kind `pmem` in `lvm` mode (thick LVs in a VG built on
 //! fsdax namespaces, formatted and mounted for DAX).
 //!
-//! **State** is read from one `lvs` and one `vgs` JSON report per refresh, cached per
-//! VG and shared by every class on it ([`VolumeGroup`]). Our own lvcreate, lvremove
+//! **State** is read from one `lvs` JSON report per refresh (its rows carry the VG's
+//! fields; `vgs` only for a VG without LVs), cached per VG and shared by every class on it ([`VolumeGroup`]). Our own lvcreate, lvremove
 //! and lvchange apply their known effect to the cached report instead of forcing a
 //! rescan, so a volume's lifecycle reads no report; anything else invalidates it.
 //! The LV tags are the record of each volume (see [`tags`]).

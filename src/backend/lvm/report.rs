@@ -14,6 +14,12 @@ pub const LV_FIELDS: &str = "lv_name,lv_uuid,vg_name,lv_size,lv_attr,lv_tags,poo
 /// The VG fields localvol reads.
 pub const VG_FIELDS: &str = "vg_name,vg_uuid,vg_size,vg_free,vg_extent_size,vg_extent_count,vg_free_count,vg_tags,\
                              vg_attr,vg_missing_pv_count";
+/// The fields of the one `lvs` that reports a VG: [`LV_FIELDS`] and, on every row, its
+/// VG's [`VG_FIELDS`] (`vg_name` once), so that the report costs one LVM command, not an
+/// `lvs` and a `vgs`. A VG without LVs has no row: only then is `vgs` run.
+pub const REPORT_FIELDS: &str = "lv_name,lv_uuid,vg_name,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,\
+                                 lv_path,lv_dm_path,vg_uuid,vg_size,vg_free,vg_extent_size,vg_extent_count,\
+                                 vg_free_count,vg_tags,vg_attr,vg_missing_pv_count";
 /// The segment fields read for placing a zeroed extension (`lvs --segments`).
 pub const SEG_FIELDS: &str = "lv_name,seg_pe_ranges";
 
@@ -232,23 +238,43 @@ pub fn parse_vgs(json: &[u8]) -> Result<Vec<Vg>, String> {
     let mut vgs = Vec::new();
     for section in sections::<VgSection>(json)? {
         for raw in section.vg {
-            let counted = match raw.vg_missing_pv_count.as_str() {
-                "" => 0,
-                n => number("vg_missing_pv_count", n)?,
-            };
-            // A partial VG whose count lvm did not give still misses one at least.
-            let partial = raw.vg_attr.chars().nth(3) == Some('p');
-            vgs.push(Vg {
-                size: number("vg_size", &raw.vg_size)?,
-                free: number("vg_free", &raw.vg_free)?,
-                extent_size: number("vg_extent_size", &raw.vg_extent_size)?,
-                tags: tags(&raw.vg_tags),
-                missing_pvs: if partial { counted.max(1) } else { counted },
-                name: raw.vg_name,
-            });
+            vgs.push(vg_of(raw)?);
         }
     }
     Ok(vgs)
+}
+
+/// VG `name` from an `lvs -o REPORT_FIELDS` report, whose every row repeats its VG's
+/// fields; `None` when no row is of that VG (it has no LV).
+pub fn parse_vg_of_lvs(json: &[u8], name: &str) -> Result<Option<Vg>, String> {
+    #[derive(Deserialize)]
+    struct Rows {
+        #[serde(default)]
+        lv: Vec<RawVg>,
+    }
+    sections::<Rows>(json)?
+        .into_iter()
+        .flat_map(|section| section.lv)
+        .find(|raw| raw.vg_name == name)
+        .map(vg_of)
+        .transpose()
+}
+
+fn vg_of(raw: RawVg) -> Result<Vg, String> {
+    let counted = match raw.vg_missing_pv_count.as_str() {
+        "" => 0,
+        n => number("vg_missing_pv_count", n)?,
+    };
+    // A partial VG whose count lvm did not give still misses one at least.
+    let partial = raw.vg_attr.chars().nth(3) == Some('p');
+    Ok(Vg {
+        size: number("vg_size", &raw.vg_size)?,
+        free: number("vg_free", &raw.vg_free)?,
+        extent_size: number("vg_extent_size", &raw.vg_extent_size)?,
+        tags: tags(&raw.vg_tags),
+        missing_pvs: if partial { counted.max(1) } else { counted },
+        name: raw.vg_name,
+    })
 }
 
 pub fn parse_segments(json: &[u8]) -> Result<Vec<Segment>, String> {
@@ -411,6 +437,48 @@ mod tests {
         );
         assert_eq!(vgs[1].free, vgs[1].size);
         assert!(vgs[1].tags.is_empty());
+    }
+
+    #[test]
+    fn the_report_fields_are_the_lv_fields_and_the_vg_fields() {
+        let vg_fields = VG_FIELDS.split(',').filter(|f| *f != "vg_name");
+        let joined: Vec<&str> = LV_FIELDS.split(',').chain(vg_fields).collect();
+        assert_eq!(REPORT_FIELDS.split(',').collect::<Vec<_>>(), joined);
+    }
+
+    /// The daemon's one `lvs` (tests/fixtures/README.md, `report*`): its LVs are what
+    /// the LV fields alone give, and its VG what `vgs` says.
+    #[test]
+    fn the_report_carries_its_vg_on_every_row() {
+        let report = fixture!("report.json");
+        let vg = parse_vg_of_lvs(report, "vg1").unwrap().unwrap();
+        assert_eq!(vg, parse_vgs(fixture!("report-vgs.json")).unwrap()[0]);
+        assert_eq!(vg.tags, ["localvol.csi.dev/node=node-1"]);
+        let names: Vec<String> = parse_lvs(report).unwrap().into_iter().map(|l| l.name).collect();
+        assert_eq!(names, ["pool0", "thick1", "thin1", "thin2"]);
+        assert_eq!(parse_lv_report(report).unwrap().pools.len(), 1);
+        // Another VG's rows say nothing of this one; a VG without LVs has none.
+        assert_eq!(parse_vg_of_lvs(report, "vg2").unwrap(), None);
+        assert_eq!(
+            parse_vg_of_lvs(fixture!("report-empty.json"), "vg2").unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn the_report_counts_a_vg_s_missing_pvs() {
+        let whole = parse_vg_of_lvs(fixture!("report-whole.json"), "vg3")
+            .unwrap()
+            .unwrap();
+        assert_eq!(whole.missing_pvs, 0);
+        let partial = parse_vg_of_lvs(fixture!("report-missing-pv.stdout"), "vg3")
+            .unwrap()
+            .unwrap();
+        assert_eq!(partial.missing_pvs, 1);
+        assert_eq!(
+            (partial.size, partial.extent_size),
+            (whole.size, whole.extent_size)
+        );
     }
 
     #[test]

@@ -151,6 +151,14 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
             if a.last().unwrap() != &v.name {
                 return failed(cmd, 5, format!("  Volume group \"{}\" not found\n", a.last().unwrap()));
             }
+            // Every row carries its VG's fields, as lvm's do for `-o REPORT_FIELDS`.
+            let vg_fields = format!(
+                r#""vg_size":"{}", "vg_free":"{}", "vg_extent_size":"{EXTENT}", "vg_tags":"", "vg_attr":"{}", "vg_missing_pv_count":"{}""#,
+                v.size,
+                v.free(),
+                if v.missing_pvs > 0 { "wz-pn-" } else { "wz--n-" },
+                v.missing_pvs
+            );
             let rows: Vec<String> = v
                 .lvs
                 .iter()
@@ -174,7 +182,7 @@ fn simulate(commands: &FakeCommands, vg: &Shared) {
                         _ => r#""data_percent":"""#.to_string(),
                     };
                     format!(
-                        r#"{{"lv_name":"{}", "vg_name":"{}", "lv_size":"{}", "lv_attr":"{attr}", "lv_tags":"{}", "pool_lv":"{}", {fill}, "lv_path":"{path}"}}"#,
+                        r#"{{"lv_name":"{}", "vg_name":"{}", "lv_size":"{}", "lv_attr":"{attr}", "lv_tags":"{}", "pool_lv":"{}", {fill}, "lv_path":"{path}", {vg_fields}}}"#,
                         l.name,
                         v.name,
                         l.size,

@@ -1,4 +1,4 @@
-//! One volume group as localvol sees it: lvm's error text, the cached `lvs`+`vgs`
+//! One volume group as localvol sees it: lvm's error text, the cached `lvs`
 //! report shared by every class on the VG, and the lock over allocations in it.
 
 use std::sync::Arc;
@@ -251,7 +251,8 @@ impl VolumeGroup {
         &self.name
     }
 
-    /// The cached report within the TTL, or a fresh one (`lvs` then `vgs`).
+    /// The cached report within the TTL, or a fresh one (one `lvs`; `vgs` too for a VG
+    /// without LVs).
     pub async fn state(&self) -> Result<Arc<VgState>, BackendError> {
         self.state_within(self.cache.ttl()).await
     }
@@ -326,16 +327,20 @@ impl VolumeGroup {
             what,
             reason,
         };
-        let lvs = report::parse_lv_report(&self.report("lvs", report::LV_FIELDS).await?)
-            .map_err(|r| parse_error("lvs", r))?;
-        let vg = report::parse_vgs(&self.report("vgs", report::VG_FIELDS).await?)
-            .map_err(|r| parse_error("vgs", r))?
-            .into_iter()
-            .find(|v| v.name == self.name)
-            .ok_or_else(|| LvmError::VgNotFound {
-                vg: self.name.clone(),
-                active_lvs: 0,
-            })?;
+        let json = self.report("lvs", report::REPORT_FIELDS).await?;
+        let lvs = report::parse_lv_report(&json).map_err(|r| parse_error("lvs", r))?;
+        let vg = match report::parse_vg_of_lvs(&json, &self.name).map_err(|r| parse_error("lvs", r))? {
+            Some(vg) => vg,
+            // No LV, so no row to carry the VG's fields.
+            None => report::parse_vgs(&self.report("vgs", report::VG_FIELDS).await?)
+                .map_err(|r| parse_error("vgs", r))?
+                .into_iter()
+                .find(|v| v.name == self.name)
+                .ok_or_else(|| LvmError::VgNotFound {
+                    vg: self.name.clone(),
+                    active_lvs: 0,
+                })?,
+        };
         Ok(VgState {
             vg,
             lvs: lvs.lvs,

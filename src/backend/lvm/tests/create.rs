@@ -97,7 +97,11 @@ async fn every_lvm_command_carries_the_container_config() {
         b.expand(&token, 96 * MIB).await.unwrap();
         b.delete(&token).await.unwrap();
     }
-    let calls = f.commands.calls();
+    let mut calls = f.commands.calls();
+    // A VG without LVs, whose report needs `vgs` beside `lvs`.
+    let empty = Fixture::new(None);
+    empty.thick(0).await;
+    calls.extend(empty.commands.calls());
     let mut seen: Vec<&str> = Vec::new();
     for call in &calls {
         let (program, rest) = call.split_once(' ').unwrap_or((call, ""));

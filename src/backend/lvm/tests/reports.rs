@@ -25,8 +25,8 @@ async fn classes_on_one_vg_share_one_report_and_see_only_their_volumes() {
         thin.check_health().await.unwrap();
     }
     assert!(
-        reports(&f) - before <= 2,
-        "one lvs and one vgs at most: {}",
+        reports(&f) - before <= 1,
+        "one lvs at most: {}",
         reports(&f) - before
     );
 }
@@ -34,9 +34,10 @@ async fn classes_on_one_vg_share_one_report_and_see_only_their_volumes() {
 /// What an idle node asks of a thin class with 100 volumes, on the daemon's own
 /// schedule: kubelet's readiness probe every second (`check_health`), the gauges every
 /// 30 s (what `gauges::refresh` reads), external-provisioner's GetCapacity every minute.
-/// Over ten minutes at most two LVM commands a minute may run (issue 32's target).
+/// Over ten minutes at most one LVM command a minute runs (issue 32 asked for two): the
+/// report's one `lvs` each time its minute is up.
 #[tokio::test(start_paused = true)]
-async fn an_idle_node_runs_at_most_two_lvm_commands_a_minute_whatever_its_volumes() {
+async fn an_idle_node_runs_at_most_one_lvm_command_a_minute_whatever_its_volumes() {
     let f = Fixture::new(Some(true));
     let thin = f.thin(5.0).await;
     for i in 0..100 {
@@ -62,12 +63,11 @@ async fn an_idle_node_runs_at_most_two_lvm_commands_a_minute_whatever_its_volume
     }
     let idle: Vec<String> = f.commands.calls().split_off(before);
     assert!(
-        idle.iter()
-            .all(|c| c.starts_with("lvs ") || c.starts_with("vgs ")),
+        idle.iter().all(|c| c.starts_with("lvs ")),
         "only reports while idle: {idle:?}"
     );
     assert!(
-        idle.len() <= 2 * minutes,
+        idle.len() <= minutes,
         "{} LVM commands in {minutes} idle minutes: {idle:?}",
         idle.len()
     );
@@ -227,7 +227,7 @@ async fn a_lifecycle_reads_no_report_after_the_first() {
         // What the patched report says is what a rescan says.
         f.group.invalidate();
         assert_eq!(b.capacity().await.unwrap().available, size);
-        assert_eq!(report_reads(&f), reads + 2);
+        assert_eq!(report_reads(&f), reads + 1, "one lvs");
     }
 }
 
@@ -325,5 +325,5 @@ async fn with_configured_lvcreate_options_a_create_is_read_back_not_computed() {
     b.create(&spec("pvc-1", 64 * MIB, VolumeMode::Filesystem))
         .await
         .unwrap();
-    assert_eq!(report_reads(&f), reads + 2, "lvs and vgs after lvcreate");
+    assert_eq!(report_reads(&f), reads + 1, "an lvs after lvcreate");
 }
