@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use localvol_testkit::bench::{Launch, percentile, start_daemon};
+use localvol::backend::lvm::report::REPORT_FIELDS;
+use localvol_testkit::bench::{Launch, ms, percentile, start_daemon};
 use localvol_testkit::fill::{FillOf, fill_the_node};
 use localvol_testkit::guest;
 
@@ -44,6 +45,32 @@ fn raw_thin_floor() -> Duration {
     for i in 0..FLOOR_CALLS {
         guest::sh("lvremove", &["-q", "-y", &format!("{VG}/raw-floor-{i}")]);
     }
+    times.sort();
+    percentile(&times, 0.5)
+}
+
+/// The median of three raw `lvs` of the VG with the daemon's fields: the one report of
+/// the VG its start-up waits for.
+fn raw_report_floor() -> Duration {
+    let mut times: Vec<Duration> = (0..3)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            guest::sh(
+                "lvs",
+                &[
+                    "--reportformat",
+                    "json",
+                    "--units",
+                    "b",
+                    "--nosuffix",
+                    "-o",
+                    REPORT_FIELDS,
+                    VG,
+                ],
+            );
+            t.elapsed()
+        })
+        .collect();
     times.sort();
     percentile(&times, 0.5)
 }
@@ -107,9 +134,21 @@ pub async fn thin_fill(quick: bool) {
         daemon.terminate().await;
         took
     };
+    let report_empty = raw_report_floor();
     let fill = fill_the_node(of, async |_: &Path| raw_thin_floor()).await;
     println!("\nlocalvol as an lvm-thin class fills (tests/vm guest, {FILL_BYTES} B raw block volumes)\n");
     fill.print(None, startup);
+    let report_full = raw_report_floor();
+    println!(
+        "{:<44} {:>10.1}ms {:>10.1}ms {:>8.3}",
+        format!(
+            "  raw lvs of the VG, {} volumes (vs none)",
+            marks[marks.len() - 1]
+        ),
+        ms(report_full),
+        ms(report_empty),
+        ms(report_full) / ms(report_empty)
+    );
     // Idle with them all, as the full bench measures it with 100.
     let (daemon, _) = start_daemon(
         localvol_testkit::localvol_bin!(),
