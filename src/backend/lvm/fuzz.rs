@@ -27,7 +27,7 @@ pub fn lvm_report(data: &[u8]) {
         }
     }
     let _ = report::parse_vgs(data);
-    let _ = report::parse_vg_of_lvs(data, "vg");
+    let _ = report::parse_report(data, "vg");
     let _ = report::parse_segments(data);
     let text = String::from_utf8_lossy(data);
     let _ = report::parse_thin_mapped_sectors(&text);

@@ -144,6 +144,16 @@ struct RawLv {
     metadata_percent: String,
     #[serde(default)]
     lv_path: String,
+    /// Its VG's fields, in the daemon's report ([`REPORT_FIELDS`]) only.
+    vg_size: Option<String>,
+    vg_free: Option<String>,
+    vg_extent_size: Option<String>,
+    #[serde(default)]
+    vg_tags: String,
+    #[serde(default)]
+    vg_attr: String,
+    #[serde(default)]
+    vg_missing_pv_count: String,
 }
 
 #[derive(Deserialize)]
@@ -207,9 +217,24 @@ pub fn parse_lvs(json: &[u8]) -> Result<Vec<Lv>, String> {
 
 /// The LVs of an `lvs` report, and the thin pools with their data and metadata fill.
 pub fn parse_lv_report(json: &[u8]) -> Result<LvReport, String> {
+    parse_rows(json, None).map(|(report, _)| report)
+}
+
+/// The daemon's one report of VG `vg` (`lvs -o REPORT_FIELDS vg`): its LVs and the VG,
+/// from the fields every row repeats; `None` for the VG when no row is of it (it has
+/// no LV). One pass over the rows: a thousand LVs are parsed once, not twice.
+pub fn parse_report(json: &[u8], vg: &str) -> Result<(LvReport, Option<Vg>), String> {
+    parse_rows(json, Some(vg))
+}
+
+fn parse_rows(json: &[u8], vg_of_rows: Option<&str>) -> Result<(LvReport, Option<Vg>), String> {
     let mut report = LvReport::default();
+    let mut vg = None;
     for section in sections::<LvSection>(json)? {
-        for raw in section.lv {
+        for mut raw in section.lv {
+            if vg.is_none() && vg_of_rows == Some(raw.vg_name.as_str()) {
+                vg = Some(vg_of_row(&mut raw)?);
+            }
             let lv = Lv {
                 size: number("lv_size", &raw.lv_size)?,
                 data_percent: percent("data_percent", &raw.data_percent)?,
@@ -231,7 +256,24 @@ pub fn parse_lv_report(json: &[u8]) -> Result<LvReport, String> {
             report.lvs.push(lv);
         }
     }
-    Ok(report)
+    Ok((report, vg))
+}
+
+/// The VG fields of an LV's row, which an `lvs` without them lacks.
+fn vg_of_row(raw: &mut RawLv) -> Result<Vg, String> {
+    let missing = |field: &str| format!("{field} missing from the row of LV {}", raw.lv_name);
+    vg_of(RawVg {
+        vg_name: raw.vg_name.clone(),
+        vg_size: raw.vg_size.take().ok_or_else(|| missing("vg_size"))?,
+        vg_free: raw.vg_free.take().ok_or_else(|| missing("vg_free"))?,
+        vg_extent_size: raw
+            .vg_extent_size
+            .take()
+            .ok_or_else(|| missing("vg_extent_size"))?,
+        vg_tags: std::mem::take(&mut raw.vg_tags),
+        vg_attr: std::mem::take(&mut raw.vg_attr),
+        vg_missing_pv_count: std::mem::take(&mut raw.vg_missing_pv_count),
+    })
 }
 
 pub fn parse_vgs(json: &[u8]) -> Result<Vec<Vg>, String> {
@@ -242,22 +284,6 @@ pub fn parse_vgs(json: &[u8]) -> Result<Vec<Vg>, String> {
         }
     }
     Ok(vgs)
-}
-
-/// VG `name` from an `lvs -o REPORT_FIELDS` report, whose every row repeats its VG's
-/// fields; `None` when no row is of that VG (it has no LV).
-pub fn parse_vg_of_lvs(json: &[u8], name: &str) -> Result<Option<Vg>, String> {
-    #[derive(Deserialize)]
-    struct Rows {
-        #[serde(default)]
-        lv: Vec<RawVg>,
-    }
-    sections::<Rows>(json)?
-        .into_iter()
-        .flat_map(|section| section.lv)
-        .find(|raw| raw.vg_name == name)
-        .map(vg_of)
-        .transpose()
 }
 
 fn vg_of(raw: RawVg) -> Result<Vg, String> {
@@ -450,30 +476,30 @@ mod tests {
     /// the LV fields alone give, and its VG what `vgs` says.
     #[test]
     fn the_report_carries_its_vg_on_every_row() {
-        let report = fixture!("report.json");
-        let vg = parse_vg_of_lvs(report, "vg1").unwrap().unwrap();
+        let json = fixture!("report.json");
+        let (report, vg) = parse_report(json, "vg1").unwrap();
+        let vg = vg.unwrap();
         assert_eq!(vg, parse_vgs(fixture!("report-vgs.json")).unwrap()[0]);
         assert_eq!(vg.tags, ["localvol.csi.dev/node=node-1"]);
-        let names: Vec<String> = parse_lvs(report).unwrap().into_iter().map(|l| l.name).collect();
+        assert_eq!(report, parse_lv_report(json).unwrap());
+        let names: Vec<&str> = report.lvs.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(names, ["pool0", "thick1", "thin1", "thin2"]);
-        assert_eq!(parse_lv_report(report).unwrap().pools.len(), 1);
+        assert_eq!(report.pools.len(), 1);
         // Another VG's rows say nothing of this one; a VG without LVs has none.
-        assert_eq!(parse_vg_of_lvs(report, "vg2").unwrap(), None);
-        assert_eq!(
-            parse_vg_of_lvs(fixture!("report-empty.json"), "vg2").unwrap(),
-            None
-        );
+        assert_eq!(parse_report(json, "vg2").unwrap().1, None);
+        let (empty, none) = parse_report(fixture!("report-empty.json"), "vg2").unwrap();
+        assert!(empty.lvs.is_empty() && none.is_none());
+        // An lvs without the VG fields is an error, not a VG of zero bytes.
+        let lv_only = parse_report(fixture!("lvs.json"), "vg1").unwrap_err();
+        assert!(lv_only.contains("vg_size missing"), "{lv_only}");
     }
 
     #[test]
     fn the_report_counts_a_vg_s_missing_pvs() {
-        let whole = parse_vg_of_lvs(fixture!("report-whole.json"), "vg3")
-            .unwrap()
-            .unwrap();
+        let vg = |json, name| parse_report(json, name).unwrap().1.unwrap();
+        let whole = vg(fixture!("report-whole.json"), "vg3");
         assert_eq!(whole.missing_pvs, 0);
-        let partial = parse_vg_of_lvs(fixture!("report-missing-pv.stdout"), "vg3")
-            .unwrap()
-            .unwrap();
+        let partial = vg(fixture!("report-missing-pv.stdout"), "vg3");
         assert_eq!(partial.missing_pvs, 1);
         assert_eq!(
             (partial.size, partial.extent_size),

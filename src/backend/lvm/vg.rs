@@ -328,8 +328,9 @@ impl VolumeGroup {
             reason,
         };
         let json = self.report("lvs", report::REPORT_FIELDS).await?;
-        let lvs = report::parse_lv_report(&json).map_err(|r| parse_error("lvs", r))?;
-        let vg = match report::parse_vg_of_lvs(&json, &self.name).map_err(|r| parse_error("lvs", r))? {
+        let (lvs, vg) = report::parse_report(&json, &self.name).map_err(|r| parse_error("lvs", r))?;
+        drop(json);
+        let vg = match vg {
             Some(vg) => vg,
             // No LV, so no row to carry the VG's fields.
             None => report::parse_vgs(&self.report("vgs", report::VG_FIELDS).await?)
