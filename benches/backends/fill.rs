@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use localvol::backend::lvm::report::REPORT_FIELDS;
+use localvol::backend::lvm::report::{REPORT_FIELDS, REPORT_FORMAT};
 use localvol_testkit::bench::{Launch, ms, percentile, start_daemon};
 use localvol_testkit::fill::{FillOf, fill_the_node};
 use localvol_testkit::guest;
@@ -55,19 +55,11 @@ fn raw_report_floor() -> Duration {
     let mut times: Vec<Duration> = (0..3)
         .map(|_| {
             let t = std::time::Instant::now();
-            guest::sh(
-                "lvs",
-                &[
-                    "--reportformat",
-                    "json",
-                    "--units",
-                    "b",
-                    "--nosuffix",
-                    "-o",
-                    REPORT_FIELDS,
-                    VG,
-                ],
-            );
+            let args: Vec<&str> = REPORT_FORMAT
+                .into_iter()
+                .chain(["-o", REPORT_FIELDS, VG])
+                .collect();
+            guest::sh("lvs", &args);
             t.elapsed()
         })
         .collect();

@@ -371,15 +371,8 @@ impl LvmBackend {
     /// The extent ranges of the temporary LV, after zeroing it.
     async fn zero_tmp(&self, tmp: &str, growth: u64) -> Result<Vec<String>, BackendError> {
         let cmd = lvm_command("lvs")
-            .args([
-                "--reportformat",
-                "json",
-                "--units",
-                "b",
-                "--nosuffix",
-                "--segments",
-            ])
-            .args(["-o", report::SEG_FIELDS])
+            .args(report::REPORT_FORMAT)
+            .args(["--segments", "-o", report::SEG_FIELDS])
             .arg(self.target(tmp))
             .timeout(REPORT_TIMEOUT);
         let out = self

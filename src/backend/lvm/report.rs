@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+/// The options of every report localvol asks lvm for: JSON, sizes in bytes without a unit.
+pub const REPORT_FORMAT: [&str; 5] = ["--reportformat", "json", "--units", "b", "--nosuffix"];
 /// The LV fields localvol reads (the fixture captures use the same list).
 pub const LV_FIELDS: &str = "lv_name,lv_uuid,vg_name,lv_size,lv_attr,lv_tags,pool_lv,data_percent,metadata_percent,lv_path,lv_dm_path";
 /// The VG fields localvol reads.

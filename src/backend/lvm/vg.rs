@@ -289,15 +289,8 @@ impl VolumeGroup {
 
     async fn report(&self, program: &'static str, fields: &str) -> Result<Vec<u8>, LvmError> {
         let cmd = lvm_command(program)
-            .args([
-                "--reportformat",
-                "json",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                fields,
-            ])
+            .args(report::REPORT_FORMAT)
+            .args(["-o", fields])
             .arg(&self.name)
             .timeout(REPORT_TIMEOUT);
         match self.host.commands.run(cmd).await {
